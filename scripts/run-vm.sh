@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# Boot a QEMU guest whose file systems are served by a vhost-user-fs daemon
+# (vfsd, or virtiofsd for comparison), run one command in it and exit with
+# that command's exit status.
+#
+# Usage: scripts/run-vm.sh [options] [-- COMMAND...]
+#   COMMAND runs in the guest with sh -c, in the first share (mounted at
+#   /mnt/TAG, also $VFSD_SHARE); test scripts are in /guest-tests.
+#   Without COMMAND (and without --shell) the guest just boots and reports 0.
+#
+# Options:
+#   --share DIR[:TAG[:OPTS]]  export DIR with TAG (default share0, share1, ...).
+#                   OPTS: guest mount options joined with '+' (e.g. ro), or
+#                   'nomount' to leave mounting to the command.  Repeatable.
+#                   Default: one fresh empty directory, removed afterwards.
+#   --no-share      no daemon, no shares (just boot)
+#   --daemon T      daemon preset 'vfsd' (default) or 'virtiofsd', or a command
+#                   template with {socket} {dir} {tag} placeholders, e.g.
+#                   'target/release/vfsd --socket-path={socket} --shared-dir={dir}'
+#   --daemon-args A extra arguments appended to every daemon command
+#   --queues N      num-request-queues per device (default 1)
+#   --queue-size N  virtqueue size (default 1024)
+#   --mem SIZE      guest memory, e.g. 2G (default 2G)
+#   --cpus N        guest vCPUs (default 2)
+#   --accel A       auto (default: KVM if a probe boot works, else TCG), kvm, tcg
+#   --kernel PATH   guest kernel (default: scripts/fetch-kernel.sh)
+#   --initrd PATH   initramfs (default: scripts/build-initramfs.sh)
+#   --append ARGS   extra kernel command line
+#   --chroot TAG    run COMMAND chrooted into the share TAG (a full userland)
+#   --timeout SECS  kill everything and fail after SECS (default 900; 0 = none)
+#   --shell         interactive shell on the console instead of COMMAND
+#   --log FILE      also keep the guest console log in FILE
+#   --quiet         do not echo the guest console
+#   --keep          keep the work directory (sockets, logs, default share)
+#
+# Exit status: the guest command's status; 124 timeout; 120 guest setup
+# failed (e.g. mount); 125 runner/daemon/QEMU error.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+CACHE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}
+QEMU=${QEMU:-qemu-system-x86_64}
+
+SHARES=()
+NO_SHARE=0
+DAEMON=${VFSD_DAEMON:-vfsd}
+DAEMON_ARGS=${VFSD_DAEMON_ARGS:-}
+QUEUES=1
+QSIZE=1024
+MEM=2G
+CPUS=2
+ACCEL=${VFSD_ACCEL:-auto}
+KERNEL=${VFSD_KERNEL:-}
+INITRD=${VFSD_INITRD:-}
+APPEND=
+CHROOT=
+TIMEOUT=900
+SHELL_MODE=0
+LOGCOPY=
+QUIET=0
+KEEP=0
+CMD=
+
+say() { printf 'run-vm: %s\n' "$*" >&2; }
+die() { printf 'run-vm: error: %s\n' "$*" >&2; exit 125; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+        --share) SHARES+=("${2:?--share needs DIR[:TAG[:OPTS]]}"); shift 2 ;;
+        --no-share) NO_SHARE=1; shift ;;
+        --daemon) DAEMON=${2:?--daemon needs a preset or template}; shift 2 ;;
+        --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
+        --queues) QUEUES=${2:?}; shift 2 ;;
+        --queue-size) QSIZE=${2:?}; shift 2 ;;
+        --mem) MEM=${2:?}; shift 2 ;;
+        --cpus) CPUS=${2:?}; shift 2 ;;
+        --accel) ACCEL=${2:?}; shift 2 ;;
+        --kernel) KERNEL=${2:?}; shift 2 ;;
+        --initrd) INITRD=${2:?}; shift 2 ;;
+        --append) APPEND=${2?}; shift 2 ;;
+        --chroot) CHROOT=${2:?}; shift 2 ;;
+        --timeout) TIMEOUT=${2:?}; shift 2 ;;
+        --shell) SHELL_MODE=1; shift ;;
+        --log) LOGCOPY=${2:?}; shift 2 ;;
+        --quiet) QUIET=1; shift ;;
+        --keep) KEEP=1; shift ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        --) shift; CMD="$*"; break ;;
+        *) die "unknown option '$1' (try --help; put the guest command after --)" ;;
+    esac
+done
+
+case $ACCEL in auto|kvm|tcg) ;; *) die "--accel must be auto, kvm or tcg" ;; esac
+[[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
+[[ $QUEUES =~ ^[0-9]+$ ]] && [ "$QUEUES" -ge 1 ] || die "--queues must be >= 1"
+command -v "$QEMU" >/dev/null || die "$QEMU not found: apt-get install qemu-system-x86"
+
+# Memory size in MiB for -m and the memfd backend (they must match).
+case $MEM in
+    *[Gg]) MEM_MB=$(( ${MEM%[Gg]} * 1024 )) ;;
+    *[Mm]) MEM_MB=${MEM%[Mm]} ;;
+    *[0-9]) MEM_MB=$MEM ;;
+    *) die "--mem: use e.g. 2G or 1536M" ;;
+esac
+
+# --- Kernel and initramfs ----------------------------------------------------
+if [ -z "$KERNEL" ]; then
+    KERNEL=$("$HERE/fetch-kernel.sh") || die "could not get a guest kernel (see above); pass one with --kernel PATH"
+fi
+[ -r "$KERNEL" ] || die "kernel '$KERNEL' not readable"
+if [ -z "$INITRD" ]; then
+    INITRD=$("$HERE/build-initramfs.sh") || die "could not build the initramfs (see above); pass one with --initrd PATH"
+fi
+[ -r "$INITRD" ] || die "initramfs '$INITRD' not readable"
+
+# --- Work directory and cleanup ------------------------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vfsd-run.XXXXXX")
+QEMU_PID=
+TAIL_PID=
+DAEMON_PIDS=()
+STATUS=125
+cleanup() {
+    local p
+    set +e
+    [ -n "$TAIL_PID" ] && kill "$TAIL_PID" 2>/dev/null
+    if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
+        kill "$QEMU_PID" 2>/dev/null; sleep 1; kill -9 "$QEMU_PID" 2>/dev/null
+    fi
+    for p in "${DAEMON_PIDS[@]}"; do
+        if kill -0 "$p" 2>/dev/null; then
+            kill "$p" 2>/dev/null; sleep 0.5; kill -9 "$p" 2>/dev/null
+        fi
+    done
+    wait 2>/dev/null
+    if [ "$KEEP" = 1 ] || { [ "$STATUS" != 0 ] && [ "$SHELL_MODE" = 0 ]; }; then
+        say "work directory kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+# --- Accelerator ---------------------------------------------------------------
+kvm_usable() { [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; }
+if [ "$ACCEL" = auto ]; then
+    ACCEL=tcg
+    if kvm_usable; then
+        key="$(uname -r) $("$QEMU" --version | head -n1) $(stat -L -c '%n %Y' "$KERNEL")"
+        probe=$CACHE/accel-probe
+        if [ -f "$probe" ] && [ "$(head -n1 "$probe")" = "$key" ] &&
+           [ $(( $(date +%s) - $(stat -c %Y "$probe") )) -lt 86400 ]; then
+            ACCEL=$(sed -n 2p "$probe")
+            say "accelerator: $ACCEL (cached probe result; delete $probe to re-probe)"
+        else
+            say "probing KVM with a short boot (up to 60 s) ..."
+            mininit=$("$HERE/build-initramfs.sh" --no-tools 2>/dev/null) || mininit=$INITRD
+            if "$0" --no-share --accel kvm --kernel "$KERNEL" --initrd "$mininit" --timeout 60 --quiet --mem 512M \
+                    > "$WORK/kvm-probe.log" 2>&1; then
+                ACCEL=kvm
+            else
+                say "KVM probe boot failed; using TCG (log: $WORK/kvm-probe.log)"
+            fi
+            mkdir -p "$CACHE"; printf '%s\n%s\n' "$key" "$ACCEL" > "$probe"
+            say "accelerator: $ACCEL"
+        fi
+    else
+        say "accelerator: tcg (/dev/kvm not usable)"
+    fi
+elif [ "$ACCEL" = kvm ]; then
+    kvm_usable || die "--accel kvm but /dev/kvm is missing or not accessible (load kvm modules or use --accel tcg)"
+fi
+if [ "$ACCEL" = kvm ]; then
+    ACCEL_ARGS=(-accel kvm -cpu host)
+else
+    ACCEL_ARGS=(-accel tcg,thread=multi -cpu max)
+fi
+
+# --- Daemon command ------------------------------------------------------------
+find_virtiofsd() {
+    local p
+    for p in "$(command -v virtiofsd 2>/dev/null)" "$HOME/.cargo/bin/virtiofsd" /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd; do
+        [ -n "$p" ] && [ -x "$p" ] && { echo "$p"; return 0; }
+    done
+    return 1
+}
+case $DAEMON in
+    vfsd)
+        bin=${VFSD_BIN:-$REPO/target/release/vfsd}
+        [ -x "$bin" ] || [ "$NO_SHARE" = 1 ] || die "$bin not found: build it with 'cargo build --release', or use --daemon virtiofsd"
+        # No --tag: QEMU 7.1-8.0 crash if the backend offers the CONFIG protocol feature.
+        TEMPLATE="$bin --socket-path={socket} --shared-dir={dir} --sandbox none --xattr"
+        ;;
+    virtiofsd)
+        bin=$(find_virtiofsd) || [ "$NO_SHARE" = 1 ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
+        TEMPLATE="$bin --socket-path={socket} --shared-dir={dir} --sandbox none --xattr"
+        ;;
+    *)
+        TEMPLATE=$DAEMON
+        case $TEMPLATE in *'{socket}'*) ;; *) die "--daemon template must contain {socket} (and usually {dir})" ;; esac
+        ;;
+esac
+[ -n "$DAEMON_ARGS" ] && TEMPLATE="$TEMPLATE $DAEMON_ARGS"
+
+# --- Shares and daemons --------------------------------------------------------
+if [ "$NO_SHARE" = 0 ] && [ ${#SHARES[@]} -eq 0 ]; then
+    mkdir -p "$WORK/share0"
+    SHARES=("$WORK/share0:share0")
+fi
+[ "$NO_SHARE" = 1 ] && SHARES=()
+
+FS_ARGS=()
+MOUNTS=
+i=0
+for spec in "${SHARES[@]}"; do
+    IFS=: read -r dir tag opts <<<"$spec"
+    tag=${tag:-share$i}
+    [ -d "$dir" ] || die "share directory '$dir' does not exist"
+    [[ $tag =~ ^[A-Za-z0-9_.-]{1,36}$ ]] || die "tag '$tag': use 1-36 letters, digits, '_', '.', '-'"
+    dir=$(cd "$dir" && pwd)
+    sock=$WORK/fs$i.sock
+    cmd=${TEMPLATE//\{socket\}/$(printf '%q' "$sock")}
+    cmd=${cmd//\{dir\}/$(printf '%q' "$dir")}
+    cmd=${cmd//\{tag\}/$(printf '%q' "$tag")}
+    say "daemon $i: $cmd"
+    bash -c "exec $cmd" </dev/null >"$WORK/daemon$i.log" 2>&1 &
+    DAEMON_PIDS+=($!)
+    for _ in $(seq 1 100); do
+        [ -S "$sock" ] && break
+        if ! kill -0 "${DAEMON_PIDS[$i]}" 2>/dev/null; then
+            tail -n 20 "$WORK/daemon$i.log" >&2
+            die "daemon $i exited before creating its socket (log above: $WORK/daemon$i.log)"
+        fi
+        sleep 0.1
+    done
+    [ -S "$sock" ] || die "daemon $i did not create $sock within 10 s (log: $WORK/daemon$i.log)"
+    FS_ARGS+=(-chardev "socket,id=fs$i,path=$sock"
+              -device "vhost-user-fs-pci,chardev=fs$i,tag=$tag,num-request-queues=$QUEUES,queue-size=$QSIZE")
+    if [ "$opts" != nomount ]; then
+        MOUNTS=$MOUNTS${MOUNTS:+,}$tag${opts:+:$opts}
+    fi
+    say "share $i: $dir as tag '$tag'${opts:+ ($opts)}"
+    i=$((i + 1))
+done
+
+# --- Guest command line ----------------------------------------------------------
+KARGS="console=ttyS0 mitigations=off panic=-1 quiet loglevel=4 tsc=reliable"
+[ -n "$MOUNTS" ] && KARGS="$KARGS vfsd.mounts=$MOUNTS"
+if [ "$SHELL_MODE" = 1 ]; then
+    KARGS="$KARGS vfsd.shell=1"
+elif [ -n "$CMD" ]; then
+    KARGS="$KARGS vfsd.cmd=$(printf '%s' "$CMD" | base64 -w0)"
+fi
+[ -n "$CHROOT" ] && KARGS="$KARGS vfsd.chroot=$CHROOT"
+[ -n "$APPEND" ] && KARGS="$KARGS $APPEND"
+[ ${#KARGS} -lt 2000 ] || die "kernel command line too long (${#KARGS} chars); shorten the guest command (put it in a script under guest-tests/)"
+
+QEMU_ARGS=(
+    -nodefaults -no-user-config -nographic -no-reboot
+    -machine q35 "${ACCEL_ARGS[@]}" -smp "$CPUS" -m "${MEM_MB}M"
+    -object "memory-backend-memfd,id=mem,size=${MEM_MB}M,share=on" -numa node,memdev=mem
+    -kernel "$KERNEL" -initrd "$INITRD" -append "$KARGS"
+    "${FS_ARGS[@]}"
+)
+
+LOG=$WORK/console.log
+start=$(date +%s)
+say "booting: $QEMU (accel=$ACCEL, ${CPUS} vCPU, ${MEM_MB} MiB, ${#SHARES[@]} share(s), timeout ${TIMEOUT}s)"
+if [ "$SHELL_MODE" = 1 ]; then
+    say "interactive shell: Ctrl-A x quits QEMU, 'poweroff -f' powers off"
+    set +e
+    "$QEMU" "${QEMU_ARGS[@]}" -serial mon:stdio
+    STATUS=$?
+    set -e
+    exit "$STATUS"
+fi
+
+: > "$LOG"
+"$QEMU" "${QEMU_ARGS[@]}" -monitor none -chardev "file,id=con,path=$LOG" -serial chardev:con \
+    </dev/null >"$WORK/qemu.log" 2>&1 &
+QEMU_PID=$!
+if [ "$QUIET" = 0 ]; then
+    tail -n +1 -f --pid="$QEMU_PID" "$LOG" 2>/dev/null &
+    TAIL_PID=$!
+fi
+
+stop_pid() {  # TERM, then KILL after 2 s
+    local n
+    kill "$1" 2>/dev/null || return 0
+    for n in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$1" 2>/dev/null || return 0; sleep 0.2; done
+    kill -9 "$1" 2>/dev/null || true
+}
+timed_out=0
+while kill -0 "$QEMU_PID" 2>/dev/null; do
+    if [ "$TIMEOUT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
+        timed_out=1
+        say "TIMEOUT: guest still running after ${TIMEOUT}s; killing QEMU"
+        stop_pid "$QEMU_PID"
+        break
+    fi
+    # A hung daemon is not a reason to wait for the full timeout if the guest
+    # already reported (e.g. stuck in poweroff): give it 30 s after the result.
+    if grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
+        [ -z "${result_seen:-}" ] && result_seen=$(date +%s)
+        if [ $(( $(date +%s) - result_seen )) -ge 30 ]; then
+            say "guest reported a result but did not power off within 30 s; killing QEMU"
+            stop_pid "$QEMU_PID"
+            break
+        fi
+    fi
+    sleep 0.5
+done
+set +e
+wait "$QEMU_PID"; qemu_rc=$?
+set -e
+QEMU_PID=
+if [ -n "$TAIL_PID" ]; then
+    sleep 0.3; kill "$TAIL_PID" 2>/dev/null || true; wait "$TAIL_PID" 2>/dev/null || true; TAIL_PID=
+fi
+elapsed=$(( $(date +%s) - start ))
+if [ -n "$LOGCOPY" ]; then cp "$LOG" "$LOGCOPY"; fi
+
+# Daemons should exit by themselves once QEMU disconnects.
+daemon_fail=0
+i=0
+for p in "${DAEMON_PIDS[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+        say "daemon $i still running 5 s after QEMU exited; stopping it"
+        stop_pid "$p"
+        wait "$p" 2>/dev/null || true
+    else
+        set +e; wait "$p"; drc=$?; set -e
+        if [ "$drc" -ge 128 ]; then
+            say "daemon $i died from signal $((drc - 128)) (log: $WORK/daemon$i.log)"
+            tail -n 20 "$WORK/daemon$i.log" >&2
+            daemon_fail=1
+        elif [ "$drc" -ne 0 ]; then
+            say "daemon $i exited with status $drc (log: $WORK/daemon$i.log)"
+            tail -n 10 "$WORK/daemon$i.log" >&2
+        fi
+    fi
+    i=$((i + 1))
+done
+DAEMON_PIDS=()
+
+result=$(tr -d '\r' < "$LOG" | sed -n 's/^VFSD-RESULT: \([0-9][0-9]*\)$/\1/p' | tail -n1)
+if [ "$timed_out" = 1 ]; then
+    STATUS=124
+    say "FAILED: timed out after ${TIMEOUT}s (console log: $LOG)"
+elif [ -z "$result" ]; then
+    STATUS=125
+    say "FAILED: the guest did not report a result (QEMU exit status $qemu_rc after ${elapsed}s)"
+    if [ -s "$WORK/qemu.log" ]; then say "QEMU said:"; tail -n 20 "$WORK/qemu.log" >&2; fi
+    say "last console lines:"; tail -n 15 "$LOG" | tr -d '\r' >&2
+else
+    STATUS=$result
+    if [ "$STATUS" = 0 ] && [ "$daemon_fail" = 1 ]; then
+        STATUS=125
+        say "FAILED: guest command passed but the daemon crashed"
+    elif [ "$STATUS" = 120 ]; then
+        say "FAILED: guest setup failed (see the console output above)"
+    elif [ "$STATUS" = 0 ]; then
+        say "guest command succeeded (${elapsed}s)"
+    else
+        say "FAILED: guest command exited with status $STATUS (${elapsed}s)"
+    fi
+fi
+exit "$STATUS"

@@ -1,0 +1,244 @@
+//! Command line, spelled as virtiofsd's so VMM managers can switch binaries.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::passthrough::CachePolicy;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Sandbox {
+    /// No sandbox: the daemon runs in the host's namespaces (the only mode so far).
+    None,
+    /// New user/mount/pid/net namespaces and pivot_root into the shared directory.
+    Namespace,
+    /// chroot into the shared directory (needs root).
+    Chroot,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum LogLevel {
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Off => log::LevelFilter::Off,
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
+    }
+}
+
+/// vhost-user-fs backend: shares a host directory with a guest over virtio-fs.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "vfsd", version, about, long_about = None)]
+pub struct Opt {
+    /// vhost-user socket path to listen on
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["fd", "print_capabilities"], conflicts_with = "fd")]
+    pub socket_path: Option<PathBuf>,
+
+    /// File descriptor of an already listening vhost-user socket
+    #[arg(long, value_name = "FD")]
+    pub fd: Option<i32>,
+
+    /// Shared directory path
+    #[arg(long, value_name = "DIR", required_unless_present_any = ["print_capabilities", "compat_options"])]
+    pub shared_dir: Option<PathBuf>,
+
+    /// Tag in the device's config space (only for VMMs that read it from the backend)
+    #[arg(long)]
+    pub tag: Option<String>,
+
+    /// How much the guest may cache
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cache: CachePolicy,
+
+    /// Threads serving requests besides the queue threads (0: each queue thread serves its
+    /// own requests one at a time)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub thread_pool_size: usize,
+
+    /// Number of request queues offered to the frontend (the hiprio queue comes on top)
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub request_queues: usize,
+
+    /// Enable extended attributes
+    #[arg(long)]
+    pub xattr: bool,
+
+    /// Refuse every modifying request with EROFS
+    #[arg(long)]
+    pub readonly: bool,
+
+    /// Let the guest use a writeback cache
+    #[arg(long)]
+    pub writeback: bool,
+
+    /// Honour O_DIRECT from the guest on host files
+    #[arg(long)]
+    pub allow_direct_io: bool,
+
+    /// Tell the guest about submounts (accepted for compatibility)
+    #[arg(long)]
+    pub announce_submounts: bool,
+
+    /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
+    #[arg(long)]
+    pub no_parallel_direct_writes: bool,
+
+    /// Sandbox mode
+    #[arg(long, value_enum, default_value = "none")]
+    pub sandbox: Sandbox,
+
+    /// Log level (RUST_LOG works too)
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Write run-time statistics (JSON) to this file every --stats-interval and on SIGUSR1
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
+
+    /// Seconds between statistics writes
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub stats_interval: f64,
+
+    /// Print the vhost-user backend capabilities (JSON) and exit
+    #[arg(long)]
+    pub print_capabilities: bool,
+
+    /// Legacy comma-separated options (source=DIR,cache=…,xattr,…), as older libvirt passes
+    #[arg(short = 'o', value_name = "OPTIONS", id = "compat_options")]
+    pub compat_options: Vec<String>,
+
+    /// Debug logging (same as --log-level debug)
+    #[arg(short = 'd')]
+    pub debug: bool,
+
+    /// Stay in the foreground (always the case; accepted for compatibility)
+    #[arg(short = 'f')]
+    pub foreground: bool,
+}
+
+impl Opt {
+    /// Folds `-o key=value,…` options into the regular fields.
+    pub fn apply_compat_options(&mut self) -> Result<(), String> {
+        for group in std::mem::take(&mut self.compat_options) {
+            for opt in split_escaped(&group) {
+                let (key, value) = match opt.split_once('=') {
+                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                    None => (opt.clone(), None),
+                };
+                let need = |v: Option<String>| v.ok_or_else(|| format!("-o {key} needs a value"));
+                match key.as_str() {
+                    "source" => self.shared_dir = Some(PathBuf::from(need(value)?)),
+                    "cache" => {
+                        self.cache = CachePolicy::from_str(&need(value)?, true).map_err(|_| {
+                            format!("-o cache: expected auto, always, never or metadata")
+                        })?
+                    }
+                    "sandbox" => {
+                        self.sandbox = Sandbox::from_str(&need(value)?, true).map_err(|_| {
+                            "-o sandbox: expected none, namespace or chroot".to_string()
+                        })?
+                    }
+                    "log_level" => {
+                        self.log_level = LogLevel::from_str(&need(value)?, true).map_err(|_| {
+                            "-o log_level: expected error, warn, info, debug or trace".to_string()
+                        })?
+                    }
+                    "xattr" => self.xattr = true,
+                    "no_xattr" => self.xattr = false,
+                    "writeback" => self.writeback = true,
+                    "no_writeback" => self.writeback = false,
+                    "announce_submounts" => self.announce_submounts = true,
+                    "allow_direct_io" => self.allow_direct_io = true,
+                    "no_allow_direct_io" => self.allow_direct_io = false,
+                    "readonly" => self.readonly = true,
+                    // POSIX and flock locks are handled inside the guest (not forwarded).
+                    "posix_lock" | "no_posix_lock" | "flock" | "no_flock" => {}
+                    _ => return Err(format!("unknown option '-o {opt}'")),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits on commas, where ",," stands for a literal comma (libvirt's escaping).
+fn split_escaped(s: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                out.last_mut().unwrap().push(',');
+            } else {
+                out.push(String::new());
+            }
+        } else {
+            out.last_mut().unwrap().push(c);
+        }
+    }
+    out.into_iter().filter(|s| !s.is_empty()).collect()
+}
+
+/// What `--print-capabilities` prints (QEMU's vhost-user.json conventions).
+pub fn capabilities() -> serde_json::Value {
+    serde_json::json!({
+        "type": "fs",
+        "features": ["separate-options"]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compat_options_map_to_flags() {
+        let mut o = Opt::try_parse_from([
+            "vfsd",
+            "--socket-path",
+            "/s",
+            "-o",
+            "source=/a,,b,cache=always,xattr",
+        ])
+        .unwrap();
+        o.apply_compat_options().unwrap();
+        assert_eq!(o.shared_dir.as_deref(), Some(std::path::Path::new("/a,b")));
+        assert_eq!(o.cache, CachePolicy::Always);
+        assert!(o.xattr);
+    }
+
+    #[test]
+    fn unknown_compat_option_is_an_error() {
+        let mut o =
+            Opt::try_parse_from(["vfsd", "--socket-path", "/s", "-o", "source=/a,bogus"]).unwrap();
+        assert!(o.apply_compat_options().unwrap_err().contains("bogus"));
+    }
+
+    #[test]
+    fn fd_and_socket_path_conflict() {
+        assert!(Opt::try_parse_from([
+            "vfsd",
+            "--socket-path",
+            "/s",
+            "--fd",
+            "3",
+            "--shared-dir",
+            "/"
+        ])
+        .is_err());
+    }
+}

@@ -1,0 +1,258 @@
+//! The vhost-user-fs device: virtqueues, their workers, features and config space.
+//!
+//! Queue 0 is the high-priority queue (FORGET, INTERRUPT); queues 1..=N carry requests.
+//! Each queue has its own epoll thread (one queue per thread, so queues never wait on each
+//! other). With a thread pool, a queue thread only pops descriptor chains and hands them
+//! to the pool, so requests queued together on one queue are also served together.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread;
+
+use log::{error, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{DescriptorChain, QueueOwnedT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::server::FuseServer;
+
+/// The largest queue the device accepts (a split virtqueue's maximum).
+pub const MAX_QUEUE_SIZE: usize = 32768;
+/// Length of the tag field in `struct virtio_fs_config`.
+pub const TAG_LEN: usize = 36;
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+
+struct Job {
+    chain: Chain,
+    vring: VringRwLock<Mem>,
+}
+
+/// Worker threads shared by all request queues.
+struct Pool {
+    tx: crossbeam_channel::Sender<Job>,
+}
+
+impl Pool {
+    fn new(size: usize, server: Arc<FuseServer>, event_idx: Arc<AtomicBool>) -> io::Result<Pool> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        for i in 0..size {
+            let rx = rx.clone();
+            let server = server.clone();
+            let event_idx = event_idx.clone();
+            thread::Builder::new()
+                .name(format!("vfsd-worker-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        let head = job.chain.head_index();
+                        let mem = job.chain.memory().clone();
+                        let len = server.handle(&mem, job.chain);
+                        complete(&job.vring, head, len, event_idx.load(Ordering::Relaxed));
+                    }
+                })?;
+        }
+        Ok(Pool { tx })
+    }
+}
+
+/// Puts a finished request on the used ring and notifies the guest if it wants to be told.
+fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32, _event_idx: bool) {
+    if let Err(e) = vring.add_used(head, len) {
+        warn!("could not return descriptor {head}: {e}");
+        return;
+    }
+    match vring.needs_notification() {
+        Ok(true) => {
+            if let Err(e) = vring.signal_used_queue() {
+                warn!("could not notify the guest: {e}");
+            }
+        }
+        Ok(false) => {}
+        Err(e) => warn!("used ring: {e}"),
+    }
+}
+
+pub struct DeviceConfig {
+    pub request_queues: usize,
+    pub tag: Option<String>,
+    pub thread_pool_size: usize,
+}
+
+pub struct FsDevice {
+    server: Arc<FuseServer>,
+    cfg: DeviceConfig,
+    mem: RwLock<Option<Mem>>,
+    event_idx: Arc<AtomicBool>,
+    pool: Option<Pool>,
+    exit: Vec<(EventConsumer, EventNotifier)>,
+}
+
+impl FsDevice {
+    pub fn new(server: Arc<FuseServer>, cfg: DeviceConfig) -> io::Result<Self> {
+        if cfg.request_queues == 0 || cfg.request_queues > 63 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--request-queues must be between 1 and 63",
+            ));
+        }
+        if let Some(tag) = &cfg.tag {
+            if tag.is_empty() || tag.len() > TAG_LEN {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("--tag must be 1 to {TAG_LEN} bytes long"),
+                ));
+            }
+        }
+        let event_idx = Arc::new(AtomicBool::new(false));
+        let pool = match cfg.thread_pool_size {
+            0 => None,
+            n => Some(Pool::new(n, server.clone(), event_idx.clone())?),
+        };
+        let exit = (0..=cfg.request_queues)
+            .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(FsDevice {
+            server,
+            cfg,
+            mem: RwLock::new(None),
+            event_idx,
+            pool,
+            exit,
+        })
+    }
+
+    pub fn server(&self) -> &Arc<FuseServer> {
+        &self.server
+    }
+
+    /// `struct virtio_fs_config`: the tag, NUL-padded, then le32 num_request_queues.
+    fn config_space(&self) -> Vec<u8> {
+        let mut c = vec![0u8; TAG_LEN + 4];
+        if let Some(tag) = &self.cfg.tag {
+            c[..tag.len()].copy_from_slice(tag.as_bytes());
+        }
+        c[TAG_LEN..].copy_from_slice(&(self.cfg.request_queues as u32).to_le_bytes());
+        c
+    }
+
+    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<()> {
+        let Some(mem) = self.mem.read().unwrap().as_ref().map(|m| m.memory()) else {
+            return Ok(());
+        };
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(io::Error::other)?;
+            }
+            let chains: Vec<Chain> = {
+                let mut state = vring.get_mut();
+                let q = state.get_queue_mut();
+                q.iter(mem.clone()).map_err(io::Error::other)?.collect()
+            };
+            match &self.pool {
+                Some(pool) => {
+                    for chain in chains {
+                        let job = Job {
+                            chain,
+                            vring: vring.clone(),
+                        };
+                        if pool.tx.send(job).is_err() {
+                            error!("worker pool is gone");
+                        }
+                    }
+                }
+                None => {
+                    for chain in chains {
+                        let head = chain.head_index();
+                        let len = self.server.handle(&mem, chain);
+                        complete(vring, head, len, event_idx);
+                    }
+                }
+            }
+            // With EVENT_IDX, re-enabling notifications tells whether more arrived meanwhile.
+            if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl VhostUserBackend for FsDevice {
+    type Bitmap = ();
+    type Vring = VringRwLock<Mem>;
+
+    fn num_queues(&self) -> usize {
+        1 + self.cfg.request_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if self.cfg.tag.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let c = self.config_space();
+        let start = (offset as usize).min(c.len());
+        let end = start.saturating_add(size as usize).min(c.len());
+        c[start..end].to_vec()
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        *self.mem.write().unwrap() = Some(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.num_queues()).map(|q| 1u64 << q).collect()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (c, n) = self.exit.get(thread_index)?;
+        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
+        }
+        let vring = vrings
+            .get(device_event as usize)
+            .ok_or_else(|| io::Error::other(format!("event for unknown queue {device_event}")))?;
+        self.process_queue(vring)
+    }
+}

@@ -1,0 +1,13 @@
+//! vfsd: a virtio-fs device backend (vhost-user-fs) with parallel direct writes.
+//!
+//! Layers, top to bottom: `cli` → `device` (vhost-user queues and workers) → `server`
+//! (FUSE dispatch on fuse-backend-rs, statistics) → `passthrough` (the filesystem) → `sys`
+//! (thin syscall helpers).
+
+pub mod cli;
+pub mod daemon;
+pub mod device;
+pub mod passthrough;
+pub mod server;
+pub mod stats;
+pub mod sys;

@@ -1,0 +1,220 @@
+//! Attribute operations: getattr, setattr, readlink, statfs and access.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use fuse_backend_rs::api::filesystem::{Context, SetattrValid};
+
+use super::PassthroughFs;
+use crate::sys::{self, cvt, errno};
+
+impl PassthroughFs {
+    pub(super) fn do_getattr(
+        &self,
+        inode: u64,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        let i = self.inode(inode)?;
+        // Shared: a size change (exclusive) is never seen half done.
+        let _g = i.is_reg().then(|| i.io.shared());
+        let st = match handle {
+            Some(fh) => sys::fstat(&self.handles.get(fh, inode)?.fd)?,
+            None => sys::fstat(&i.fd)?,
+        };
+        Ok((st, self.attr_timeout()))
+    }
+
+    pub(super) fn do_setattr(
+        &self,
+        inode: u64,
+        attr: libc::stat64,
+        handle: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        self.check_writable()?;
+        let i = self.inode(inode)?;
+        let h = match handle {
+            Some(fh) => Some(self.handles.get(fh, inode)?),
+            None => None,
+        };
+        let proc_name = sys::fd_name(i.raw_fd());
+
+        if valid.contains(SetattrValid::MODE) {
+            // SAFETY: plain syscalls; the /proc name is resolved inside /proc/self/fd and names
+            // exactly this inode.
+            cvt(unsafe {
+                match &h {
+                    Some(h) => libc::fchmod(h.fd.as_raw_fd(), attr.st_mode),
+                    None if i.is_symlink() => return Err(errno(libc::EOPNOTSUPP)),
+                    None => libc::fchmodat(
+                        self.proc_self_fd.as_raw_fd(),
+                        proc_name.as_ptr(),
+                        attr.st_mode,
+                        0,
+                    ),
+                }
+            })?;
+        }
+
+        if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            let uid = if valid.contains(SetattrValid::UID) {
+                attr.st_uid
+            } else {
+                u32::MAX
+            };
+            let gid = if valid.contains(SetattrValid::GID) {
+                attr.st_gid
+            } else {
+                u32::MAX
+            };
+            // SAFETY: AT_EMPTY_PATH makes this act on the O_PATH fd itself, never a path.
+            cvt(unsafe {
+                libc::fchownat(
+                    i.raw_fd(),
+                    sys::EMPTY.as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+
+        if valid.contains(SetattrValid::SIZE) {
+            if !i.is_reg() {
+                return Err(errno(if i.is_dir() {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                }));
+            }
+            // A size change: exclusive against every in-EOF read and write.
+            let g = i.io.exclusive();
+            let _w = i.io.write_started(&g);
+            let size = attr.st_size;
+            match &h {
+                Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => {
+                    // SAFETY: plain syscall on an fd we own.
+                    cvt(unsafe { libc::ftruncate64(h.fd.as_raw_fd(), size) })?;
+                }
+                _ => {
+                    let fd = self.reopen(&i, libc::O_WRONLY | libc::O_NONBLOCK)?;
+                    // SAFETY: plain syscall on an fd we own.
+                    cvt(unsafe { libc::ftruncate64(fd.as_raw_fd(), size) })?;
+                }
+            }
+        }
+
+        if valid.intersects(
+            SetattrValid::ATIME
+                | SetattrValid::MTIME
+                | SetattrValid::ATIME_NOW
+                | SetattrValid::MTIME_NOW,
+        ) {
+            let ts = |set: bool, now: bool, sec: i64, nsec: i64| libc::timespec {
+                tv_sec: sec,
+                tv_nsec: if now {
+                    libc::UTIME_NOW
+                } else if set {
+                    nsec
+                } else {
+                    libc::UTIME_OMIT
+                },
+            };
+            let times = [
+                ts(
+                    valid.contains(SetattrValid::ATIME),
+                    valid.contains(SetattrValid::ATIME_NOW),
+                    attr.st_atime,
+                    attr.st_atime_nsec,
+                ),
+                ts(
+                    valid.contains(SetattrValid::MTIME),
+                    valid.contains(SetattrValid::MTIME_NOW),
+                    attr.st_mtime,
+                    attr.st_mtime_nsec,
+                ),
+            ];
+            // SAFETY: `times` has the two entries utimensat reads; names are NUL-terminated.
+            cvt(unsafe {
+                match &h {
+                    Some(h) => libc::futimens(h.fd.as_raw_fd(), times.as_ptr()),
+                    None if i.is_symlink() => libc::utimensat(
+                        i.raw_fd(),
+                        sys::EMPTY.as_ptr(),
+                        times.as_ptr(),
+                        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                    ),
+                    None => libc::utimensat(
+                        self.proc_self_fd.as_raw_fd(),
+                        proc_name.as_ptr(),
+                        times.as_ptr(),
+                        0,
+                    ),
+                }
+            })?;
+        }
+
+        self.do_getattr(inode, None)
+    }
+
+    pub(super) fn do_readlink(&self, inode: u64) -> io::Result<Vec<u8>> {
+        let i = self.inode(inode)?;
+        if !i.is_symlink() {
+            return Err(errno(libc::EINVAL));
+        }
+        let mut buf = vec![0u8; libc::PATH_MAX as usize];
+        // SAFETY: the kernel writes at most buf.len() bytes; the empty name means the fd itself.
+        let n = cvt(unsafe {
+            libc::readlinkat(
+                i.raw_fd(),
+                sys::EMPTY.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    pub(super) fn do_statfs(&self, inode: u64) -> io::Result<libc::statvfs64> {
+        let i = self.inode(inode)?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs64>::zeroed();
+        // SAFETY: `st` is a writable statvfs64; fstatvfs works on O_PATH fds.
+        cvt(unsafe { libc::fstatvfs64(i.raw_fd(), st.as_mut_ptr()) })?;
+        // SAFETY: initialised by the successful call above.
+        Ok(unsafe { st.assume_init() })
+    }
+
+    /// ACCESS, checked against the host file's mode and owner as the guest caller.
+    pub(super) fn do_access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let i = self.inode(inode)?;
+        let st = sys::fstat(&i.fd)?;
+        let mask = mask as i32;
+        if mask == libc::F_OK {
+            return Ok(());
+        }
+        if mask & libc::W_OK != 0 && self.cfg.readonly {
+            return Err(errno(libc::EROFS));
+        }
+        let mode = st.st_mode;
+        if ctx.uid == 0 {
+            // Root passes everything but execute of a file with no x bit at all.
+            if mask & libc::X_OK != 0 && mode & 0o111 == 0 && mode & libc::S_IFMT != libc::S_IFDIR {
+                return Err(errno(libc::EACCES));
+            }
+            return Ok(());
+        }
+        let bits = if st.st_uid == ctx.uid {
+            (mode >> 6) & 7
+        } else if st.st_gid == ctx.gid {
+            (mode >> 3) & 7
+        } else {
+            mode & 7
+        } as i32;
+        if mask & bits != mask {
+            return Err(errno(libc::EACCES));
+        }
+        Ok(())
+    }
+}

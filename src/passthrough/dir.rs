@@ -1,0 +1,286 @@
+//! Name operations: lookup, creating and removing names, rename, link and readdir.
+//!
+//! Confinement: every name is one component (no `/`, no NUL: the FUSE layer splits on NUL),
+//! resolved with `*at()` relative to the parent's O_PATH fd and O_NOFOLLOW, so a host
+//! symlink is never followed; `..` of the share's root is the root itself.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
+
+use super::handle::Handle;
+use super::{CachePolicy, PassthroughFs};
+use crate::sys::{self, cvt, errno};
+
+impl PassthroughFs {
+    /// Resolves `name` in `parent` to an O_PATH fd without following symlinks.
+    fn open_child(&self, parent: u64, name: &CStr) -> io::Result<OwnedFd> {
+        sys::check_name(name)?;
+        let p = self.inode(parent)?;
+        if !p.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let name = if parent == ROOT_ID && name.to_bytes() == b".." {
+            c"."
+        } else {
+            name
+        };
+        sys::openat(p.raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+    }
+
+    pub(super) fn do_lookup(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
+        let fd = self.open_child(parent, name)?;
+        self.register(fd)
+    }
+
+    /// Registers one guest lookup of the file behind the O_PATH fd `fd`.
+    fn register(&self, fd: OwnedFd) -> io::Result<Entry> {
+        let st = sys::statx(
+            fd.as_raw_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )?;
+        let inode = self.inodes.lookup_insert(fd, &st);
+        Ok(self.entry(&inode, st.st))
+    }
+
+    /// Parent inode for creating `name` in it, after the checks every create shares.
+    fn create_parent(&self, parent: u64, name: &CStr) -> io::Result<std::sync::Arc<super::Inode>> {
+        self.check_writable()?;
+        sys::check_name(name)?;
+        if sys::is_dot_or_dotdot(name) {
+            return Err(errno(libc::EEXIST));
+        }
+        let p = self.inode(parent)?;
+        if !p.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        Ok(p)
+    }
+
+    pub(super) fn do_symlink(
+        &self,
+        ctx: &Context,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        let p = self.create_parent(parent, name)?;
+        {
+            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
+            cvt(unsafe { libc::symlinkat(linkname.as_ptr(), p.raw_fd(), name.as_ptr()) })?;
+        }
+        self.do_lookup(parent, name)
+    }
+
+    pub(super) fn do_mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+    ) -> io::Result<Entry> {
+        let p = self.create_parent(parent, name)?;
+        {
+            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
+            cvt(unsafe { libc::mknodat(p.raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t) })?;
+        }
+        self.do_lookup(parent, name)
+    }
+
+    pub(super) fn do_mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+    ) -> io::Result<Entry> {
+        let p = self.create_parent(parent, name)?;
+        {
+            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
+            cvt(unsafe { libc::mkdirat(p.raw_fd(), name.as_ptr(), mode) })?;
+        }
+        self.do_lookup(parent, name)
+    }
+
+    pub(super) fn do_unlink(&self, parent: u64, name: &CStr, flags: i32) -> io::Result<()> {
+        self.check_writable()?;
+        sys::check_name(name)?;
+        if sys::is_dot_or_dotdot(name) {
+            return Err(errno(if name.to_bytes() == b"." {
+                libc::EINVAL
+            } else {
+                libc::ENOTEMPTY
+            }));
+        }
+        let p = self.inode(parent)?;
+        // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
+        cvt(unsafe { libc::unlinkat(p.raw_fd(), name.as_ptr(), flags) })?;
+        Ok(())
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        sys::check_name(oldname)?;
+        sys::check_name(newname)?;
+        if sys::is_dot_or_dotdot(oldname) || sys::is_dot_or_dotdot(newname) {
+            return Err(errno(libc::EBUSY));
+        }
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if flags & !known != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        let od = self.inode(olddir)?;
+        let nd = self.inode(newdir)?;
+        // SAFETY: names are NUL-terminated and relative to their parents' fds.
+        cvt(unsafe {
+            libc::renameat2(
+                od.raw_fd(),
+                oldname.as_ptr(),
+                nd.raw_fd(),
+                newname.as_ptr(),
+                flags,
+            )
+        })?;
+        Ok(())
+    }
+
+    pub(super) fn do_link(&self, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        let p = self.create_parent(newparent, newname)?;
+        let i = self.inode(inode)?;
+        if i.is_dir() {
+            return Err(errno(libc::EPERM));
+        }
+        // Linking through /proc/self/fd/N names exactly this inode and needs no
+        // CAP_DAC_READ_SEARCH (which AT_EMPTY_PATH would).
+        let src = sys::fd_name(i.raw_fd());
+        // SAFETY: names are NUL-terminated; the source is resolved inside /proc/self/fd.
+        cvt(unsafe {
+            libc::linkat(
+                self.proc_self_fd.as_raw_fd(),
+                src.as_ptr(),
+                p.raw_fd(),
+                newname.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })?;
+        self.do_lookup(newparent, newname)
+    }
+
+    pub(super) fn do_opendir(&self, inode: u64, _flags: u32) -> io::Result<(u64, OpenOptions)> {
+        let i = self.inode(inode)?;
+        if !i.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let fd = self.reopen(&i, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let fh = self.handles.insert(Handle {
+            inode: i,
+            fd,
+            flags: libc::O_RDONLY | libc::O_DIRECTORY,
+            dir: Some(Default::default()),
+        });
+        let opts = if self.cfg.cache == CachePolicy::Always {
+            OpenOptions::CACHE_DIR
+        } else {
+            OpenOptions::empty()
+        };
+        Ok((fh, opts))
+    }
+
+    /// READDIR and READDIRPLUS. Entries are read with getdents64 from the guest's offset;
+    /// entries that did not fit are read again on the next call (the offset says where).
+    pub(super) fn do_readdir(
+        &self,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
+        plus: bool,
+    ) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        let Some(dir) = &h.dir else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        // The fd's position is shared state: one READDIR per handle at a time.
+        let _pos = dir.lock().unwrap();
+        let fd = h.fd.as_raw_fd();
+        // SAFETY: lseek on an fd we own.
+        cvt(unsafe { libc::lseek64(fd, offset as i64, libc::SEEK_SET) })?;
+        let mut buf = vec![0u8; (size as usize).clamp(1024, 1 << 17)];
+        loop {
+            // SAFETY: the kernel writes at most buf.len() bytes into buf.
+            let n = cvt(unsafe {
+                libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len())
+            })? as usize;
+            if n == 0 {
+                return Ok(());
+            }
+            let mut pos = 0;
+            while pos + 19 <= n {
+                let rec = &buf[pos..n];
+                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap());
+                let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap()) as u64;
+                let reclen = u16::from_ne_bytes(rec[16..18].try_into().unwrap()) as usize;
+                let dtype = rec[18];
+                if reclen < 19 || reclen > rec.len() {
+                    return Err(errno(libc::EIO));
+                }
+                let name_bytes = &rec[19..reclen];
+                let name_len = name_bytes
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(name_bytes.len());
+                let name = &name_bytes[..name_len];
+                pos += reclen;
+                let dirent = DirEntry {
+                    ino,
+                    offset: off,
+                    type_: dtype as u32,
+                    name,
+                };
+                let entry = if plus && name != b"." && name != b".." {
+                    let cname = std::ffi::CString::new(name).map_err(|_| errno(libc::EIO))?;
+                    match self.do_lookup(inode, &cname) {
+                        Ok(e) => Some(e),
+                        // Gone since getdents: skip it.
+                        Err(_) => continue,
+                    }
+                } else {
+                    None
+                };
+                let looked_up = entry.as_ref().map(|e| e.inode);
+                match add(dirent, entry) {
+                    Ok(0) => {
+                        // The guest's buffer is full: this entry was not delivered, so undo
+                        // the lookup it would have owned.
+                        if let Some(id) = looked_up {
+                            self.inodes.forget(id, 1);
+                        }
+                        return Ok(());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if let Some(id) = looked_up {
+                            self.inodes.forget(id, 1);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}

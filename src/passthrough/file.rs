@@ -1,0 +1,278 @@
+//! Data operations: open, create, read, write, flush, fsync, fallocate, lseek and
+//! copy_file_range. Reads and writes go straight between the host fd and guest memory
+//! (preadv/pwritev on the virtqueue buffers) under the inode's I/O lock (see `lock`).
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use fuse_backend_rs::api::filesystem::{
+    Context, Entry, OpenOptions, ZeroCopyReader, ZeroCopyWriter,
+};
+
+use super::handle::Handle;
+use super::inode::Inode;
+use super::lock::IoGuard;
+use super::PassthroughFs;
+use crate::sys::{self, cvt, errno};
+
+impl PassthroughFs {
+    /// Host open flags for guest open flags.
+    fn host_flags(&self, flags: u32) -> i32 {
+        let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+        if !self.cfg.allow_direct_io {
+            f &= !libc::O_DIRECT;
+        }
+        if self.writeback_enabled() {
+            // With a writeback cache the guest reads pages it writes and does appends itself.
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        f
+    }
+
+    fn check_open_flags(&self, flags: i32) -> io::Result<()> {
+        if self.cfg.readonly
+            && (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
+        {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_open(&self, inode: u64, flags: u32) -> io::Result<(u64, OpenOptions)> {
+        let i = self.inode(inode)?;
+        let hflags = self.host_flags(flags);
+        self.check_open_flags(hflags)?;
+        if i.is_dir() {
+            return Err(errno(libc::EISDIR));
+        }
+        let fd = if hflags & libc::O_TRUNC != 0 {
+            // O_TRUNC changes the size: exclusive, like a truncating setattr.
+            let _g = i.io.exclusive();
+            self.reopen(&i, hflags)?
+        } else {
+            self.reopen(&i, hflags)?
+        };
+        let fh = self.handles.insert(Handle {
+            inode: i,
+            fd,
+            flags: hflags,
+            dir: None,
+        });
+        Ok((fh, self.file_open_options(flags)))
+    }
+
+    pub(super) fn do_create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        flags: u32,
+        mode: u32,
+    ) -> io::Result<(Entry, u64, OpenOptions)> {
+        self.check_writable()?;
+        sys::check_name(name)?;
+        if sys::is_dot_or_dotdot(name) {
+            return Err(errno(libc::EEXIST));
+        }
+        let p = self.inode(parent)?;
+        if !p.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let hflags = self.host_flags(flags);
+        let fd = {
+            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            sys::openat(
+                p.raw_fd(),
+                name,
+                hflags | libc::O_CREAT | libc::O_NOFOLLOW | (flags as i32 & libc::O_EXCL),
+                mode & 0o7777,
+            )?
+        };
+        // Take the O_PATH fd from the opened file itself, so the entry is exactly the file
+        // created even if the name changes meanwhile.
+        let path_fd = sys::openat(
+            self.proc_self_fd.as_raw_fd(),
+            &sys::fd_name(fd.as_raw_fd()),
+            libc::O_PATH,
+            0,
+        )?;
+        let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
+        let inode = self.inodes.lookup_insert(path_fd, &st);
+        let entry = self.entry(&inode, st.st);
+        let fh = self.handles.insert(Handle {
+            inode,
+            fd,
+            flags: hflags,
+            dir: None,
+        });
+        Ok((entry, fh, self.file_open_options(flags)))
+    }
+
+    pub(super) fn do_read(
+        &self,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        let h = self.handles.get(handle, inode)?;
+        let _g = h.inode.io.shared();
+        sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
+    }
+
+    pub(super) fn do_write(
+        &self,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        let h = self.handles.get(handle, inode)?;
+        let end = offset
+            .checked_add(size as u64)
+            .ok_or_else(|| errno(libc::EFBIG))?;
+        let guard = write_guard(&h, end)?;
+        let _in_flight = h.inode.io.write_started(&guard);
+        sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset))
+    }
+
+    pub(super) fn do_flush(&self, inode: u64, handle: u64) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        // Closing a duplicate gives the host filesystem the close() the guest just did
+        // (NFS and FUSE hosts flush on it) while the handle stays open.
+        // SAFETY: dup of an fd we own; the new fd is closed right away.
+        let fd = cvt(unsafe { libc::dup(h.fd.as_raw_fd()) })?;
+        // SAFETY: `fd` is ours and used nowhere else.
+        cvt(unsafe { libc::close(fd) })?;
+        Ok(())
+    }
+
+    pub(super) fn do_fsync(&self, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        let fd = h.fd.as_raw_fd();
+        // SAFETY: plain syscalls on an fd we own.
+        cvt(unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        })?;
+        Ok(())
+    }
+
+    pub(super) fn do_fallocate(
+        &self,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        let h = self.handles.get(handle, inode)?;
+        let g = h.inode.io.exclusive();
+        let _w = h.inode.io.write_started(&g);
+        // SAFETY: plain syscall on an fd we own; the kernel validates mode and range.
+        cvt(unsafe {
+            libc::fallocate64(h.fd.as_raw_fd(), mode as i32, offset as i64, length as i64)
+        })?;
+        Ok(())
+    }
+
+    pub(super) fn do_lseek(
+        &self,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        let h = self.handles.get(handle, inode)?;
+        let _g = h.inode.io.shared();
+        // SAFETY: plain syscall on an fd we own. Only SEEK_DATA/SEEK_HOLE reach the daemon;
+        // a position change does not matter since file I/O is positional.
+        let r = cvt(unsafe { libc::lseek64(h.fd.as_raw_fd(), offset as i64, whence as i32) })?;
+        Ok(r as u64)
+    }
+
+    /// COPY_FILE_RANGE: the source under its shared lock, the destination exclusive.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        inode_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        inode_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        if flags != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        let hin = self.handles.get(fh_in, inode_in)?;
+        let hout = self.handles.get(fh_out, inode_out)?;
+        let gout = hout.inode.io.exclusive();
+        let _gin = if hin.inode.nodeid != hout.inode.nodeid {
+            Some(hin.inode.io.shared())
+        } else {
+            None
+        };
+        let _w = hout.inode.io.write_started(&gout);
+        let mut oin = off_in as i64;
+        let mut oout = off_out as i64;
+        // SAFETY: both offsets point at live locals; the fds are ours.
+        let n = cvt(unsafe {
+            libc::copy_file_range(
+                hin.fd.as_raw_fd(),
+                &mut oin,
+                hout.fd.as_raw_fd(),
+                &mut oout,
+                len.min(isize::MAX as u64) as usize,
+                0,
+            )
+        })?;
+        Ok(n as usize)
+    }
+
+    /// SYNCFS: flush the filesystem holding the share.
+    pub fn syncfs(&self, inode: u64) -> io::Result<()> {
+        let i = self.inode(inode)?;
+        let fd = if i.is_dir() || i.is_reg() {
+            self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?
+        } else {
+            self.reopen(
+                &*self.inode(fuse_backend_rs::api::filesystem::ROOT_ID)?,
+                libc::O_RDONLY,
+            )?
+        };
+        // SAFETY: plain syscall on an fd we own.
+        cvt(unsafe { libc::syncfs(fd.as_raw_fd()) })?;
+        Ok(())
+    }
+}
+
+/// Takes the lock a write ending at `end` needs: shared if it stays inside the host file's
+/// current size, exclusive if it extends it or appends. The size is read under the lock.
+fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
+    let inode: &Inode = &h.inode;
+    if h.is_append() {
+        return Ok(inode.io.exclusive());
+    }
+    let g = inode.io.shared();
+    let size = sys::fstat(&h.fd)?.st_size as u64;
+    if end <= size {
+        return Ok(g);
+    }
+    drop(g);
+    Ok(inode.io.exclusive())
+}

@@ -1,0 +1,109 @@
+//! Open file and directory handles (the FUSE `fh`).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::inode::Inode;
+use crate::sys;
+
+/// Read position state of an open directory; READDIR on one handle is serialised by it.
+#[derive(Default)]
+pub struct DirState {
+    /// Raw getdents64 records not yet handed to the guest, and where they continue.
+    pub buf: Vec<u8>,
+    pub pos: usize,
+    /// The directory offset (`d_off` cookie) the next record in `buf` starts at.
+    pub next_offset: u64,
+}
+
+pub struct Handle {
+    pub inode: Arc<Inode>,
+    /// An fd opened for I/O (not O_PATH).
+    pub fd: OwnedFd,
+    /// Open flags as given to the host (after vfsd's adjustments).
+    pub flags: i32,
+    pub dir: Option<Mutex<DirState>>,
+}
+
+impl Handle {
+    pub fn is_append(&self) -> bool {
+        self.flags & libc::O_APPEND != 0
+    }
+}
+
+const SHARDS: usize = 16;
+
+/// Handles by number, sharded so that concurrent requests on different files rarely touch
+/// the same lock.
+pub struct HandleTable {
+    shards: Vec<RwLock<HashMap<u64, Arc<Handle>>>>,
+    next: AtomicU64,
+}
+
+impl HandleTable {
+    pub fn new() -> Self {
+        HandleTable {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Handle>>> {
+        &self.shards[(fh as usize) % SHARDS]
+    }
+
+    pub fn insert(&self, h: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.shard(fh).write().unwrap().insert(fh, Arc::new(h));
+        fh
+    }
+
+    /// Looks a handle up and checks that it belongs to `nodeid`: a guest may not use one
+    /// file's handle to reach another.
+    pub fn get(&self, fh: u64, nodeid: u64) -> io::Result<Arc<Handle>> {
+        let h = self
+            .shard(fh)
+            .read()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| sys::errno(libc::EBADF))?;
+        if h.inode.nodeid != nodeid {
+            return Err(sys::errno(libc::EBADF));
+        }
+        Ok(h)
+    }
+
+    pub fn remove(&self, fh: u64, nodeid: u64) -> io::Result<Arc<Handle>> {
+        let mut shard = self.shard(fh).write().unwrap();
+        match shard.get(&fh) {
+            Some(h) if h.inode.nodeid == nodeid => Ok(shard.remove(&fh).unwrap()),
+            _ => Err(sys::errno(libc::EBADF)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().unwrap().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for HandleTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HandleTable {
+    pub fn clear(&self) {
+        for s in &self.shards {
+            s.write().unwrap().clear();
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! vfsd's passthrough filesystem: serves FUSE requests from a host directory.
+//!
+//! Split by concern: `inode` (node ids ↔ O_PATH fds), `handle` (open files), `lock` (the
+//! per-inode I/O lock behind parallel direct writes), `dir` (names: lookup, create, rename,
+//! readdir), `file` (data: open, read, write, fallocate, copy), `attr` (getattr, setattr,
+//! statfs, access) and `xattr`. This file holds the configuration, shared helpers and the
+//! `FileSystem` trait implementation that routes each request to them.
+
+mod attr;
+mod dir;
+mod file;
+pub mod handle;
+pub mod inode;
+pub mod lock;
+mod xattr;
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::CreateIn;
+use fuse_backend_rs::api::filesystem::{
+    Context, DirEntry, Entry, FileSystem, FsOptions, GetxattrReply, ListxattrReply, OpenOptions,
+    SetattrValid, ZeroCopyReader, ZeroCopyWriter, ROOT_ID,
+};
+
+use crate::sys;
+use handle::HandleTable;
+use inode::{Inode, InodeTable};
+
+/// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
+/// this file at once. fuse-backend-rs has no constant for it.
+pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
+
+/// How much the guest may cache, with virtiofsd's meanings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CachePolicy {
+    /// Close-to-open: attributes for 1 s, data revalidated on open.
+    Auto,
+    /// Cache everything for a long time; host-side changes may be missed.
+    Always,
+    /// No caching: every access goes to the host, file I/O is direct.
+    Never,
+    /// Cache metadata like `always`, but do file I/O directly.
+    Metadata,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub root_dir: PathBuf,
+    pub cache: CachePolicy,
+    pub xattr: bool,
+    pub readonly: bool,
+    pub writeback: bool,
+    pub allow_direct_io: bool,
+    pub parallel_direct_writes: bool,
+    pub announce_submounts: bool,
+}
+
+impl Config {
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            root_dir: root_dir.into(),
+            cache: CachePolicy::Auto,
+            xattr: false,
+            readonly: false,
+            writeback: false,
+            allow_direct_io: false,
+            parallel_direct_writes: true,
+            announce_submounts: false,
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        match self.cache {
+            CachePolicy::Never => Duration::ZERO,
+            CachePolicy::Auto => Duration::from_secs(1),
+            CachePolicy::Always | CachePolicy::Metadata => Duration::from_secs(86400),
+        }
+    }
+}
+
+pub struct PassthroughFs {
+    pub(crate) cfg: Config,
+    pub(crate) inodes: InodeTable,
+    pub(crate) handles: HandleTable,
+    /// `/proc/self/fd`, to reopen O_PATH fds for I/O without resolving any guest path.
+    proc_self_fd: OwnedFd,
+    /// Whether the guest accepted the writeback cache at INIT.
+    writeback: std::sync::atomic::AtomicBool,
+}
+
+impl PassthroughFs {
+    pub fn new(cfg: Config) -> io::Result<Self> {
+        let root_path = CString::new(cfg.root_dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| sys::errno(libc::EINVAL))?;
+        let root_fd = sys::openat(
+            libc::AT_FDCWD,
+            &root_path,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?;
+        let st = sys::statx(root_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
+        let proc_self_fd = sys::openat(
+            libc::AT_FDCWD,
+            c"/proc/self/fd",
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?;
+        // Modes from the guest already had its umask applied; the daemon's must not apply twice.
+        // SAFETY: umask has no preconditions.
+        unsafe { libc::umask(0) };
+        let inodes = InodeTable::new();
+        inodes.insert_root(root_fd, &st);
+        Ok(PassthroughFs {
+            cfg,
+            inodes,
+            handles: HandleTable::new(),
+            proc_self_fd,
+            writeback: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub(crate) fn inode(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
+        self.inodes.get(nodeid)
+    }
+
+    /// Opens the file behind an O_PATH fd for I/O through `/proc/self/fd/N`: this names the
+    /// exact inode, so no path component is resolved again.
+    pub(crate) fn reopen(&self, inode: &Inode, flags: i32) -> io::Result<OwnedFd> {
+        if inode.is_symlink() {
+            return Err(sys::errno(libc::ELOOP));
+        }
+        if !inode.is_reg() && !inode.is_dir() {
+            // Opening a FIFO or device on the host could block or reach hardware.
+            return Err(sys::errno(libc::ENXIO));
+        }
+        let flags = flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+        sys::openat(
+            self.proc_self_fd.as_raw_fd(),
+            &sys::fd_name(inode.raw_fd()),
+            flags | libc::O_NOCTTY,
+            0,
+        )
+    }
+
+    pub(crate) fn check_writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            Err(sys::errno(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn entry(&self, inode: &Inode, st: libc::stat64) -> Entry {
+        let t = self.cfg.timeout();
+        Entry {
+            inode: inode.nodeid,
+            generation: 0,
+            attr: st,
+            attr_flags: 0,
+            attr_timeout: t,
+            entry_timeout: t,
+        }
+    }
+
+    pub(crate) fn attr_timeout(&self) -> Duration {
+        self.cfg.timeout()
+    }
+
+    pub(crate) fn writeback_enabled(&self) -> bool {
+        self.writeback.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Open options for a regular file opened with guest flags `flags`.
+    pub(crate) fn file_open_options(&self, flags: u32) -> OpenOptions {
+        let mut bits = match self.cfg.cache {
+            CachePolicy::Never | CachePolicy::Metadata => OpenOptions::DIRECT_IO.bits(),
+            CachePolicy::Always => OpenOptions::KEEP_CACHE.bits(),
+            CachePolicy::Auto => 0,
+        };
+        let direct = bits & OpenOptions::DIRECT_IO.bits() != 0
+            || (self.cfg.allow_direct_io && flags as i32 & libc::O_DIRECT != 0);
+        if direct && self.cfg.parallel_direct_writes {
+            bits |= FOPEN_PARALLEL_DIRECT_WRITES;
+        }
+        // SAFETY: OpenOptions is a plain u32 bit set (bitflags 1.x marks retaining unknown bits
+        // unsafe only because they have no name); bit 6 is FOPEN_PARALLEL_DIRECT_WRITES in the
+        // FUSE ABI and is passed to the guest unchanged.
+        unsafe { OpenOptions::from_bits_unchecked(bits) }
+    }
+
+    /// Drops every node and handle but the root (the guest unmounted).
+    fn reset(&self) {
+        for inode in self.inodes.snapshot() {
+            if inode.nodeid != ROOT_ID {
+                self.inodes.forget(inode.nodeid, u64::MAX);
+            }
+        }
+        self.handles.clear();
+    }
+}
+
+impl FileSystem for PassthroughFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        let mut want = FsOptions::ASYNC_READ
+            | FsOptions::PARALLEL_DIROPS
+            | FsOptions::BIG_WRITES
+            | FsOptions::MAX_PAGES
+            | FsOptions::AUTO_INVAL_DATA
+            | FsOptions::ASYNC_DIO
+            | FsOptions::DO_READDIRPLUS
+            | FsOptions::READDIRPLUS_AUTO
+            | FsOptions::EXPORT_SUPPORT
+            | FsOptions::ATOMIC_O_TRUNC
+            | FsOptions::CACHE_SYMLINKS;
+        if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
+            want |= FsOptions::WRITEBACK_CACHE;
+        }
+        if self.cfg.announce_submounts {
+            want |= FsOptions::SUBMOUNTS;
+        }
+        let enabled = capable & want;
+        self.writeback.store(
+            enabled.contains(FsOptions::WRITEBACK_CACHE),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(want)
+    }
+
+    fn destroy(&self) {
+        self.reset();
+    }
+
+    fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        self.do_lookup(parent, name)
+    }
+
+    fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        if inode != ROOT_ID {
+            self.inodes.forget(inode, count);
+        }
+    }
+
+    fn batch_forget(&self, ctx: &Context, requests: Vec<(u64, u64)>) {
+        for (inode, count) in requests {
+            self.forget(ctx, inode, count);
+        }
+    }
+
+    fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        self.do_getattr(inode, handle)
+    }
+
+    fn setattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        attr: libc::stat64,
+        handle: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        self.do_setattr(inode, attr, handle, valid)
+    }
+
+    fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        self.do_readlink(inode)
+    }
+
+    fn symlink(
+        &self,
+        ctx: &Context,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        self.do_symlink(ctx, linkname, parent, name)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
+        self.do_mknod(ctx, parent, name, mode, rdev)
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
+        self.do_mkdir(ctx, parent, name, mode)
+    }
+
+    fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.do_unlink(parent, name, 0)
+    }
+
+    fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.do_unlink(parent, name, libc::AT_REMOVEDIR)
+    }
+
+    fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.do_rename(olddir, oldname, newdir, newname, flags)
+    }
+
+    fn link(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.do_link(inode, newparent, newname)
+    }
+
+    fn open(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        let (fh, opts) = self.do_open(inode, flags)?;
+        Ok((Some(fh), opts, None))
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        args: CreateIn,
+    ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, args.mode)?;
+        Ok((entry, Some(fh), opts, None))
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        self.do_read(inode, handle, w, size, offset)
+    }
+
+    fn write(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<usize> {
+        self.do_write(inode, handle, r, size, offset)
+    }
+
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+        self.do_flush(inode, handle)
+    }
+
+    fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.do_fsync(inode, datasync, handle)
+    }
+
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.do_fallocate(inode, handle, mode, offset, length)
+    }
+
+    fn release(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        handle: u64,
+        _flush: bool,
+        _flock_release: bool,
+        _lock_owner: Option<u64>,
+    ) -> io::Result<()> {
+        self.handles.remove(handle, inode).map(drop)
+    }
+
+    fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {
+        self.do_statfs(inode)
+    }
+
+    fn setxattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        self.do_setxattr(inode, name, value, flags)
+    }
+
+    fn getxattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<GetxattrReply> {
+        self.do_getxattr(inode, name, size)
+    }
+
+    fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply> {
+        self.do_listxattr(inode, size)
+    }
+
+    fn removexattr(&self, _ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        self.do_removexattr(inode, name)
+    }
+
+    fn opendir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions)> {
+        let (fh, opts) = self.do_opendir(inode, flags)?;
+        Ok((Some(fh), opts))
+    }
+
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.do_readdir(inode, handle, size, offset, &mut |d, _| add_entry(d), false)
+    }
+
+    fn readdirplus(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.do_readdir(
+            inode,
+            handle,
+            size,
+            offset,
+            &mut |d, e| add_entry(d, e.unwrap_or_default()),
+            true,
+        )
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.do_fsync(inode, datasync, handle)
+    }
+
+    fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        self.handles.remove(handle, inode).map(drop)
+    }
+
+    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        self.do_access(ctx, inode, mask)
+    }
+
+    fn lseek(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        self.do_lseek(inode, handle, offset, whence)
+    }
+}

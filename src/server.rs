@@ -1,0 +1,214 @@
+//! The FUSE server: turns one virtqueue descriptor chain into one FUSE request and reply.
+//!
+//! Most opcodes go to fuse-backend-rs's `Server`, which decodes them and calls the
+//! passthrough filesystem. vfsd answers a few itself, before the crate sees them:
+//! - COPY_FILE_RANGE and SYNCFS, which the crate (FUSE 7.33) would answer with ENOSYS;
+//! - opcodes the crate's `Opcode` enum has no variant for (0, 7, 19, 48 and up except the
+//!   ones above): its trace logging would transmute them into the enum (undefined
+//!   behaviour), so they never reach it and get ENOSYS here.
+//!
+//! A request the crate rejects without replying still gets an errno reply, so a malformed
+//! request never leaves the guest waiting.
+
+use std::io::{self, Write};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
+use fuse_backend_rs::api::server::Server;
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
+use log::{debug, warn};
+use virtio_queue::DescriptorChain;
+use vm_memory::{ByteValued, GuestMemoryMmap};
+
+use crate::passthrough::PassthroughFs;
+use crate::stats::Stats;
+
+pub mod opcode {
+    pub const FORGET: u32 = 2;
+    pub const INIT: u32 = 26;
+    pub const OPEN: u32 = 14;
+    pub const WRITE: u32 = 16;
+    pub const INTERRUPT: u32 = 36;
+    pub const BATCH_FORGET: u32 = 42;
+    pub const COPY_FILE_RANGE: u32 = 47;
+    pub const SYNCFS: u32 = 50;
+}
+
+/// Opcodes fuse-backend-rs decodes itself.
+fn crate_handles(op: u32) -> bool {
+    matches!(op, 1..=6 | 8..=18 | 20..=46)
+}
+
+/// Opcodes that never get a reply (FUSE spec).
+fn no_reply(op: u32) -> bool {
+    matches!(
+        op,
+        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT
+    )
+}
+
+pub struct FuseServer {
+    server: Server<Arc<PassthroughFs>>,
+    fs: Arc<PassthroughFs>,
+    pub stats: Stats,
+}
+
+impl FuseServer {
+    pub fn new(fs: Arc<PassthroughFs>) -> Self {
+        FuseServer {
+            server: Server::new(fs.clone()),
+            fs,
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn fs(&self) -> &Arc<PassthroughFs> {
+        &self.fs
+    }
+
+    /// Serves the request in `chain`; returns the number of bytes written to the guest
+    /// (the used-ring length).
+    pub fn handle<M>(&self, mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> u32
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        let start = Instant::now();
+        let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("dropping request: bad readable descriptors: {e}");
+                return 0;
+            }
+        };
+        let hdr: InHeader = match reader.clone().read_obj() {
+            Ok(h) => h,
+            Err(_) => {
+                warn!("dropping request shorter than a FUSE header");
+                return 0;
+            }
+        };
+        let op = hdr.opcode;
+        let (len, bad) = match op {
+            opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, &chain, &hdr, reader), false),
+            opcode::SYNCFS => {
+                let r = self.fs.syncfs(hdr.nodeid);
+                (reply(mem, &chain, &hdr, r.map(|_| Vec::new())), false)
+            }
+            op if !crate_handles(op) => {
+                debug!("opcode {op} not supported");
+                (
+                    reply(
+                        mem,
+                        &chain,
+                        &hdr,
+                        Err(io::Error::from_raw_os_error(libc::ENOSYS)),
+                    ),
+                    false,
+                )
+            }
+            _ => match VirtioFsWriter::new(mem, chain.clone()) {
+                Err(e) => {
+                    warn!("dropping request: bad writable descriptors: {e}");
+                    (0, true)
+                }
+                Ok(w) => match self
+                    .server
+                    .handle_message(reader, Writer::VirtioFs(w), None, None)
+                {
+                    Ok(n) => (n as u32, false),
+                    Err(e) if no_reply(op) => {
+                        debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+                        (0, true)
+                    }
+                    Err(e) => {
+                        debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+                        (
+                            reply(
+                                mem,
+                                &chain,
+                                &hdr,
+                                Err(io::Error::from_raw_os_error(libc::EINVAL)),
+                            ),
+                            true,
+                        )
+                    }
+                },
+            },
+        };
+        self.stats.record(op, start.elapsed(), bad);
+        len
+    }
+
+    fn copy_file_range<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: &DescriptorChain<M>,
+        hdr: &InHeader,
+        mut reader: Reader<'_, ()>,
+    ) -> u32
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        let result = reader
+            .read_obj::<InHeader>()
+            .and_then(|_| reader.read_obj::<CopyFileRangeIn>())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+            .and_then(|a| {
+                // The reply carries a u32 count; keep within it (as the kernel does).
+                let len = a.len.min(u32::MAX as u64 & !0xfff);
+                self.fs.copy_file_range(
+                    hdr.nodeid,
+                    a.fh_in,
+                    a.offset_in,
+                    a.nodeid_out,
+                    a.fh_out,
+                    a.offset_out,
+                    len,
+                    a.flags,
+                )
+            })
+            .map(|n| {
+                WriteOut {
+                    size: n as u32,
+                    padding: 0,
+                }
+                .as_slice()
+                .to_vec()
+            });
+        reply(mem, chain, hdr, result)
+    }
+}
+
+/// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.
+fn reply<M>(
+    mem: &GuestMemoryMmap,
+    chain: &DescriptorChain<M>,
+    hdr: &InHeader,
+    r: io::Result<Vec<u8>>,
+) -> u32
+where
+    M: Deref<Target = GuestMemoryMmap> + Clone,
+{
+    let (error, payload) = match r {
+        Ok(p) => (0, p),
+        Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
+    };
+    let out = OutHeader {
+        len: (std::mem::size_of::<OutHeader>() + payload.len()) as u32,
+        error,
+        unique: hdr.unique,
+    };
+    let Ok(mut w) = VirtioFsWriter::new(mem, chain.clone()) else {
+        return 0;
+    };
+    if w.write_all(out.as_slice())
+        .and_then(|_| w.write_all(&payload))
+        .is_err()
+    {
+        warn!("reply does not fit the guest's buffer; dropping it");
+        return 0;
+    }
+    out.len
+}

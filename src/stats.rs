@@ -1,0 +1,163 @@
+//! Run-time counters: per-opcode counts and latencies, and per-inode write concurrency.
+//!
+//! Counters are lock-free atomics; a dump (JSON) is taken on SIGUSR1 or periodically with
+//! `--stats FILE`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::passthrough::PassthroughFs;
+
+const SLOTS: usize = 64;
+
+#[derive(Default)]
+struct OpStats {
+    count: AtomicU64,
+    errors: AtomicU64,
+    total_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+pub struct Stats {
+    ops: Vec<OpStats>,
+    started: Instant,
+}
+
+/// FUSE opcode names as in the kernel's `enum fuse_opcode`.
+pub fn opcode_name(op: u32) -> &'static str {
+    const NAMES: [&str; 53] = [
+        "0",
+        "LOOKUP",
+        "FORGET",
+        "GETATTR",
+        "SETATTR",
+        "READLINK",
+        "SYMLINK",
+        "7",
+        "MKNOD",
+        "MKDIR",
+        "UNLINK",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "OPEN",
+        "READ",
+        "WRITE",
+        "STATFS",
+        "RELEASE",
+        "19",
+        "FSYNC",
+        "SETXATTR",
+        "GETXATTR",
+        "LISTXATTR",
+        "REMOVEXATTR",
+        "FLUSH",
+        "INIT",
+        "OPENDIR",
+        "READDIR",
+        "RELEASEDIR",
+        "FSYNCDIR",
+        "GETLK",
+        "SETLK",
+        "SETLKW",
+        "ACCESS",
+        "CREATE",
+        "INTERRUPT",
+        "BMAP",
+        "DESTROY",
+        "IOCTL",
+        "POLL",
+        "NOTIFY_REPLY",
+        "BATCH_FORGET",
+        "FALLOCATE",
+        "READDIRPLUS",
+        "RENAME2",
+        "LSEEK",
+        "COPY_FILE_RANGE",
+        "SETUPMAPPING",
+        "REMOVEMAPPING",
+        "SYNCFS",
+        "TMPFILE",
+        "STATX",
+    ];
+    NAMES.get(op as usize).copied().unwrap_or("OTHER")
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            ops: (0..SLOTS).map(|_| OpStats::default()).collect(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Stats {
+    pub fn record(&self, opcode: u32, elapsed: Duration, error: bool) {
+        let s = &self.ops[(opcode as usize).min(SLOTS - 1)];
+        let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
+        s.count.fetch_add(1, Ordering::Relaxed);
+        s.total_ns.fetch_add(ns, Ordering::Relaxed);
+        s.max_ns.fetch_max(ns, Ordering::Relaxed);
+        if error {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn count(&self, opcode: u32) -> u64 {
+        self.ops[(opcode as usize).min(SLOTS - 1)]
+            .count
+            .load(Ordering::Relaxed)
+    }
+
+    /// A JSON snapshot of every counter.
+    pub fn snapshot(&self, fs: &PassthroughFs) -> Value {
+        let mut ops = Map::new();
+        for (i, s) in self.ops.iter().enumerate() {
+            let count = s.count.load(Ordering::Relaxed);
+            if count == 0 {
+                continue;
+            }
+            let total = s.total_ns.load(Ordering::Relaxed);
+            ops.insert(
+                opcode_name(i as u32).to_string(),
+                json!({
+                    "count": count,
+                    "errors": s.errors.load(Ordering::Relaxed),
+                    "avg_us": total as f64 / count as f64 / 1000.0,
+                    "max_us": s.max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
+                }),
+            );
+        }
+        let mut inodes = Vec::new();
+        let mut peak = fs.inodes.retired_peak();
+        let mut violations = fs.inodes.retired_violations();
+        for inode in fs.inodes.snapshot() {
+            let s = inode.io.stats();
+            peak = peak.max(s.peak_writes_in_flight);
+            violations += s.exclusive_violations;
+            if s.shared_writes + s.exclusive_writes == 0 {
+                continue;
+            }
+            inodes.push(json!({
+                "nodeid": inode.nodeid,
+                "host_ino": inode.key.ino,
+                "peak_writes_in_flight": s.peak_writes_in_flight,
+                "shared_writes": s.shared_writes,
+                "exclusive_writes": s.exclusive_writes,
+                "exclusive_violations": s.exclusive_violations,
+            }));
+        }
+        json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "opcodes": ops,
+            "peak_writes_in_flight": peak,
+            "exclusive_violations": violations,
+            "live_inodes": fs.inodes.len(),
+            "open_handles": fs.handles.len(),
+            "inodes": inodes,
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! Thin wrappers over the system calls the passthrough filesystem needs.
+//!
+//! Every path taken from the guest is resolved with an `*at()` call relative to a
+//! directory fd, never from the daemon's working directory.
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Turns a libc return value into an `io::Result`, reading errno on -1.
+pub fn cvt<T: PartialEq + From<i8>>(ret: T) -> io::Result<T> {
+    if ret == T::from(-1) {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+pub const EMPTY: &CStr = c"";
+
+/// `openat(2)`; the returned fd is always close-on-exec.
+pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string; the kernel validates `dir`.
+    let fd = cvt(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) })?;
+    // SAFETY: a successful openat returns a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The decimal name of `fd` inside `/proc/self/fd`, used to reopen O_PATH fds.
+pub fn fd_name(fd: RawFd) -> std::ffi::CString {
+    // An integer's decimal digits never contain NUL.
+    std::ffi::CString::new(fd.to_string()).unwrap()
+}
+
+/// Attributes of a file plus the id of the mount it lives on.
+#[derive(Clone, Copy)]
+pub struct StatX {
+    pub st: libc::stat64,
+    pub mnt_id: u64,
+}
+
+/// `statx(2)` relative to `dir`, converted to the `stat64` FUSE wants.
+pub fn statx(dir: RawFd, name: &CStr, flags: i32) -> io::Result<StatX> {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+    // SAFETY: `stx` is a writable buffer of the right size and `name` is NUL-terminated.
+    cvt(unsafe { libc::statx(dir, name.as_ptr(), flags, mask, stx.as_mut_ptr()) })?;
+    // SAFETY: statx succeeded and filled the structure (it was zeroed before anyway).
+    let stx = unsafe { stx.assume_init() };
+    // SAFETY: stat64 is plain old data, all-zero is a valid value.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    st.st_dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    st.st_ino = stx.stx_ino;
+    st.st_mode = stx.stx_mode as u32;
+    st.st_nlink = stx.stx_nlink as _;
+    st.st_uid = stx.stx_uid;
+    st.st_gid = stx.stx_gid;
+    st.st_rdev = libc::makedev(stx.stx_rdev_major, stx.stx_rdev_minor);
+    st.st_size = stx.stx_size as i64;
+    st.st_blksize = stx.stx_blksize as _;
+    st.st_blocks = stx.stx_blocks as i64;
+    st.st_atime = stx.stx_atime.tv_sec;
+    st.st_atime_nsec = stx.stx_atime.tv_nsec as _;
+    st.st_mtime = stx.stx_mtime.tv_sec;
+    st.st_mtime_nsec = stx.stx_mtime.tv_nsec as _;
+    st.st_ctime = stx.stx_ctime.tv_sec;
+    st.st_ctime_nsec = stx.stx_ctime.tv_nsec as _;
+    let mnt_id = if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        stx.stx_mnt_id
+    } else {
+        0
+    };
+    Ok(StatX { st, mnt_id })
+}
+
+/// Attributes of the file `fd` refers to (O_PATH fds included); symlinks are not followed.
+pub fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat64> {
+    Ok(statx(
+        fd.as_raw_fd(),
+        EMPTY,
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+    )?
+    .st)
+}
+
+/// Rejects names a guest must not be able to use as one path component.
+pub fn check_name(name: &CStr) -> io::Result<()> {
+    let b = name.to_bytes();
+    if b.is_empty() || b.contains(&b'/') {
+        return Err(errno(libc::EINVAL));
+    }
+    if b.len() > 255 {
+        return Err(errno(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+pub fn is_dot_or_dotdot(name: &CStr) -> bool {
+    matches!(name.to_bytes(), b"." | b"..")
+}
+
+/// Switches the calling thread's filesystem uid/gid for creating files as the guest caller,
+/// restoring root's on drop. `setfsuid`/`setfsgid` act on the calling thread only, which is
+/// what a worker serving one request at a time needs.
+pub struct FsCred {
+    switched: bool,
+}
+
+impl FsCred {
+    pub fn switch(uid: u32, gid: u32) -> io::Result<FsCred> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // An unprivileged daemon creates files as itself, as virtiofsd does.
+            return Ok(FsCred { switched: false });
+        }
+        // SAFETY: setfsgid/setfsuid only change this thread's credentials.
+        unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+            // setfsuid reports the previous id, so read back the current one to check.
+            if libc::setfsuid(u32::MAX) as u32 != uid || libc::setfsgid(u32::MAX) as u32 != gid {
+                libc::setfsuid(0);
+                libc::setfsgid(0);
+                return Err(errno(libc::EPERM));
+            }
+        }
+        Ok(FsCred { switched: true })
+    }
+}
+
+impl Drop for FsCred {
+    fn drop(&mut self) {
+        if self.switched {
+            // SAFETY: restores this thread's filesystem ids to root's.
+            unsafe {
+                libc::setfsuid(0);
+                libc::setfsgid(0);
+            }
+        }
+    }
+}
+
+/// Borrows `fd` as a `std::fs::File` for APIs that want `&mut File`, without taking ownership.
+pub fn with_file<R>(fd: &impl AsRawFd, f: impl FnOnce(&mut std::fs::File) -> R) -> R {
+    // SAFETY: the caller keeps `fd` open for the whole call, and ManuallyDrop stops the
+    // temporary File from closing it.
+    let mut file =
+        std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
+    f(&mut file)
+}
