@@ -87,8 +87,8 @@ fi
 sig() {
     {
         echo "tools=$TOOLS cc=$(command -v "${CC:-cc}" || true)"
-        for f in "$0" "$HERE/guest-init.sh" "$BUSYBOX" "${BINS[@]}"; do
-            stat -L -c '%n %s %Y' "$f"
+        for f in "$HERE/build-initramfs.sh" "$HERE/guest-init.sh" "$BUSYBOX" "${BINS[@]}"; do
+            stat -L -c "$(basename "$f") %s %Y" "$f"
         done
         find "$REPO/guest-tests" -type f -printf '%P %s %T@\n' | sort
         for b in "${BINS[@]}"; do ldd "$b" 2>/dev/null || true; done
@@ -102,13 +102,18 @@ if [ "$FORCE" = 0 ] && [ -f "$OUT" ] && [ "$(cat "$OUT.sig" 2>/dev/null)" = "$SI
 fi
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/vfsd-initramfs.XXXXXX")
+chmod 755 "$ROOT"
 trap 'rm -rf "$ROOT"' EXIT
 log "assembling in $ROOT"
 mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,proc,sys,dev,tmp,run,mnt,root,var/tmp}
 chmod 1777 "$ROOT/tmp" "$ROOT/var/tmp"
 # Mirror a merged-/usr host so library paths from ldd resolve unchanged.
 for d in lib lib64; do
-    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$ROOT/$d"; fi
+    if [ -L "/$d" ]; then
+        t=$(readlink "/$d")
+        mkdir -p "$ROOT/${t#/}"
+        ln -s "$t" "$ROOT/$d"
+    fi
 done
 
 cp "$BUSYBOX" "$ROOT/bin/busybox"
@@ -117,18 +122,20 @@ for applet in $("$BUSYBOX" --list); do
     [ -e "$ROOT/bin/$applet" ] || ln -s busybox "$ROOT/bin/$applet"
 done
 
-copy_lib() {  # copy one library (and its symlink chain) to the same path
-    local src=$1 dst real
-    dst=$ROOT$src
-    [ -e "$dst" ] && return 0
-    mkdir -p "$(dirname "$dst")"
-    real=$(readlink -f "$src")
-    if [ "$real" != "$src" ]; then
-        # keep the soname symlink, copy the target next to it
+copy_lib() {  # copy one library to the same (canonical-directory) path, keeping symlinks
+    local src=$1 dir base p dst real
+    dir=$(readlink -f "$(dirname "$src")")
+    base=$(basename "$src")
+    p=$dir/$base
+    dst=$ROOT$p
+    { [ -e "$dst" ] || [ -L "$dst" ]; } && return 0
+    mkdir -p "$ROOT$dir"
+    if [ -L "$p" ]; then
+        real=$(readlink -f "$p")
         copy_lib "$real"
-        ln -sf "$real" "$dst"
+        ln -s "$real" "$dst"
     else
-        cp "$src" "$dst"
+        cp "$p" "$dst"
     fi
 }
 for b in "${BINS[@]}"; do

@@ -32,6 +32,7 @@
 #   --log FILE      also keep the guest console log in FILE
 #   --quiet         do not echo the guest console
 #   --keep          keep the work directory (sockets, logs, default share)
+#   --workdir DIR   use DIR as the work directory (default: new dir in $TMPDIR)
 #
 # Exit status: the guest command's status; 124 timeout; 120 guest setup
 # failed (e.g. mount); 125 runner/daemon/QEMU error.
@@ -60,6 +61,7 @@ SHELL_MODE=0
 LOGCOPY=
 QUIET=0
 KEEP=0
+WORKDIR=
 CMD=
 
 say() { printf 'run-vm: %s\n' "$*" >&2; }
@@ -85,6 +87,7 @@ while [ $# -gt 0 ]; do
         --log) LOGCOPY=${2:?}; shift 2 ;;
         --quiet) QUIET=1; shift ;;
         --keep) KEEP=1; shift ;;
+        --workdir) WORKDIR=${2:?}; shift 2 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         --) shift; CMD="$*"; break ;;
         *) die "unknown option '$1' (try --help; put the guest command after --)" ;;
@@ -115,7 +118,15 @@ fi
 [ -r "$INITRD" ] || die "initramfs '$INITRD' not readable"
 
 # --- Work directory and cleanup ------------------------------------------------
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/vfsd-run.XXXXXX")
+if [ -n "$WORKDIR" ]; then
+    mkdir -p "$WORKDIR" || die "cannot create --workdir $WORKDIR"
+    WORK=$(cd "$WORKDIR" && pwd)
+else
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/vfsd-run.XXXXXX")
+fi
+# vhost-user sockets: unix socket paths must stay short (108 bytes).
+SOCKDIR=$WORK
+if [ ${#WORK} -gt 80 ]; then SOCKDIR=$(mktemp -d /tmp/vfsd-sock.XXXXXX); fi
 QEMU_PID=
 TAIL_PID=
 DAEMON_PIDS=()
@@ -133,6 +144,7 @@ cleanup() {
         fi
     done
     wait 2>/dev/null
+    [ "$SOCKDIR" != "$WORK" ] && rm -rf "$SOCKDIR"
     if [ "$KEEP" = 1 ] || { [ "$STATUS" != 0 ] && [ "$SHELL_MODE" = 0 ]; }; then
         say "work directory kept: $WORK"
     else
@@ -219,7 +231,7 @@ for spec in "${SHARES[@]}"; do
     [ -d "$dir" ] || die "share directory '$dir' does not exist"
     [[ $tag =~ ^[A-Za-z0-9_.-]{1,36}$ ]] || die "tag '$tag': use 1-36 letters, digits, '_', '.', '-'"
     dir=$(cd "$dir" && pwd)
-    sock=$WORK/fs$i.sock
+    sock=$SOCKDIR/fs$i.sock
     cmd=${TEMPLATE//\{socket\}/$(printf '%q' "$sock")}
     cmd=${cmd//\{dir\}/$(printf '%q' "$dir")}
     cmd=${cmd//\{tag\}/$(printf '%q' "$tag")}

@@ -143,7 +143,7 @@ impl Opt {
                     "source" => self.shared_dir = Some(PathBuf::from(need(value)?)),
                     "cache" => {
                         self.cache = CachePolicy::from_str(&need(value)?, true).map_err(|_| {
-                            format!("-o cache: expected auto, always, never or metadata")
+                            "-o cache: expected auto, always, never or metadata".to_string()
                         })?
                     }
                     "sandbox" => {

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod daemon;
 pub mod device;
+pub mod frontend;
 pub mod passthrough;
 pub mod server;
 pub mod stats;

@@ -3,6 +3,7 @@
 //! Most opcodes go to fuse-backend-rs's `Server`, which decodes them and calls the
 //! passthrough filesystem. vfsd answers a few itself, before the crate sees them:
 //! - COPY_FILE_RANGE and SYNCFS, which the crate (FUSE 7.33) would answer with ENOSYS;
+//! - DESTROY, whose reply the crate writes but reports as 0 bytes long;
 //! - opcodes the crate's `Opcode` enum has no variant for (0, 7, 19, 48 and up except the
 //!   ones above): its trace logging would transmute them into the enum (undefined
 //!   behaviour), so they never reach it and get ENOSYS here.
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
+use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use log::{debug, warn};
@@ -31,6 +33,7 @@ pub mod opcode {
     pub const OPEN: u32 = 14;
     pub const WRITE: u32 = 16;
     pub const INTERRUPT: u32 = 36;
+    pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const SYNCFS: u32 = 50;
@@ -92,6 +95,12 @@ impl FuseServer {
         let op = hdr.opcode;
         let (len, bad) = match op {
             opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, &chain, &hdr, reader), false),
+            opcode::DESTROY => {
+                // The crate replies to DESTROY but reports 0 bytes written, which would
+                // leave the guest without a reply: answer it here.
+                self.fs.destroy();
+                (reply(mem, &chain, &hdr, Ok(Vec::new())), false)
+            }
             opcode::SYNCFS => {
                 let r = self.fs.syncfs(hdr.nodeid);
                 (reply(mem, &chain, &hdr, r.map(|_| Vec::new())), false)

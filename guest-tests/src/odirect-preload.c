@@ -1,14 +1,20 @@
 /* LD_PRELOAD shim: add O_DIRECT to every open of the file named by
  * $VFSD_ODIRECT_FILE (matched by its last path component), so tools without
  * an O_DIRECT switch (fsx-rs) exercise the direct I/O path.  Prints one
- * notice to stderr the first time it does so. */
+ * notice to stderr the first time it does so.
+ *
+ * O_DIRECT needs aligned user buffers, which such tools do not provide, so
+ * pread/pwrite on O_DIRECT descriptors with an unaligned buffer go through
+ * an aligned bounce buffer (offsets and sizes are passed on unchanged). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 static int wants_direct(const char *path)
 {
@@ -71,3 +77,53 @@ WRAP_OPEN(open)
 WRAP_OPEN(open64)
 WRAP_OPENAT(openat)
 WRAP_OPENAT(openat64)
+
+#define ALIGN 4096
+
+static int needs_bounce(int fd, const void *buf)
+{
+    if (((uintptr_t)buf % ALIGN) == 0)
+        return 0;
+    int fl = fcntl(fd, F_GETFL);
+    return fl != -1 && (fl & O_DIRECT);
+}
+
+#define WRAP_PREAD(name)                                                   \
+    ssize_t name(int fd, void *buf, size_t n, off_t off)                   \
+    {                                                                      \
+        static ssize_t (*real)(int, void *, size_t, off_t);                \
+        if (!real)                                                         \
+            real = (ssize_t (*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, #name); \
+        if (!needs_bounce(fd, buf) || n == 0)                              \
+            return real(fd, buf, n, off);                                  \
+        void *b;                                                           \
+        if (posix_memalign(&b, ALIGN, n))                                  \
+            return real(fd, buf, n, off);                                  \
+        ssize_t r = real(fd, b, n, off);                                   \
+        if (r > 0)                                                         \
+            memcpy(buf, b, (size_t)r);                                     \
+        free(b);                                                           \
+        return r;                                                          \
+    }
+
+#define WRAP_PWRITE(name)                                                  \
+    ssize_t name(int fd, const void *buf, size_t n, off_t off)             \
+    {                                                                      \
+        static ssize_t (*real)(int, const void *, size_t, off_t);          \
+        if (!real)                                                         \
+            real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, #name); \
+        if (!needs_bounce(fd, buf) || n == 0)                              \
+            return real(fd, buf, n, off);                                  \
+        void *b;                                                           \
+        if (posix_memalign(&b, ALIGN, n))                                  \
+            return real(fd, buf, n, off);                                  \
+        memcpy(b, buf, n);                                                 \
+        ssize_t r = real(fd, b, n, off);                                   \
+        free(b);                                                           \
+        return r;                                                          \
+    }
+
+WRAP_PREAD(pread)
+WRAP_PREAD(pread64)
+WRAP_PWRITE(pwrite)
+WRAP_PWRITE(pwrite64)

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Run the guest test suite (smoke, fio with verify, pjdfstest, fsx, plus the
+# runner's own self-tests) against one or more vhost-user-fs daemons, each
+# test in a fresh QEMU guest.  Ends with "N passed, M failed"; exits 1 if any
+# test failed.
+#
+# Usage: scripts/guest-suite.sh [options]
+#   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
+#                     template; repeat to compare daemons in one run
+#   --only LIST       comma-separated subset of: selftest,smoke,fio,pjdfstest,fsx
+#   --accel A         tcg (default), kvm or auto
+#   --fsx-ops N       fsx operations, buffered run (default 100000)
+#   --fsx-direct-ops N  fsx operations, O_DIRECT run (default 20000)
+#   --fio-runtime S   seconds per time-based fio job (default 8)
+#   --queues N        num-request-queues per device (default 1)
+#   --daemon-args A   extra arguments for every daemon command
+#   --logs DIR        where to keep logs (default: a new dir under $TMPDIR)
+#   --kernel PATH / --initrd PATH   passed on to run-vm.sh
+#
+# Typical time under TCG on 2 cores: about 6-7 minutes per daemon.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+DAEMONS=()
+ONLY=selftest,smoke,fio,pjdfstest,fsx
+ACCEL=tcg
+FSX_OPS=100000
+FSX_DIRECT_OPS=20000
+FIO_RUNTIME=8
+QUEUES=1
+DAEMON_ARGS=
+LOGS=
+KERNEL=
+INITRD=
+
+say() { printf 'guest-suite: %s\n' "$*"; }
+die() { printf 'guest-suite: error: %s\n' "$*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+        --daemon) DAEMONS+=("${2:?--daemon needs a value}"); shift 2 ;;
+        --only) ONLY=${2:?}; shift 2 ;;
+        --accel) ACCEL=${2:?}; shift 2 ;;
+        --fsx-ops) FSX_OPS=${2:?}; shift 2 ;;
+        --fsx-direct-ops) FSX_DIRECT_OPS=${2:?}; shift 2 ;;
+        --fio-runtime) FIO_RUNTIME=${2:?}; shift 2 ;;
+        --queues) QUEUES=${2:?}; shift 2 ;;
+        --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
+        --logs) LOGS=${2:?}; shift 2 ;;
+        --kernel) KERNEL=${2:?}; shift 2 ;;
+        --initrd) INITRD=${2:?}; shift 2 ;;
+        -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (try --help)" ;;
+    esac
+done
+[ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
+for t in ${ONLY//,/ }; do
+    case $t in selftest|smoke|fio|pjdfstest|fsx) ;; *) die "--only: unknown test '$t'" ;; esac
+done
+wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+# Check the daemons before spending time on anything else.
+for d in "${DAEMONS[@]}"; do
+    case $d in
+        vfsd)
+            bin=${VFSD_BIN:-$REPO/target/release/vfsd}
+            [ -x "$bin" ] || die "$bin not found: run 'cargo build --release' first (or use --daemon virtiofsd)"
+            "$bin" --help >/dev/null 2>&1 || die "'$bin --help' failed; is the binary broken?"
+            ;;
+        virtiofsd)
+            command -v virtiofsd >/dev/null || [ -x "$HOME/.cargo/bin/virtiofsd" ] ||
+                die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
+            ;;
+    esac
+done
+
+SUITE_START=$(date +%s)
+LOGS=${LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-guest-suite.XXXXXX")}
+mkdir -p "$LOGS"
+say "logs in $LOGS"
+if [ -z "$KERNEL" ]; then
+    KERNEL=$("$HERE/fetch-kernel.sh") || die "could not fetch the guest kernel (see above)"
+fi
+if [ -z "$INITRD" ]; then
+    INITRD=$("$HERE/build-initramfs.sh") || die "could not build the initramfs (see above)"
+fi
+
+PASSED=0
+FAILED=0
+RESULTS=()
+
+label_of() {  # a short name for a daemon spec
+    case $1 in
+        vfsd|virtiofsd) echo "$1" ;;
+        *) basename "${1%% *}" ;;
+    esac
+}
+
+# run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND
+# Sets TEST_DIR (kept share + logs) and TEST_RC.
+run_test() {
+    local daemon=$1 label=$2 name=$3 expect=$4 timeout=$5 cmd=$6
+    TEST_DIR=$LOGS/$label/$name
+    rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR/share"
+    local start=$(date +%s)
+    printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
+    "$HERE/run-vm.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+        --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --queues "$QUEUES" \
+        --timeout "$timeout" --quiet --log "$TEST_DIR/console.log" --workdir "$TEST_DIR/work" \
+        --share "$TEST_DIR/share:share0" -- "$cmd" > "$TEST_DIR/run-vm.log" 2>&1
+    TEST_RC=$?
+    TEST_SECS=$(( $(date +%s) - start ))
+    TEST_OK=0
+    [ "$TEST_RC" = "$expect" ] && TEST_OK=1
+}
+
+finish_test() {  # finish_test LABEL NAME [extra failure reason]
+    local label=$1 name=$2 why=${3:-}
+    [ -n "$why" ] && TEST_OK=0
+    if [ "$TEST_OK" = 1 ]; then
+        echo "PASS (${TEST_SECS}s)"
+        PASSED=$((PASSED + 1))
+        RESULTS+=("PASS [$label] $name (${TEST_SECS}s)")
+        rm -rf "$TEST_DIR/share"
+    else
+        echo "FAIL (${TEST_SECS}s, run-vm.sh exit status $TEST_RC)"
+        FAILED=$((FAILED + 1))
+        RESULTS+=("FAIL [$label] $name (${TEST_SECS}s)")
+        [ -n "$why" ] && say "  $why"
+        say "  log: $TEST_DIR/console.log and $TEST_DIR/run-vm.log"
+        grep -h 'run-vm: \(error\|FAILED\|TIMEOUT\)' "$TEST_DIR/run-vm.log" | sed 's/^/guest-suite:   /'
+        if [ -f "$TEST_DIR/console.log" ]; then
+            tr -d '\r' < "$TEST_DIR/console.log" | grep -E 'FAIL|ERROR|error|panic|verify:' | head -n 25 | sed 's/^/guest-suite:   | /'
+        fi
+    fi
+}
+
+show() {  # print matching console lines of the last test, indented
+    [ -f "$TEST_DIR/console.log" ] && tr -d '\r' < "$TEST_DIR/console.log" | grep -E "$1" | sed 's/^/guest-suite:     /'
+}
+
+for daemon in "${DAEMONS[@]}"; do
+    label=$(label_of "$daemon")
+    say "=== daemon: $label ==="
+
+    if wanted selftest; then
+        run_test "$daemon" "$label" selftest-fail 3 120 /guest-tests/selftest-fail.sh
+        finish_test "$label" "selftest-fail" "$([ "$TEST_OK" = 1 ] || echo "expected run-vm.sh to return 3 for a failing guest test, got $TEST_RC")"
+        run_test "$daemon" "$label" selftest-timeout 124 25 /guest-tests/selftest-hang.sh
+        finish_test "$label" "selftest-timeout" "$([ "$TEST_OK" = 1 ] || echo "expected run-vm.sh to time out (124), got $TEST_RC")"
+    fi
+
+    if wanted smoke; then
+        run_test "$daemon" "$label" smoke 0 600 /guest-tests/smoke.sh
+        why=
+        if [ "$TEST_OK" = 1 ]; then
+            # Did the data reach the host's directory?
+            s=$TEST_DIR/share
+            if ! (cd "$s/smoke-keep" && md5sum --quiet -c ../smoke-manifest.md5) >/dev/null 2>&1; then
+                why="host-side check: files written by the guest differ on the host (md5sum -c $s/smoke-manifest.md5)"
+            elif [ "$(stat -c %s "$s/smoke-keep/sparse" 2>/dev/null)" != $((4101 * 1048576)) ] ||
+                 [ "$(dd if="$s/smoke-keep/sparse" bs=1M skip=4100 2>/dev/null | md5sum)" != "$(md5sum < "$s/smoke-keep/random-1m")" ]; then
+                why="host-side check: the sparse file past 4 GiB is wrong on the host"
+            fi
+        fi
+        finish_test "$label" smoke "$why"
+        show '^smoke: [0-9]+ checks|^smoke: SKIP'
+    fi
+
+    if wanted fio; then
+        run_test "$daemon" "$label" fio 0 900 "/guest-tests/fio.sh -t $FIO_RUNTIME"
+        finish_test "$label" fio
+        show '^fio: (PASS|FAIL|[0-9]+ job)'
+    fi
+
+    if wanted pjdfstest; then
+        run_test "$daemon" "$label" pjdfstest 0 900 /guest-tests/pjdfstest.sh
+        finish_test "$label" pjdfstest
+        show '^pjdfstest: [0-9]+ passed'
+        tr -d '\r' < "$TEST_DIR/console.log" 2>/dev/null | sed -n 's/^pjdfstest: FAILED //p' | sort > "$LOGS/$label/pjdfstest.failed"
+        tr -d '\r' < "$TEST_DIR/console.log" 2>/dev/null | sed -n 's/^pjdfstest: \([0-9]* passed.*\)/\1/p' | tail -n1 > "$LOGS/$label/pjdfstest.counts"
+    fi
+
+    if wanted fsx; then
+        run_test "$daemon" "$label" fsx 0 1200 "/guest-tests/fsx.sh -N $FSX_OPS -D $FSX_DIRECT_OPS"
+        finish_test "$label" fsx
+        show '^fsx: (PASS|FAIL|SKIP)'
+    fi
+done
+
+echo
+say "summary ($(( $(date +%s) - SUITE_START ))s, accel $ACCEL, logs in $LOGS):"
+for r in "${RESULTS[@]}"; do say "  $r"; done
+if wanted pjdfstest; then
+    say "pjdfstest:"
+    for daemon in "${DAEMONS[@]}"; do
+        label=$(label_of "$daemon")
+        say "  $(printf '%-12s' "$label") $(cat "$LOGS/$label/pjdfstest.counts" 2>/dev/null || echo 'no result')"
+    done
+    if [ ${#DAEMONS[@]} -gt 1 ]; then
+        ref=$(label_of "${DAEMONS[0]}")
+        for daemon in "${DAEMONS[@]:1}"; do
+            label=$(label_of "$daemon")
+            only=$(comm -13 "$LOGS/$ref/pjdfstest.failed" "$LOGS/$label/pjdfstest.failed" 2>/dev/null)
+            if [ -n "$only" ]; then
+                say "  failing with $label but passing with $ref:"
+                echo "$only" | sed 's/^/guest-suite:     /'
+            else
+                say "  no pjdfstest test fails with $label that passes with $ref"
+            fi
+        done
+    fi
+fi
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]

@@ -1,0 +1,752 @@
+//! A FUSE client over the frontend's virtqueues: builds requests as the guest kernel's
+//! virtio-fs driver does and decodes the replies.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::*;
+use vm_memory::ByteValued;
+
+use super::{Frontend, Layout};
+use crate::server::opcode;
+
+pub const FUSE_LOOKUP: u32 = 1;
+pub const FUSE_FORGET: u32 = 2;
+pub const FUSE_GETATTR: u32 = 3;
+pub const FUSE_SETATTR: u32 = 4;
+pub const FUSE_READLINK: u32 = 5;
+pub const FUSE_SYMLINK: u32 = 6;
+pub const FUSE_MKNOD: u32 = 8;
+pub const FUSE_MKDIR: u32 = 9;
+pub const FUSE_UNLINK: u32 = 10;
+pub const FUSE_RMDIR: u32 = 11;
+pub const FUSE_RENAME: u32 = 12;
+pub const FUSE_LINK: u32 = 13;
+pub const FUSE_OPEN: u32 = 14;
+pub const FUSE_READ: u32 = 15;
+pub const FUSE_WRITE: u32 = 16;
+pub const FUSE_STATFS: u32 = 17;
+pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_FSYNC: u32 = 20;
+pub const FUSE_SETXATTR: u32 = 21;
+pub const FUSE_GETXATTR: u32 = 22;
+pub const FUSE_LISTXATTR: u32 = 23;
+pub const FUSE_REMOVEXATTR: u32 = 24;
+pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_INIT: u32 = 26;
+pub const FUSE_OPENDIR: u32 = 27;
+pub const FUSE_READDIR: u32 = 28;
+pub const FUSE_RELEASEDIR: u32 = 29;
+pub const FUSE_FSYNCDIR: u32 = 30;
+pub const FUSE_ACCESS: u32 = 34;
+pub const FUSE_CREATE: u32 = 35;
+pub const FUSE_DESTROY: u32 = 38;
+pub const FUSE_BATCH_FORGET: u32 = 42;
+pub const FUSE_FALLOCATE: u32 = 43;
+pub const FUSE_READDIRPLUS: u32 = 44;
+pub const FUSE_RENAME2: u32 = 45;
+pub const FUSE_LSEEK: u32 = 46;
+pub const FUSE_COPY_FILE_RANGE: u32 = opcode::COPY_FILE_RANGE;
+pub const FUSE_SYNCFS: u32 = opcode::SYNCFS;
+
+/// INIT flags the Linux guest offers (a subset that matters here).
+pub const INIT_BIG_WRITES: u32 = 1 << 5;
+pub const INIT_MAX_PAGES: u32 = 1 << 22;
+pub const INIT_DO_READDIRPLUS: u32 = 1 << 13;
+pub const INIT_PARALLEL_DIROPS: u32 = 1 << 18;
+pub const INIT_ASYNC_DIO: u32 = 1 << 15;
+pub const INIT_WRITEBACK_CACHE: u32 = 1 << 16;
+
+pub const FOPEN_DIRECT_IO: u32 = 1;
+pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
+
+pub const FATTR_MODE: u32 = 1;
+pub const FATTR_UID: u32 = 2;
+pub const FATTR_GID: u32 = 4;
+pub const FATTR_SIZE: u32 = 8;
+pub const FATTR_ATIME: u32 = 16;
+pub const FATTR_MTIME: u32 = 32;
+pub const FATTR_FH: u32 = 64;
+pub const FATTR_ATIME_NOW: u32 = 128;
+pub const FATTR_MTIME_NOW: u32 = 256;
+
+#[derive(Debug)]
+pub enum FuseError {
+    /// The daemon answered with this errno (positive).
+    Errno(i32),
+    /// The transport failed (timeout, bad used length, …).
+    Io(io::Error),
+    /// The reply does not decode.
+    Proto(String),
+}
+
+impl FuseError {
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            FuseError::Errno(e) => Some(*e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FuseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FuseError::Errno(e) => write!(f, "errno {e} ({})", io::Error::from_raw_os_error(*e)),
+            FuseError::Io(e) => write!(f, "transport: {e}"),
+            FuseError::Proto(s) => write!(f, "protocol: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for FuseError {}
+
+impl From<io::Error> for FuseError {
+    fn from(e: io::Error) -> Self {
+        FuseError::Io(e)
+    }
+}
+
+pub type FResult<T> = Result<T, FuseError>;
+
+/// A decoded reply.
+#[derive(Debug)]
+pub struct Reply {
+    pub unique: u64,
+    pub error: i32,
+    pub data: Vec<u8>,
+}
+
+impl Reply {
+    pub fn ok(self) -> FResult<Vec<u8>> {
+        if self.error != 0 {
+            Err(FuseError::Errno(-self.error))
+        } else {
+            Ok(self.data)
+        }
+    }
+}
+
+/// Decodes a `T` from the front of `b`.
+pub fn decode<T: ByteValued>(b: &[u8]) -> FResult<T> {
+    T::from_slice(b.get(..std::mem::size_of::<T>()).ok_or_else(|| {
+        FuseError::Proto(format!(
+            "reply of {} bytes, expected {}",
+            b.len(),
+            std::mem::size_of::<T>()
+        ))
+    })?)
+    .copied()
+    .ok_or_else(|| FuseError::Proto("misaligned".into()))
+}
+
+/// Decodes a reply that is exactly a `T`.
+fn exact<T: ByteValued>(b: Vec<u8>) -> FResult<T> {
+    if b.len() != std::mem::size_of::<T>() {
+        return Err(FuseError::Proto(format!(
+            "reply of {} bytes, expected {}",
+            b.len(),
+            std::mem::size_of::<T>()
+        )));
+    }
+    decode(&b)
+}
+
+fn cstr(name: &str) -> Vec<u8> {
+    let mut v = name.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+/// One directory entry from READDIR/READDIRPLUS.
+#[derive(Debug, Clone)]
+pub struct DirEnt {
+    pub ino: u64,
+    pub off: u64,
+    pub typ: u32,
+    pub name: Vec<u8>,
+    pub entry: Option<EntryOut>,
+}
+
+pub struct FuseClient {
+    pub fe: Frontend,
+    unique: AtomicU64,
+    pub layout: Layout,
+    pub timeout: Duration,
+}
+
+/// A request placed on a queue and not yet collected.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    pub queue: usize,
+    pub slot: usize,
+    pub unique: u64,
+}
+
+impl FuseClient {
+    pub fn new(fe: Frontend) -> Self {
+        FuseClient {
+            fe,
+            unique: AtomicU64::new(1),
+            layout: Layout::default(),
+            timeout: Duration::from_secs(20),
+        }
+    }
+
+    /// Builds a request: header (length filled in) followed by `parts`.
+    pub fn build(&self, op: u32, nodeid: u64, parts: &[&[u8]]) -> (u64, Vec<u8>) {
+        let unique = self.unique.fetch_add(1, Ordering::Relaxed);
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        let hdr = InHeader {
+            len: (std::mem::size_of::<InHeader>() + body) as u32,
+            opcode: op,
+            unique,
+            nodeid,
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            padding: 0,
+        };
+        let mut v = hdr.as_slice().to_vec();
+        for p in parts {
+            v.extend_from_slice(p);
+        }
+        (unique, v)
+    }
+
+    /// Places raw request bytes on `queue` and kicks; waits for a free slot if needed.
+    pub fn submit_bytes(
+        &self,
+        queue: usize,
+        req: &[u8],
+        resp_len: usize,
+        unique: u64,
+    ) -> FResult<Ticket> {
+        let mut q = self.fe.queues[queue].lock().unwrap();
+        let slot = match q.free_slot() {
+            Some(s) => s,
+            None => return Err(FuseError::Io(io::Error::other("no free slot on the queue"))),
+        };
+        q.submit(&self.fe.mem, slot, req, resp_len, self.layout)?;
+        q.notify()?;
+        Ok(Ticket {
+            queue,
+            slot,
+            unique,
+        })
+    }
+
+    pub fn submit(
+        &self,
+        queue: usize,
+        op: u32,
+        nodeid: u64,
+        parts: &[&[u8]],
+        resp_len: usize,
+    ) -> FResult<Ticket> {
+        let (unique, req) = self.build(op, nodeid, parts);
+        self.submit_bytes(queue, &req, resp_len, unique)
+    }
+
+    /// Waits for `t` and decodes its reply, checking the header against the used length.
+    pub fn wait(&self, t: Ticket) -> FResult<Reply> {
+        let mut q = self.fe.queues[t.queue].lock().unwrap();
+        q.wait(&self.fe.mem, t.slot, self.timeout)?;
+        let raw = q.take(&self.fe.mem, t.slot)?;
+        drop(q);
+        parse_reply(&raw, t.unique)
+    }
+
+    /// Waits for a request that gets no reply (FORGET): the device still returns the
+    /// descriptors, with nothing written.
+    pub fn wait_no_reply(&self, t: Ticket) -> FResult<usize> {
+        let mut q = self.fe.queues[t.queue].lock().unwrap();
+        q.wait(&self.fe.mem, t.slot, self.timeout)?;
+        Ok(q.take(&self.fe.mem, t.slot)?.len())
+    }
+
+    pub fn call(&self, op: u32, nodeid: u64, parts: &[&[u8]], resp_len: usize) -> FResult<Vec<u8>> {
+        self.call_on(1, op, nodeid, parts, resp_len)
+    }
+
+    pub fn call_on(
+        &self,
+        queue: usize,
+        op: u32,
+        nodeid: u64,
+        parts: &[&[u8]],
+        resp_len: usize,
+    ) -> FResult<Vec<u8>> {
+        let t = self.submit(queue, op, nodeid, parts, resp_len)?;
+        self.wait(t)?.ok()
+    }
+
+    // ---- typed requests ----
+
+    pub fn init(&self) -> FResult<InitOut> {
+        self.init_with(
+            INIT_BIG_WRITES
+                | INIT_MAX_PAGES
+                | INIT_DO_READDIRPLUS
+                | INIT_PARALLEL_DIROPS
+                | INIT_ASYNC_DIO,
+        )
+    }
+
+    pub fn init_with(&self, flags: u32) -> FResult<InitOut> {
+        let i = InitIn {
+            major: 7,
+            minor: 38,
+            max_readahead: 128 * 1024,
+            flags,
+        };
+        let b = self.call(FUSE_INIT, 0, &[i.as_slice()], 4096)?;
+        decode(&b)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> FResult<EntryOut> {
+        exact(self.call(FUSE_LOOKUP, parent, &[&cstr(name)], 4096)?)
+    }
+
+    pub fn lookup_raw(&self, parent: u64, name: &[u8]) -> FResult<EntryOut> {
+        exact(self.call(FUSE_LOOKUP, parent, &[name], 4096)?)
+    }
+
+    pub fn forget(&self, nodeid: u64, nlookup: u64) -> FResult<()> {
+        let f = ForgetIn { nlookup };
+        let t = self.submit(0, FUSE_FORGET, nodeid, &[f.as_slice()], 64)?;
+        let n = self.wait_no_reply(t)?;
+        if n != 0 {
+            return Err(FuseError::Proto(format!("FORGET got a {n}-byte reply")));
+        }
+        Ok(())
+    }
+
+    pub fn batch_forget(&self, items: &[(u64, u64)]) -> FResult<()> {
+        let h = BatchForgetIn {
+            count: items.len() as u32,
+            dummy: 0,
+        };
+        let mut body = h.as_slice().to_vec();
+        for &(nodeid, nlookup) in items {
+            body.extend_from_slice(ForgetOne { nodeid, nlookup }.as_slice());
+        }
+        let t = self.submit(0, FUSE_BATCH_FORGET, 0, &[&body], 64)?;
+        self.wait_no_reply(t)?;
+        Ok(())
+    }
+
+    pub fn getattr(&self, nodeid: u64) -> FResult<AttrOut> {
+        exact(self.call(
+            FUSE_GETATTR,
+            nodeid,
+            &[GetattrIn::default().as_slice()],
+            4096,
+        )?)
+    }
+
+    pub fn setattr(&self, nodeid: u64, s: &SetattrIn) -> FResult<AttrOut> {
+        exact(self.call(FUSE_SETATTR, nodeid, &[s.as_slice()], 4096)?)
+    }
+
+    pub fn readlink(&self, nodeid: u64) -> FResult<Vec<u8>> {
+        self.call(FUSE_READLINK, nodeid, &[], 8192)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &str, target: &str) -> FResult<EntryOut> {
+        exact(self.call(FUSE_SYMLINK, parent, &[&cstr(name), &cstr(target)], 4096)?)
+    }
+
+    pub fn mknod(&self, parent: u64, name: &str, mode: u32, rdev: u32) -> FResult<EntryOut> {
+        let m = MknodIn {
+            mode,
+            rdev,
+            umask: 0,
+            padding: 0,
+        };
+        exact(self.call(FUSE_MKNOD, parent, &[m.as_slice(), &cstr(name)], 4096)?)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FResult<EntryOut> {
+        let m = MkdirIn { mode, umask: 0 };
+        exact(self.call(FUSE_MKDIR, parent, &[m.as_slice(), &cstr(name)], 4096)?)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &str) -> FResult<()> {
+        self.call(FUSE_UNLINK, parent, &[&cstr(name)], 64).map(drop)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &str) -> FResult<()> {
+        self.call(FUSE_RMDIR, parent, &[&cstr(name)], 64).map(drop)
+    }
+
+    pub fn rename(&self, olddir: u64, old: &str, newdir: u64, new: &str) -> FResult<()> {
+        let r = RenameIn { newdir };
+        self.call(
+            FUSE_RENAME,
+            olddir,
+            &[r.as_slice(), &cstr(old), &cstr(new)],
+            64,
+        )
+        .map(drop)
+    }
+
+    pub fn rename2(
+        &self,
+        olddir: u64,
+        old: &str,
+        newdir: u64,
+        new: &str,
+        flags: u32,
+    ) -> FResult<()> {
+        let r = Rename2In {
+            newdir,
+            flags,
+            padding: 0,
+        };
+        self.call(
+            FUSE_RENAME2,
+            olddir,
+            &[r.as_slice(), &cstr(old), &cstr(new)],
+            64,
+        )
+        .map(drop)
+    }
+
+    pub fn link(&self, nodeid: u64, newparent: u64, name: &str) -> FResult<EntryOut> {
+        let l = LinkIn { oldnodeid: nodeid };
+        exact(self.call(FUSE_LINK, newparent, &[l.as_slice(), &cstr(name)], 4096)?)
+    }
+
+    pub fn open(&self, nodeid: u64, flags: u32) -> FResult<OpenOut> {
+        let o = OpenIn {
+            flags,
+            fuse_flags: 0,
+        };
+        exact(self.call(FUSE_OPEN, nodeid, &[o.as_slice()], 4096)?)
+    }
+
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &str,
+        flags: u32,
+        mode: u32,
+    ) -> FResult<(EntryOut, OpenOut)> {
+        let c = CreateIn {
+            flags,
+            mode,
+            umask: 0,
+            fuse_flags: 0,
+        };
+        let b = self.call(FUSE_CREATE, parent, &[c.as_slice(), &cstr(name)], 4096)?;
+        let e = std::mem::size_of::<EntryOut>();
+        if b.len() != e + std::mem::size_of::<OpenOut>() {
+            return Err(FuseError::Proto(format!(
+                "CREATE reply of {} bytes",
+                b.len()
+            )));
+        }
+        Ok((decode(&b)?, decode(&b[e..])?))
+    }
+
+    pub fn read_req(&self, nodeid: u64, fh: u64, offset: u64, size: u32) -> (u64, Vec<u8>) {
+        let r = ReadIn {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        self.build(FUSE_READ, nodeid, &[r.as_slice()])
+    }
+
+    pub fn read(&self, nodeid: u64, fh: u64, offset: u64, size: u32) -> FResult<Vec<u8>> {
+        let (u, req) = self.read_req(nodeid, fh, offset, size);
+        let t = self.submit_bytes(1, &req, 16 + size as usize, u)?;
+        self.wait(t)?.ok()
+    }
+
+    pub fn write_req(&self, nodeid: u64, fh: u64, offset: u64, data: &[u8]) -> (u64, Vec<u8>) {
+        let w = WriteIn {
+            fh,
+            offset,
+            size: data.len() as u32,
+            ..Default::default()
+        };
+        self.build(FUSE_WRITE, nodeid, &[w.as_slice(), data])
+    }
+
+    pub fn write(&self, nodeid: u64, fh: u64, offset: u64, data: &[u8]) -> FResult<u32> {
+        self.write_on(1, nodeid, fh, offset, data)
+    }
+
+    pub fn write_on(
+        &self,
+        queue: usize,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> FResult<u32> {
+        let (u, req) = self.write_req(nodeid, fh, offset, data);
+        let t = self.submit_bytes(queue, &req, 64, u)?;
+        let w: WriteOut = exact(self.wait(t)?.ok()?)?;
+        Ok(w.size)
+    }
+
+    pub fn statfs(&self, nodeid: u64) -> FResult<Kstatfs> {
+        exact(self.call(FUSE_STATFS, nodeid, &[], 4096)?)
+    }
+
+    pub fn release(&self, nodeid: u64, fh: u64) -> FResult<()> {
+        let r = ReleaseIn {
+            fh,
+            ..Default::default()
+        };
+        self.call(FUSE_RELEASE, nodeid, &[r.as_slice()], 64)
+            .map(drop)
+    }
+
+    pub fn releasedir(&self, nodeid: u64, fh: u64) -> FResult<()> {
+        let r = ReleaseIn {
+            fh,
+            ..Default::default()
+        };
+        self.call(FUSE_RELEASEDIR, nodeid, &[r.as_slice()], 64)
+            .map(drop)
+    }
+
+    pub fn fsync(&self, nodeid: u64, fh: u64, dir: bool) -> FResult<()> {
+        let f = FsyncIn {
+            fh,
+            fsync_flags: 0,
+            padding: 0,
+        };
+        let op = if dir { FUSE_FSYNCDIR } else { FUSE_FSYNC };
+        self.call(op, nodeid, &[f.as_slice()], 64).map(drop)
+    }
+
+    pub fn flush(&self, nodeid: u64, fh: u64) -> FResult<()> {
+        let f = FlushIn {
+            fh,
+            ..Default::default()
+        };
+        self.call(FUSE_FLUSH, nodeid, &[f.as_slice()], 64).map(drop)
+    }
+
+    pub fn setxattr(&self, nodeid: u64, name: &str, value: &[u8], flags: u32) -> FResult<()> {
+        let s = SetxattrIn {
+            size: value.len() as u32,
+            flags,
+        };
+        self.call(
+            FUSE_SETXATTR,
+            nodeid,
+            &[s.as_slice(), &cstr(name), value],
+            64,
+        )
+        .map(drop)
+    }
+
+    /// GETXATTR with `size` 0 returns the value's length as 4 bytes (GetxattrOut.size).
+    pub fn getxattr(&self, nodeid: u64, name: &str, size: u32) -> FResult<Vec<u8>> {
+        let g = GetxattrIn { size, padding: 0 };
+        self.call(
+            FUSE_GETXATTR,
+            nodeid,
+            &[g.as_slice(), &cstr(name)],
+            16 + size.max(8) as usize,
+        )
+    }
+
+    pub fn listxattr(&self, nodeid: u64, size: u32) -> FResult<Vec<u8>> {
+        let g = GetxattrIn { size, padding: 0 };
+        self.call(
+            FUSE_LISTXATTR,
+            nodeid,
+            &[g.as_slice()],
+            16 + size.max(8) as usize,
+        )
+    }
+
+    pub fn removexattr(&self, nodeid: u64, name: &str) -> FResult<()> {
+        self.call(FUSE_REMOVEXATTR, nodeid, &[&cstr(name)], 64)
+            .map(drop)
+    }
+
+    pub fn opendir(&self, nodeid: u64) -> FResult<OpenOut> {
+        let o = OpenIn {
+            flags: libc::O_RDONLY as u32,
+            fuse_flags: 0,
+        };
+        exact(self.call(FUSE_OPENDIR, nodeid, &[o.as_slice()], 4096)?)
+    }
+
+    /// One READDIR(PLUS) call from `offset`, with a buffer of `size` bytes.
+    pub fn readdir(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        plus: bool,
+    ) -> FResult<Vec<DirEnt>> {
+        let r = ReadIn {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        let op = if plus { FUSE_READDIRPLUS } else { FUSE_READDIR };
+        let b = self.call(op, nodeid, &[r.as_slice()], 16 + size as usize)?;
+        parse_dirents(&b, plus)
+    }
+
+    /// Reads a whole directory through repeated READDIR(PLUS) calls.
+    pub fn readdir_all(&self, nodeid: u64, plus: bool) -> FResult<Vec<DirEnt>> {
+        let o = self.opendir(nodeid)?;
+        let mut all = Vec::new();
+        let mut off = 0;
+        loop {
+            let batch = self.readdir(nodeid, o.fh, off, 4096, plus)?;
+            let Some(last) = batch.last() else { break };
+            off = last.off;
+            all.extend(batch);
+        }
+        self.releasedir(nodeid, o.fh)?;
+        Ok(all)
+    }
+
+    pub fn access(&self, nodeid: u64, mask: u32) -> FResult<()> {
+        let a = AccessIn { mask, padding: 0 };
+        self.call(FUSE_ACCESS, nodeid, &[a.as_slice()], 64)
+            .map(drop)
+    }
+
+    pub fn fallocate(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> FResult<()> {
+        let f = FallocateIn {
+            fh,
+            offset,
+            length,
+            mode,
+            padding: 0,
+        };
+        self.call(FUSE_FALLOCATE, nodeid, &[f.as_slice()], 64)
+            .map(drop)
+    }
+
+    pub fn lseek(&self, nodeid: u64, fh: u64, offset: u64, whence: u32) -> FResult<u64> {
+        let l = LseekIn {
+            fh,
+            offset,
+            whence,
+            padding: 0,
+        };
+        let o: LseekOut = exact(self.call(FUSE_LSEEK, nodeid, &[l.as_slice()], 64)?)?;
+        Ok(o.offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        nodeid_in: u64,
+        fh_in: u64,
+        offset_in: u64,
+        nodeid_out: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> FResult<u32> {
+        let c = CopyFileRangeIn {
+            fh_in,
+            offset_in,
+            nodeid_out,
+            fh_out,
+            offset_out,
+            len,
+            flags: 0,
+        };
+        let w: WriteOut =
+            exact(self.call(FUSE_COPY_FILE_RANGE, nodeid_in, &[c.as_slice()], 64)?)?;
+        Ok(w.size)
+    }
+
+    pub fn syncfs(&self) -> FResult<()> {
+        self.call(FUSE_SYNCFS, 1, &[&0u64.to_ne_bytes()], 64)
+            .map(drop)
+    }
+
+    pub fn destroy(&self) -> FResult<()> {
+        self.call(FUSE_DESTROY, 0, &[], 64).map(drop)
+    }
+}
+
+/// Checks a raw reply against its header and returns it decoded.
+pub fn parse_reply(raw: &[u8], unique: u64) -> FResult<Reply> {
+    let h: OutHeader = decode(raw)?;
+    if h.len as usize != raw.len() {
+        return Err(FuseError::Proto(format!(
+            "header says {} bytes, used ring says {}",
+            h.len,
+            raw.len()
+        )));
+    }
+    if h.unique != unique {
+        return Err(FuseError::Proto(format!(
+            "reply to {} for request {unique}",
+            h.unique
+        )));
+    }
+    if h.error > 0 || h.error < -4095 {
+        return Err(FuseError::Proto(format!("bad error value {}", h.error)));
+    }
+    Ok(Reply {
+        unique: h.unique,
+        error: h.error,
+        data: raw[std::mem::size_of::<OutHeader>()..].to_vec(),
+    })
+}
+
+fn parse_dirents(mut b: &[u8], plus: bool) -> FResult<Vec<DirEnt>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let (entry, rest) = if plus {
+            let e: EntryOut = decode(b)?;
+            (Some(e), &b[std::mem::size_of::<EntryOut>()..])
+        } else {
+            (None, b)
+        };
+        let d: Dirent = decode(rest)?;
+        let hdr = std::mem::size_of::<Dirent>();
+        let name = rest
+            .get(hdr..hdr + d.namelen as usize)
+            .ok_or_else(|| FuseError::Proto("dirent name past the buffer".into()))?
+            .to_vec();
+        let reclen = (hdr + d.namelen as usize).div_ceil(8) * 8;
+        let consumed = b.len() - rest.len() + reclen;
+        b = b.get(consumed..).unwrap_or(&[]);
+        out.push(DirEnt {
+            ino: d.ino,
+            off: d.off,
+            typ: d.type_,
+            name,
+            entry,
+        });
+    }
+    Ok(out)
+}
+
+/// A NUL-terminated name as bytes, for hand-built requests.
+pub fn name_bytes(name: &CStr) -> Vec<u8> {
+    name.to_bytes_with_nul().to_vec()
+}

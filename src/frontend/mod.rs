@@ -1,0 +1,200 @@
+//! A vhost-user-fs frontend: connects to a daemon's socket as a VMM does, shares
+//! memfd-backed guest memory, sets up the virtqueues and drives them as the guest's
+//! virtio-fs driver would. Used by the integration tests and by `vfsd-bench`.
+
+pub mod fuse;
+pub mod virtq;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Frontend as VuFrontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap, MmapRegion,
+};
+
+pub use virtq::{Layout, RawDesc, VirtQueue};
+
+#[derive(Clone, Debug)]
+pub struct FrontendConfig {
+    /// Request queues to set up (the hiprio queue comes on top).
+    pub request_queues: usize,
+    /// Requests that may be in flight per queue.
+    pub slots: usize,
+    /// Descriptors reserved per request in the ring.
+    pub descs_per_slot: u16,
+    /// Bytes of request and of reply room per slot.
+    pub buf_size: usize,
+    pub event_idx: bool,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> Self {
+        FrontendConfig {
+            request_queues: 1,
+            slots: 16,
+            descs_per_slot: 16,
+            buf_size: (1 << 20) + 8192,
+            event_idx: true,
+        }
+    }
+}
+
+pub struct Frontend {
+    pub vu: VuFrontend,
+    pub mem: GuestMemoryMmap,
+    /// Queue 0 is hiprio, 1.. are request queues.
+    pub queues: Vec<Mutex<VirtQueue>>,
+    pub features: u64,
+    pub protocol_features: VhostUserProtocolFeatures,
+    pub cfg: FrontendConfig,
+    _memfd: File,
+}
+
+fn vu_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("vhost-user: {e}"))
+}
+
+impl Frontend {
+    /// Connects to `socket` and brings the device up in the order QEMU uses.
+    pub fn connect(socket: &Path, cfg: FrontendConfig) -> io::Result<Frontend> {
+        let nq = 1 + cfg.request_queues;
+        let mut vu = VuFrontend::connect(socket, nq as u64).map_err(vu_err)?;
+        let offered = vu.get_features().map_err(vu_err)?;
+        let mut want = (1u64 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if cfg.event_idx {
+            want |= 1 << VIRTIO_RING_F_EVENT_IDX;
+        }
+        let features = offered & want;
+        let mut protocol_features = VhostUserProtocolFeatures::empty();
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            let p = vu.get_protocol_features().map_err(vu_err)?;
+            protocol_features = p
+                & (VhostUserProtocolFeatures::MQ
+                    | VhostUserProtocolFeatures::REPLY_ACK
+                    | VhostUserProtocolFeatures::CONFIG
+                    | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+            vu.set_protocol_features(protocol_features)
+                .map_err(vu_err)?;
+            if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
+                let max = vu.get_queue_num().map_err(vu_err)?;
+                if (max as usize) < nq {
+                    return Err(io::Error::other(format!(
+                        "device offers {max} queues, need {nq}"
+                    )));
+                }
+            }
+        }
+        vu.set_owner().map_err(vu_err)?;
+        vu.set_features(features).map_err(vu_err)?;
+        let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+
+        // Lay the queues out and size the memory to fit them.
+        let mut queues = Vec::with_capacity(nq);
+        let mut next = 0x1000u64;
+        for i in 0..nq {
+            // The hiprio queue carries only FORGETs: a few small slots.
+            let (slots, buf) = if i == 0 {
+                (4, 4096)
+            } else {
+                (cfg.slots, cfg.buf_size)
+            };
+            let (q, end) = VirtQueue::new(i, next, slots, cfg.descs_per_slot, buf, event_idx)?;
+            queues.push(q);
+            next = end;
+        }
+        let size = next as usize;
+
+        // SAFETY: memfd_create with a NUL-terminated name; the fd is owned by `memfd` below.
+        let fd = unsafe { libc::memfd_create(c"vfsd-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh fd nothing else owns.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(size as u64)?;
+        let region = MmapRegion::from_file(FileOffset::new(memfd.try_clone()?, 0), size)
+            .map_err(io::Error::other)?;
+        let region = GuestRegionMmap::new(region, GuestAddress(0))
+            .ok_or_else(|| io::Error::other("bad region"))?;
+        let mem = GuestMemoryMmap::from_regions(vec![region]).map_err(io::Error::other)?;
+        let host_base = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(io::Error::other)? as u64;
+        vu.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: size as u64,
+            userspace_addr: host_base,
+            mmap_offset: 0,
+            mmap_handle: memfd.as_raw_fd(),
+        }])
+        .map_err(vu_err)?;
+
+        for q in &queues {
+            let i = q.index;
+            vu.set_vring_num(i, q.geo.size).map_err(vu_err)?;
+            vu.set_vring_base(i, 0).map_err(vu_err)?;
+            vu.set_vring_addr(
+                i,
+                &VringConfigData {
+                    queue_max_size: q.geo.size,
+                    queue_size: q.geo.size,
+                    flags: 0,
+                    desc_table_addr: host_base + q.geo.desc,
+                    used_ring_addr: host_base + q.geo.used,
+                    avail_ring_addr: host_base + q.geo.avail,
+                    log_addr: None,
+                },
+            )
+            .map_err(vu_err)?;
+            vu.set_vring_call(i, &q.call).map_err(vu_err)?;
+            vu.set_vring_kick(i, &q.kick).map_err(vu_err)?;
+            if !protocol_features.is_empty()
+                || features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+            {
+                vu.set_vring_enable(i, true).map_err(vu_err)?;
+            }
+        }
+        Ok(Frontend {
+            vu,
+            mem,
+            queues: queues.into_iter().map(Mutex::new).collect(),
+            features,
+            protocol_features,
+            cfg,
+            _memfd: memfd,
+        })
+    }
+
+    /// Reads `struct virtio_fs_config` (tag, num_request_queues) from the backend.
+    pub fn fs_config(&mut self) -> io::Result<(String, u32)> {
+        let len = 40u32;
+        let (_, data) = self
+            .vu
+            .get_config(
+                0,
+                len,
+                VhostUserConfigFlags::WRITABLE,
+                &vec![0u8; len as usize],
+            )
+            .map_err(vu_err)?;
+        if data.len() < 40 {
+            return Err(io::Error::other("short config space"));
+        }
+        let tag_end = data[..36].iter().position(|&b| b == 0).unwrap_or(36);
+        let tag = String::from_utf8_lossy(&data[..tag_end]).into_owned();
+        let nrq = u32::from_le_bytes(data[36..40].try_into().unwrap());
+        Ok((tag, nrq))
+    }
+}

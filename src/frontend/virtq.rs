@@ -1,0 +1,398 @@
+//! The driver side of a split virtqueue, living in shared guest memory: what a guest's
+//! virtio driver does, so tests and the load generator exercise vfsd's real queue code.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+const VRING_DESC_F_NEXT: u16 = 1;
+const VRING_DESC_F_WRITE: u16 = 2;
+const VRING_DESC_F_INDIRECT: u16 = 4;
+
+/// How a request is laid out in descriptors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Largest buffer per descriptor (0: one descriptor per direction).
+    pub split: usize,
+    /// Put the chain in an indirect descriptor table.
+    pub indirect: bool,
+}
+
+/// A hand-built chain element, for tests that need chains vfsd must reject.
+#[derive(Clone, Copy, Debug)]
+pub struct RawDesc {
+    pub addr: u64,
+    pub len: u32,
+    pub flags: u16,
+    pub next: u16,
+}
+
+/// Where one in-flight slot keeps its buffers.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// Request bytes (device-readable).
+    req: u64,
+    /// Reply bytes (device-writable).
+    resp: u64,
+    /// Room for an indirect descriptor table.
+    table: u64,
+    busy: bool,
+    done: Option<u32>,
+}
+
+pub struct QueueGeometry {
+    pub size: u16,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+}
+
+pub struct VirtQueue {
+    pub index: usize,
+    pub geo: QueueGeometry,
+    pub kick: EventFd,
+    pub call: EventFd,
+    slots: Vec<Slot>,
+    descs_per_slot: u16,
+    buf_size: usize,
+    avail_idx: u16,
+    last_used: u16,
+    event_idx: bool,
+}
+
+pub const TABLE_ENTRIES: usize = 512;
+
+impl VirtQueue {
+    /// Lays a queue out at `base`: rings first, then `slots` pairs of buffers of
+    /// `buf_size` bytes. Returns the queue and the first address after it.
+    pub fn new(
+        index: usize,
+        base: u64,
+        slots: usize,
+        descs_per_slot: u16,
+        buf_size: usize,
+        event_idx: bool,
+    ) -> io::Result<(VirtQueue, u64)> {
+        let size = slots as u16 * descs_per_slot;
+        let q = size as u64;
+        let desc = base;
+        let avail = desc + 16 * q;
+        let used = align(avail + 6 + 2 * q, 4);
+        let mut next = align(used + 6 + 8 * q, 4096);
+        let mut s = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            let req = next;
+            let resp = req + buf_size as u64;
+            let table = resp + buf_size as u64;
+            next = align(table + 16 * TABLE_ENTRIES as u64, 4096);
+            s.push(Slot {
+                req,
+                resp,
+                table,
+                busy: false,
+                done: None,
+            });
+        }
+        let vq = VirtQueue {
+            index,
+            geo: QueueGeometry {
+                size,
+                desc,
+                avail,
+                used,
+            },
+            kick: EventFd::new(libc::EFD_NONBLOCK)?,
+            call: EventFd::new(libc::EFD_NONBLOCK)?,
+            slots: s,
+            descs_per_slot,
+            buf_size,
+            avail_idx: 0,
+            last_used: 0,
+            event_idx,
+        };
+        Ok((vq, next))
+    }
+
+    pub fn buf_size(&self) -> usize {
+        self.buf_size
+    }
+
+    pub fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(|s| !s.busy)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.busy && s.done.is_none())
+            .count()
+    }
+
+    /// Places `req` in slot `slot` with `resp_len` bytes of reply room and makes it
+    /// available to the device (without kicking).
+    pub fn submit(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        slot: usize,
+        req: &[u8],
+        resp_len: usize,
+        layout: Layout,
+    ) -> io::Result<()> {
+        if req.len() > self.buf_size || resp_len > self.buf_size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "request larger than a slot",
+            ));
+        }
+        let s = self.slots[slot];
+        mem.write_slice(req, GuestAddress(s.req))
+            .map_err(io::Error::other)?;
+        // Poison the reply area so a reply that was never written can't pass for one.
+        mem.write_slice(&vec![0xa5u8; resp_len.min(64)], GuestAddress(s.resp))
+            .map_err(io::Error::other)?;
+        let mut parts: Vec<(u64, u32, u16)> = Vec::new();
+        for (addr, len, flags) in [
+            (s.req, req.len(), 0),
+            (s.resp, resp_len, VRING_DESC_F_WRITE),
+        ] {
+            let piece = if layout.split == 0 {
+                len.max(1)
+            } else {
+                layout.split
+            };
+            let mut off = 0;
+            while off < len {
+                let n = piece.min(len - off);
+                parts.push((addr + off as u64, n as u32, flags));
+                off += n;
+            }
+        }
+        let descs: Vec<RawDesc> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| RawDesc {
+                addr,
+                len,
+                flags: flags
+                    | if i + 1 < parts.len() {
+                        VRING_DESC_F_NEXT
+                    } else {
+                        0
+                    },
+                next: (i + 1) as u16,
+            })
+            .collect();
+        self.submit_raw(mem, slot, &descs, layout.indirect)
+    }
+
+    /// Writes `descs` (with `next` relative to the chain) for slot `slot` and publishes
+    /// the head. With `indirect`, they go in the slot's table behind one descriptor.
+    pub fn submit_raw(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        slot: usize,
+        descs: &[RawDesc],
+        indirect: bool,
+    ) -> io::Result<()> {
+        let s = self.slots[slot];
+        let first = slot as u16 * self.descs_per_slot;
+        if indirect {
+            if descs.len() > TABLE_ENTRIES {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "chain too long",
+                ));
+            }
+            for (i, d) in descs.iter().enumerate() {
+                write_desc(mem, s.table + 16 * i as u64, d)?;
+            }
+            let d = RawDesc {
+                addr: s.table,
+                len: (16 * descs.len()) as u32,
+                flags: VRING_DESC_F_INDIRECT,
+                next: 0,
+            };
+            write_desc(mem, self.geo.desc + 16 * first as u64, &d)?;
+        } else {
+            if descs.len() > self.descs_per_slot as usize {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "chain too long",
+                ));
+            }
+            for (i, d) in descs.iter().enumerate() {
+                let mut d = *d;
+                d.next = d.next.wrapping_add(first);
+                write_desc(mem, self.geo.desc + 16 * (first as u64 + i as u64), &d)?;
+            }
+        }
+        self.slots[slot].busy = true;
+        self.slots[slot].done = None;
+        let q = self.geo.size;
+        let ring = self.geo.avail + 4 + 2 * (self.avail_idx % q) as u64;
+        mem.write_obj(first, GuestAddress(ring))
+            .map_err(io::Error::other)?;
+        // Descriptors and ring entry must be visible before the index that publishes them.
+        fence(Ordering::SeqCst);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        mem.store(
+            self.avail_idx,
+            GuestAddress(self.geo.avail + 2),
+            Ordering::Release,
+        )
+        .map_err(io::Error::other)?;
+        Ok(())
+    }
+
+    pub fn notify(&self) -> io::Result<()> {
+        fence(Ordering::SeqCst);
+        self.kick.write(1)
+    }
+
+    /// Collects used-ring entries; returns how many arrived.
+    pub fn reap(&mut self, mem: &GuestMemoryMmap) -> io::Result<usize> {
+        let used_idx: u16 = mem
+            .load(GuestAddress(self.geo.used + 2), Ordering::Acquire)
+            .map_err(io::Error::other)?;
+        let mut n = 0;
+        while self.last_used != used_idx {
+            let e = self.geo.used + 4 + 8 * (self.last_used % self.geo.size) as u64;
+            let id: u32 = mem.read_obj(GuestAddress(e)).map_err(io::Error::other)?;
+            let len: u32 = mem
+                .read_obj(GuestAddress(e + 4))
+                .map_err(io::Error::other)?;
+            let slot = id as usize / self.descs_per_slot as usize;
+            match self.slots.get_mut(slot) {
+                Some(s) if s.busy && id.is_multiple_of(self.descs_per_slot as u32) => {
+                    s.done = Some(len)
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("device returned unknown descriptor {id}"),
+                    ))
+                }
+            }
+            self.last_used = self.last_used.wrapping_add(1);
+            n += 1;
+        }
+        if self.event_idx {
+            // used_event: interrupt us as soon as the next entry is used.
+            let ue = self.geo.avail + 4 + 2 * self.geo.size as u64;
+            mem.store(self.last_used, GuestAddress(ue), Ordering::Release)
+                .map_err(io::Error::other)?;
+            fence(Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
+    pub fn is_done(&self, slot: usize) -> bool {
+        self.slots[slot].done.is_some()
+    }
+
+    /// The reply of a finished slot (bytes the device said it wrote) and frees the slot.
+    pub fn take(&mut self, mem: &GuestMemoryMmap, slot: usize) -> io::Result<Vec<u8>> {
+        let s = &mut self.slots[slot];
+        let len = s
+            .done
+            .take()
+            .ok_or_else(|| io::Error::other("slot not finished"))? as usize;
+        s.busy = false;
+        if len > self.buf_size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "used length beyond the buffer",
+            ));
+        }
+        let mut out = vec![0u8; len];
+        mem.read_slice(&mut out, GuestAddress(s.resp))
+            .map_err(io::Error::other)?;
+        Ok(out)
+    }
+
+    /// Frees a slot whose request the device dropped (test use).
+    pub fn abandon(&mut self, slot: usize) {
+        self.slots[slot].busy = false;
+        self.slots[slot].done = None;
+    }
+
+    /// Waits until slot `slot` finishes, or `timeout` passes.
+    pub fn wait(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        slot: usize,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.reap(mem)?;
+            if self.is_done(slot) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply from the device",
+                ));
+            }
+            wait_readable(self.call.as_raw_fd(), left.min(Duration::from_millis(50)));
+            let _ = self.call.read();
+        }
+    }
+
+    /// Waits until any slot finishes; returns the finished slots.
+    pub fn wait_any(&mut self, mem: &GuestMemoryMmap, timeout: Duration) -> io::Result<Vec<usize>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.reap(mem)?;
+            let done: Vec<usize> = (0..self.slots.len())
+                .filter(|&i| self.slots[i].done.is_some())
+                .collect();
+            if !done.is_empty() {
+                return Ok(done);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply from the device",
+                ));
+            }
+            wait_readable(self.call.as_raw_fd(), left.min(Duration::from_millis(50)));
+            let _ = self.call.read();
+        }
+    }
+
+    pub fn slot_addrs(&self, slot: usize) -> (u64, u64) {
+        (self.slots[slot].req, self.slots[slot].resp)
+    }
+}
+
+fn write_desc(mem: &GuestMemoryMmap, at: u64, d: &RawDesc) -> io::Result<()> {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&d.addr.to_le_bytes());
+    b[8..12].copy_from_slice(&d.len.to_le_bytes());
+    b[12..14].copy_from_slice(&d.flags.to_le_bytes());
+    b[14..16].copy_from_slice(&d.next.to_le_bytes());
+    mem.write_slice(&b, GuestAddress(at))
+        .map_err(io::Error::other)
+}
+
+fn align(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+}

@@ -1,0 +1,151 @@
+//! Test harness: runs the real `vfsd` binary on a temporary share and connects the
+//! vhost-user test frontend to its socket.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use vfsd::frontend::fuse::FuseClient;
+use vfsd::frontend::{Frontend, FrontendConfig};
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub share: PathBuf,
+    pub sock: PathBuf,
+    pub stats: PathBuf,
+}
+
+pub fn vfsd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_vfsd")
+}
+
+impl Daemon {
+    /// Starts vfsd on a fresh share with `extra` options and waits for its socket.
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("share");
+        std::fs::create_dir(&share).unwrap();
+        let sock = dir.path().join("vfsd.sock");
+        let stats = dir.path().join("stats.json");
+        let child = Command::new(vfsd_bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(&share)
+            .arg("--stats")
+            .arg(&stats)
+            .args(["--stats-interval", "0.05", "--log-level", "warn"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn vfsd");
+        let d = Daemon {
+            child: Some(child),
+            dir,
+            share,
+            sock,
+            stats,
+        };
+        d.wait_for_socket();
+        d
+    }
+
+    fn wait_for_socket(&self) {
+        let t = Instant::now();
+        while !self.sock.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "vfsd did not create its socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.share.join(rel)
+    }
+
+    pub fn frontend(&self, cfg: FrontendConfig) -> Frontend {
+        Frontend::connect(&self.sock, cfg).expect("vhost-user handshake")
+    }
+
+    /// A client that has done FUSE INIT.
+    pub fn client(&self) -> FuseClient {
+        self.client_with(FrontendConfig::default())
+    }
+
+    pub fn client_with(&self, cfg: FrontendConfig) -> FuseClient {
+        let c = FuseClient::new(self.frontend(cfg));
+        c.init().expect("FUSE INIT");
+        c
+    }
+
+    /// The daemon's statistics, fresh (written after `since`).
+    pub fn stats(&self) -> serde_json::Value {
+        let start = std::time::SystemTime::now();
+        let t = Instant::now();
+        loop {
+            if let Ok(m) = std::fs::metadata(&self.stats) {
+                if m.modified().unwrap() > start {
+                    if let Ok(s) = std::fs::read_to_string(&self.stats) {
+                        if let Ok(v) = serde_json::from_str(&s) {
+                            return v;
+                        }
+                    }
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no fresh statistics");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the daemon to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let t = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return Some(st);
+            }
+            if t.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+/// Deterministic test data.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -1,0 +1,624 @@
+//! Every FUSE opcode a Linux guest sends, through the real vhost-user socket and
+//! virtqueues in shared memory, checked against the reply and the host directory.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use common::{pattern, read, Daemon};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::{FrontendConfig, Layout};
+
+const ROOT: u64 = 1;
+const S_IFREG: u32 = libc::S_IFREG;
+
+fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
+    match r {
+        Err(FuseError::Errno(e)) => e,
+        other => panic!("expected an errno reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn init_negotiates_one_mib_writes() {
+    let d = Daemon::start(&[]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let out = c.init().unwrap();
+    assert_eq!(out.major, 7);
+    assert_eq!(out.max_write, 1 << 20);
+    assert_eq!(out.max_pages, 256);
+    assert_ne!(out.flags & INIT_MAX_PAGES, 0);
+    assert_ne!(out.flags & INIT_DO_READDIRPLUS, 0);
+    // A 1 MiB write really goes through in one request.
+    let (e, o) = c.create(ROOT, "big", libc::O_RDWR as u32, 0o644).unwrap();
+    let data = pattern(1 << 20, 1);
+    assert_eq!(c.write(e.nodeid, o.fh, 0, &data).unwrap(), 1 << 20);
+    assert_eq!(read(&d.path("big")), data);
+    assert_eq!(c.read(e.nodeid, o.fh, 0, 1 << 20).unwrap(), data);
+}
+
+#[test]
+fn lookup_getattr_and_forget() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"hello").unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let host = std::fs::metadata(d.path("f")).unwrap();
+    assert_eq!(e.attr.ino, host.ino());
+    assert_eq!(e.attr.size, 5);
+    assert_eq!(e.attr.mode & libc::S_IFMT, S_IFREG);
+    // The same file looked up twice is the same node.
+    let e2 = c.lookup(ROOT, "f").unwrap();
+    assert_eq!(e.nodeid, e2.nodeid);
+    let a = c.getattr(e.nodeid).unwrap();
+    assert_eq!(a.attr.size, 5);
+    assert_eq!(a.attr.mtime as i64, host.mtime());
+    assert_eq!(errno(c.lookup(ROOT, "missing")), libc::ENOENT);
+    let root = c.getattr(ROOT).unwrap();
+    assert_eq!(root.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+
+    // FORGET both lookups: the node is gone and its id no longer works.
+    let before = d.stats()["live_inodes"].as_u64().unwrap();
+    c.forget(e.nodeid, 1).unwrap();
+    assert!(c.getattr(e.nodeid).is_ok(), "one lookup is still held");
+    c.forget(e.nodeid, 1).unwrap();
+    assert_eq!(errno(c.getattr(e.nodeid)), libc::EBADF);
+    assert_eq!(d.stats()["live_inodes"].as_u64().unwrap(), before - 1);
+
+    // BATCH_FORGET frees several at once.
+    std::fs::write(d.path("g"), b"").unwrap();
+    let a = c.lookup(ROOT, "f").unwrap();
+    let b = c.lookup(ROOT, "g").unwrap();
+    c.batch_forget(&[(a.nodeid, 1), (b.nodeid, 1)]).unwrap();
+    assert_eq!(errno(c.getattr(a.nodeid)), libc::EBADF);
+    assert_eq!(errno(c.getattr(b.nodeid)), libc::EBADF);
+}
+
+#[test]
+fn create_write_read_flush_fsync_release() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let (e, o) = c.create(ROOT, "file", libc::O_RDWR as u32, 0o640).unwrap();
+    assert_eq!(e.attr.mode & 0o7777, 0o640);
+    let meta = std::fs::metadata(d.path("file")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(
+        errno(c.create(ROOT, "file", (libc::O_RDWR | libc::O_EXCL) as u32, 0o640)),
+        libc::EEXIST
+    );
+
+    let data = pattern(300_000, 7);
+    assert_eq!(
+        c.write(e.nodeid, o.fh, 4096, &data).unwrap() as usize,
+        data.len()
+    );
+    let host = read(&d.path("file"));
+    assert_eq!(host.len(), 4096 + data.len());
+    assert!(host[..4096].iter().all(|&b| b == 0));
+    assert_eq!(&host[4096..], &data[..]);
+    assert_eq!(
+        c.read(e.nodeid, o.fh, 4096 + 1000, 5000).unwrap(),
+        &data[1000..6000]
+    );
+    // Reading past EOF returns what is there.
+    assert_eq!(
+        c.read(e.nodeid, o.fh, host.len() as u64 - 10, 100)
+            .unwrap()
+            .len(),
+        10
+    );
+    c.flush(e.nodeid, o.fh).unwrap();
+    c.fsync(e.nodeid, o.fh, false).unwrap();
+    c.release(e.nodeid, o.fh).unwrap();
+    // The handle is gone after RELEASE.
+    assert_eq!(errno(c.read(e.nodeid, o.fh, 0, 10)), libc::EBADF);
+
+    // OPEN of an existing file, read-only: writes are refused by the host fd.
+    let o2 = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(c.read(e.nodeid, o2.fh, 4096, 100).unwrap(), &data[..100]);
+    assert_eq!(errno(c.write(e.nodeid, o2.fh, 0, b"x")), libc::EBADF);
+    // A handle may not be used with another node.
+    assert_eq!(errno(c.read(ROOT, o2.fh, 0, 1)), libc::EBADF);
+    c.release(e.nodeid, o2.fh).unwrap();
+
+    // O_TRUNC open truncates.
+    let o3 = c
+        .open(e.nodeid, (libc::O_WRONLY | libc::O_TRUNC) as u32)
+        .unwrap();
+    assert_eq!(std::fs::metadata(d.path("file")).unwrap().len(), 0);
+    c.release(e.nodeid, o3.fh).unwrap();
+}
+
+#[test]
+fn directories_links_and_special_files() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let dir = c.mkdir(ROOT, "dir", 0o750).unwrap();
+    assert!(d.path("dir").is_dir());
+    assert_eq!(
+        std::fs::metadata(d.path("dir"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o750
+    );
+    assert_eq!(errno(c.mkdir(ROOT, "dir", 0o755)), libc::EEXIST);
+
+    let (f, o) = c
+        .create(dir.nodeid, "a", libc::O_WRONLY as u32, 0o644)
+        .unwrap();
+    c.write(f.nodeid, o.fh, 0, b"content").unwrap();
+    c.release(f.nodeid, o.fh).unwrap();
+
+    // symlink + readlink: stored verbatim, never followed on the host.
+    let s = c.symlink(ROOT, "sl", "dir/a").unwrap();
+    assert_eq!(s.attr.mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(
+        std::fs::read_link(d.path("sl")).unwrap().to_str().unwrap(),
+        "dir/a"
+    );
+    assert_eq!(c.readlink(s.nodeid).unwrap(), b"dir/a");
+    assert_eq!(errno(c.readlink(f.nodeid)), libc::EINVAL);
+
+    // link: a second name, same inode, nlink 2.
+    let l = c.link(f.nodeid, ROOT, "hard").unwrap();
+    assert_eq!(l.nodeid, f.nodeid);
+    assert_eq!(l.attr.nlink, 2);
+    assert_eq!(read(&d.path("hard")), b"content");
+
+    // mknod: a FIFO.
+    let n = c.mknod(ROOT, "fifo", libc::S_IFIFO | 0o600, 0).unwrap();
+    assert_eq!(n.attr.mode & libc::S_IFMT, libc::S_IFIFO);
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &std::fs::symlink_metadata(d.path("fifo"))
+            .unwrap()
+            .file_type()
+    ));
+    // Opening it through the daemon must not block the host.
+    assert_eq!(errno(c.open(n.nodeid, libc::O_RDONLY as u32)), libc::ENXIO);
+
+    // unlink and rmdir.
+    assert_eq!(errno(c.rmdir(ROOT, "dir")), libc::ENOTEMPTY);
+    c.unlink(dir.nodeid, "a").unwrap();
+    assert!(!d.path("dir/a").exists());
+    assert_eq!(read(&d.path("hard")), b"content");
+    c.rmdir(ROOT, "dir").unwrap();
+    assert!(!d.path("dir").exists());
+    assert_eq!(errno(c.unlink(ROOT, "nothing")), libc::ENOENT);
+}
+
+#[test]
+fn rename_and_rename2_flags() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("a"), b"A").unwrap();
+    std::fs::write(d.path("b"), b"B").unwrap();
+    std::fs::create_dir(d.path("sub")).unwrap();
+    let c = d.client();
+    let sub = c.lookup(ROOT, "sub").unwrap();
+    c.rename(ROOT, "a", sub.nodeid, "a2").unwrap();
+    assert_eq!(read(&d.path("sub/a2")), b"A");
+    assert!(!d.path("a").exists());
+    assert_eq!(
+        errno(c.rename2(sub.nodeid, "a2", ROOT, "b", libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    c.rename2(sub.nodeid, "a2", ROOT, "b", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(read(&d.path("b")), b"A");
+    assert_eq!(read(&d.path("sub/a2")), b"B");
+    if unsafe { libc::geteuid() } == 0 {
+        c.rename2(ROOT, "b", ROOT, "c", libc::RENAME_WHITEOUT)
+            .unwrap();
+        let wh = std::fs::symlink_metadata(d.path("b")).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+            &wh.file_type()
+        ));
+        assert_eq!(wh.rdev(), 0);
+        assert_eq!(read(&d.path("c")), b"A");
+    }
+}
+
+#[test]
+fn setattr_mode_owner_size_times() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), pattern(10000, 3)).unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+
+    let mut s = vfsd_setattr();
+    s.valid = FATTR_MODE;
+    s.mode = S_IFREG | 0o604;
+    let a = c.setattr(e.nodeid, &s).unwrap();
+    assert_eq!(a.attr.mode & 0o7777, 0o604);
+    assert_eq!(
+        std::fs::metadata(d.path("f")).unwrap().permissions().mode() & 0o7777,
+        0o604
+    );
+
+    s.valid = FATTR_SIZE;
+    s.size = 1234;
+    assert_eq!(c.setattr(e.nodeid, &s).unwrap().attr.size, 1234);
+    assert_eq!(std::fs::metadata(d.path("f")).unwrap().len(), 1234);
+
+    s.valid = FATTR_ATIME | FATTR_MTIME;
+    s.atime = 1_000_000;
+    s.atimensec = 5;
+    s.mtime = 2_000_000;
+    s.mtimensec = 7;
+    c.setattr(e.nodeid, &s).unwrap();
+    let m = std::fs::metadata(d.path("f")).unwrap();
+    assert_eq!((m.atime(), m.atime_nsec()), (1_000_000, 5));
+    assert_eq!((m.mtime(), m.mtime_nsec()), (2_000_000, 7));
+
+    s.valid = FATTR_MTIME_NOW | FATTR_MTIME;
+    c.setattr(e.nodeid, &s).unwrap();
+    let m = std::fs::metadata(d.path("f")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((m.mtime() - now).abs() < 60);
+    assert_eq!(m.atime(), 1_000_000, "atime untouched");
+
+    // Through a file handle.
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    s.valid = FATTR_SIZE | FATTR_FH;
+    s.fh = o.fh;
+    s.size = 99;
+    assert_eq!(c.setattr(e.nodeid, &s).unwrap().attr.size, 99);
+    assert_eq!(std::fs::metadata(d.path("f")).unwrap().len(), 99);
+
+    if unsafe { libc::geteuid() } == 0 {
+        s.valid = FATTR_UID | FATTR_GID;
+        s.uid = 1234;
+        s.gid = 5678;
+        let a = c.setattr(e.nodeid, &s).unwrap();
+        assert_eq!((a.attr.uid, a.attr.gid), (1234, 5678));
+        let m = std::fs::metadata(d.path("f")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    }
+    // Directories can't be truncated.
+    s.valid = FATTR_SIZE;
+    assert_eq!(errno(c.setattr(ROOT, &s)), libc::EISDIR);
+}
+
+fn vfsd_setattr() -> fuse_backend_rs::abi::fuse_abi::SetattrIn {
+    Default::default()
+}
+
+#[test]
+fn readdir_and_readdirplus_page_through_large_directories() {
+    let d = Daemon::start(&[]);
+    let mut names: Vec<String> = (0..300)
+        .map(|i| format!("entry-with-a-longish-name-{i:04}"))
+        .collect();
+    for n in &names {
+        std::fs::write(d.path(n), b"").unwrap();
+    }
+    std::fs::create_dir(d.path("zdir")).unwrap();
+    names.push("zdir".into());
+    names.sort();
+    let c = d.client();
+    for plus in [false, true] {
+        let ents = c.readdir_all(ROOT, plus).unwrap();
+        let mut got: Vec<String> = ents
+            .iter()
+            .map(|e| String::from_utf8(e.name.clone()).unwrap())
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        got.sort();
+        assert_eq!(got, names, "plus={plus}");
+        // Offsets strictly identify positions: no entry twice.
+        let mut offs: Vec<u64> = ents.iter().map(|e| e.off).collect();
+        offs.dedup();
+        assert_eq!(offs.len(), ents.len());
+        if plus {
+            for e in ents.iter().filter(|e| e.name != b"." && e.name != b"..") {
+                let eo = e.entry.as_ref().unwrap();
+                assert_ne!(eo.nodeid, 0);
+                assert_eq!(eo.attr.ino, e.ino);
+            }
+        }
+    }
+    // READDIRPLUS counted one lookup per delivered entry: a single FORGET frees each.
+    let z = c.lookup(ROOT, "zdir").unwrap();
+    c.forget(z.nodeid, 2).unwrap();
+    assert_eq!(errno(c.getattr(z.nodeid)), libc::EBADF);
+
+    // FSYNCDIR on an open directory.
+    let o = c.opendir(ROOT).unwrap();
+    c.fsync(ROOT, o.fh, true).unwrap();
+    c.releasedir(ROOT, o.fh).unwrap();
+    let f = c.lookup(ROOT, &names[0]).unwrap();
+    assert_eq!(errno(c.opendir(f.nodeid)), libc::ENOTDIR);
+}
+
+#[test]
+fn statfs_and_access() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    std::fs::set_permissions(d.path("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let c = d.client();
+    let st = c.statfs(ROOT).unwrap();
+    let mut host: libc::statvfs = unsafe { std::mem::zeroed() };
+    let p = std::ffi::CString::new(d.share.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::statvfs(p.as_ptr(), &mut host) }, 0);
+    assert_eq!(st.bsize as u64, host.f_bsize);
+    assert_eq!(st.blocks, host.f_blocks);
+    assert_eq!(st.namelen as u64, host.f_namemax);
+    let f = c.lookup(ROOT, "f").unwrap();
+    c.access(f.nodeid, libc::R_OK as u32).unwrap();
+    assert_eq!(errno(c.access(f.nodeid, libc::X_OK as u32)), libc::EACCES);
+}
+
+#[test]
+fn xattrs_only_with_the_option() {
+    let d = Daemon::start(&["--xattr"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap();
+    c.setxattr(f.nodeid, "user.vfsd", b"value-1", 0).unwrap();
+    // Checked on the host too.
+    let host = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("true")
+        .status()
+        .unwrap();
+    assert!(host.success());
+    let size = c.getxattr(f.nodeid, "user.vfsd", 0).unwrap();
+    assert_eq!(u32::from_ne_bytes(size[..4].try_into().unwrap()), 7);
+    assert_eq!(c.getxattr(f.nodeid, "user.vfsd", 64).unwrap(), b"value-1");
+    assert_eq!(errno(c.getxattr(f.nodeid, "user.vfsd", 3)), libc::ERANGE);
+    let list = c.listxattr(f.nodeid, 1024).unwrap();
+    assert!(list.split(|&b| b == 0).any(|n| n == b"user.vfsd"));
+    assert_eq!(
+        errno(c.setxattr(f.nodeid, "user.vfsd", b"x", libc::XATTR_CREATE as u32)),
+        libc::EEXIST
+    );
+    c.removexattr(f.nodeid, "user.vfsd").unwrap();
+    assert_eq!(errno(c.getxattr(f.nodeid, "user.vfsd", 64)), libc::ENODATA);
+
+    let d2 = Daemon::start(&[]);
+    std::fs::write(d2.path("f"), b"").unwrap();
+    let c2 = d2.client();
+    let f2 = c2.lookup(ROOT, "f").unwrap();
+    assert_eq!(errno(c2.getxattr(f2.nodeid, "user.x", 64)), libc::ENOSYS);
+}
+
+#[test]
+fn fallocate_lseek_and_copy_file_range() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let (e, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    // Allocate 1 MiB without changing... then extend.
+    c.fallocate(e.nodeid, o.fh, 0, 0, 1 << 20).unwrap();
+    assert_eq!(std::fs::metadata(d.path("f")).unwrap().len(), 1 << 20);
+    c.write(e.nodeid, o.fh, 0, &pattern(1 << 20, 9)).unwrap();
+    // Punch a hole in the middle.
+    let punch = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32;
+    c.fallocate(e.nodeid, o.fh, punch, 256 << 10, 256 << 10)
+        .unwrap();
+    let host = read(&d.path("f"));
+    assert_eq!(host.len(), 1 << 20);
+    assert!(host[256 << 10..512 << 10].iter().all(|&b| b == 0));
+    // SEEK_HOLE / SEEK_DATA see it (on filesystems that track holes).
+    let hole = c.lseek(e.nodeid, o.fh, 0, libc::SEEK_HOLE as u32).unwrap();
+    let data = c
+        .lseek(e.nodeid, o.fh, 256 << 10, libc::SEEK_DATA as u32)
+        .unwrap();
+    assert!(hole == 256 << 10 || hole == 1 << 20, "hole at {hole}");
+    assert!(data >= 256 << 10);
+    assert_eq!(
+        errno(c.lseek(e.nodeid, o.fh, 2 << 20, libc::SEEK_DATA as u32)),
+        libc::ENXIO
+    );
+
+    // COPY_FILE_RANGE into a second file.
+    let (e2, o2) = c.create(ROOT, "g", libc::O_RDWR as u32, 0o644).unwrap();
+    let n = c
+        .copy_file_range(e.nodeid, o.fh, 0, e2.nodeid, o2.fh, 100, 4096)
+        .unwrap();
+    assert_eq!(n, 4096);
+    let g = read(&d.path("g"));
+    assert_eq!(g.len(), 4196);
+    assert_eq!(&g[100..], &host[..4096]);
+    c.syncfs().unwrap();
+}
+
+#[test]
+fn cache_policies_set_open_flags() {
+    for (args, direct, parallel) in [
+        (vec!["--cache", "never"], true, true),
+        (vec!["--cache", "metadata"], true, true),
+        (vec!["--cache", "auto"], false, false),
+        (
+            vec!["--cache", "never", "--no-parallel-direct-writes"],
+            true,
+            false,
+        ),
+    ] {
+        let d = Daemon::start(&args);
+        std::fs::write(d.path("f"), b"").unwrap();
+        let c = d.client();
+        let e = c.lookup(ROOT, "f").unwrap();
+        let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        assert_eq!(o.open_flags & FOPEN_DIRECT_IO != 0, direct, "{args:?}");
+        assert_eq!(
+            o.open_flags & FOPEN_PARALLEL_DIRECT_WRITES != 0,
+            parallel,
+            "{args:?}"
+        );
+        let (_, co) = c.create(ROOT, "g", libc::O_RDWR as u32, 0o600).unwrap();
+        assert_eq!(
+            co.open_flags & FOPEN_PARALLEL_DIRECT_WRITES != 0,
+            parallel,
+            "{args:?}"
+        );
+    }
+    // O_DIRECT opens get the flag when --allow-direct-io lets O_DIRECT through.
+    let d = Daemon::start(&["--allow-direct-io"]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let o = c
+        .open(e.nodeid, (libc::O_RDWR | libc::O_DIRECT) as u32)
+        .unwrap();
+    assert_ne!(o.open_flags & FOPEN_PARALLEL_DIRECT_WRITES, 0);
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    assert_eq!(o.open_flags & FOPEN_PARALLEL_DIRECT_WRITES, 0);
+}
+
+#[test]
+fn split_and_indirect_descriptor_chains() {
+    // Headers split across descriptors, data spread over many, and indirect tables.
+    for (i, layout) in [
+        Layout {
+            split: 512,
+            indirect: false,
+        },
+        Layout {
+            split: 0,
+            indirect: true,
+        },
+        Layout {
+            split: 4096,
+            indirect: true,
+        },
+        Layout {
+            split: 33,
+            indirect: true,
+        },
+        Layout {
+            split: 7,
+            indirect: false,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // vfsd serves one frontend and exits when it leaves: one daemon per layout.
+        let d = Daemon::start(&[]);
+        let small = layout.split != 0 && layout.split < 100;
+        let cfg = FrontendConfig {
+            descs_per_slot: if small && !layout.indirect { 128 } else { 64 },
+            ..Default::default()
+        };
+        let mut c = FuseClient::new(d.frontend(cfg));
+        c.init().unwrap();
+        c.layout = layout;
+        let name = format!("f{i}");
+        if small && !layout.indirect {
+            // 7-byte pieces: only requests with small replies fit a direct chain.
+            let e = c.mkdir(ROOT, &name, 0o755);
+            assert!(
+                matches!(e, Err(FuseError::Io(_))),
+                "reply room needs >128 descriptors"
+            );
+            c.layout = Layout {
+                split: 7,
+                indirect: true,
+            };
+            let t = c
+                .submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 16 + 104)
+                .unwrap();
+            assert_eq!(c.wait(t).unwrap().error, 0);
+            continue;
+        }
+        let (e, o) = c.create(ROOT, &name, libc::O_RDWR as u32, 0o644).unwrap();
+        let len = if small { 2000 } else { 9000 };
+        let data = pattern(len, i as u64);
+        assert_eq!(
+            c.write(e.nodeid, o.fh, 0, &data).unwrap() as usize,
+            len,
+            "{layout:?}"
+        );
+        assert_eq!(read(&d.path(&name)), data, "{layout:?}");
+        assert_eq!(
+            c.read(e.nodeid, o.fh, 0, len as u32).unwrap(),
+            data,
+            "{layout:?}"
+        );
+        let ents = c.readdir_all(ROOT, true).unwrap();
+        assert!(ents.iter().any(|x| x.name == name.as_bytes()));
+    }
+}
+
+#[test]
+fn several_request_queues_and_config_space() {
+    let d = Daemon::start(&["--tag", "myfs", "--request-queues", "4"]);
+    let cfg = FrontendConfig {
+        request_queues: 4,
+        ..Default::default()
+    };
+    let mut fe = d.frontend(cfg);
+    let (tag, nrq) = fe.fs_config().unwrap();
+    assert_eq!((tag.as_str(), nrq), ("myfs", 4));
+    let c = FuseClient::new(fe);
+    c.init().unwrap();
+    std::fs::write(d.path("f"), b"queue").unwrap();
+    for q in 1..=4 {
+        let b = c.call_on(q, FUSE_LOOKUP, ROOT, &[b"f\0"], 4096).unwrap();
+        assert_eq!(
+            b.len(),
+            std::mem::size_of::<fuse_backend_rs::abi::fuse_abi::EntryOut>()
+        );
+    }
+    // Asking for more queues than offered fails at the handshake, as QEMU would.
+    let too_many = FrontendConfig {
+        request_queues: 5,
+        ..Default::default()
+    };
+    let d2 = Daemon::start(&["--request-queues", "4"]);
+    assert!(vfsd::frontend::Frontend::connect(&d2.sock, too_many).is_err());
+}
+
+#[test]
+fn unknown_and_unsupported_opcodes_get_enosys() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    for op in [0u32, 7, 19, 48, 51, 52, 99, 4096, u32::MAX] {
+        let t = c.submit(1, op, ROOT, &[&[0u8; 64]], 64).unwrap();
+        let r = c.wait(t).unwrap();
+        assert_eq!(r.error, -libc::ENOSYS, "opcode {op}");
+    }
+    // Still serving.
+    c.getattr(ROOT).unwrap();
+}
+
+#[test]
+fn destroy_drops_all_nodes() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    c.destroy().unwrap();
+    assert_eq!(errno(c.getattr(e.nodeid)), libc::EBADF);
+    c.getattr(ROOT).unwrap();
+}
+
+#[test]
+fn exits_zero_when_the_frontend_disconnects() {
+    let mut d = Daemon::start(&[]);
+    {
+        let c = d.client();
+        c.getattr(ROOT).unwrap();
+    }
+    let st = d
+        .wait_exit(Duration::from_secs(10))
+        .expect("vfsd kept running after disconnect");
+    assert!(st.success(), "{st:?}");
+}
+
+#[test]
+fn exits_cleanly_on_sigterm() {
+    let mut d = Daemon::start(&[]);
+    let _c = d.client();
+    unsafe { libc::kill(d.pid(), libc::SIGTERM) };
+    let st = d
+        .wait_exit(Duration::from_secs(10))
+        .expect("vfsd ignored SIGTERM");
+    assert!(st.success(), "{st:?}");
+    assert!(!d.sock.exists(), "socket left behind");
+}
