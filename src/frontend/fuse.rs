@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::*;
 use vm_memory::ByteValued;
@@ -218,54 +218,59 @@ impl FuseClient {
     }
 
     /// Places raw request bytes on `queue` and kicks; waits for a free slot if needed.
-    pub fn submit_bytes(
-        &self,
-        queue: usize,
-        req: &[u8],
-        resp_len: usize,
-        unique: u64,
-    ) -> FResult<Ticket> {
-        let mut q = self.fe.queues[queue].lock().unwrap();
-        let slot = match q.free_slot() {
-            Some(s) => s,
-            None => return Err(FuseError::Io(io::Error::other("no free slot on the queue"))),
-        };
-        q.submit(&self.fe.mem, slot, req, resp_len, self.layout)?;
-        q.notify()?;
-        Ok(Ticket {
-            queue,
-            slot,
-            unique,
-        })
+    pub fn submit_bytes(&self, queue: usize, req: &[u8], resp_len: usize, unique: u64) -> FResult<Ticket> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            {
+                let mut q = self.fe.queues[queue].lock().unwrap();
+                q.reap(&self.fe.mem)?;
+                if let Some(slot) = q.free_slot() {
+                    q.submit(&self.fe.mem, slot, req, resp_len, self.layout)?;
+                    q.notify()?;
+                    return Ok(Ticket { queue, slot, unique });
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(FuseError::Io(io::Error::new(io::ErrorKind::TimedOut, "no free slot on the queue")));
+            }
+            self.fe.wait_call(queue, Duration::from_millis(1));
+        }
     }
 
-    pub fn submit(
-        &self,
-        queue: usize,
-        op: u32,
-        nodeid: u64,
-        parts: &[&[u8]],
-        resp_len: usize,
-    ) -> FResult<Ticket> {
+    pub fn submit(&self, queue: usize, op: u32, nodeid: u64, parts: &[&[u8]], resp_len: usize) -> FResult<Ticket> {
         let (unique, req) = self.build(op, nodeid, parts);
         self.submit_bytes(queue, &req, resp_len, unique)
     }
 
+    /// Waits for `t` and returns the raw bytes the device wrote. The queue lock is dropped
+    /// while waiting, so other threads keep submitting on the same queue.
+    fn wait_raw(&self, t: Ticket) -> FResult<Vec<u8>> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            {
+                let mut q = self.fe.queues[t.queue].lock().unwrap();
+                q.reap(&self.fe.mem)?;
+                if q.is_done(t.slot) {
+                    return Ok(q.take(&self.fe.mem, t.slot)?);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(FuseError::Io(io::Error::new(io::ErrorKind::TimedOut, "no reply from the device")));
+            }
+            self.fe.wait_call(t.queue, Duration::from_millis(1));
+        }
+    }
+
     /// Waits for `t` and decodes its reply, checking the header against the used length.
     pub fn wait(&self, t: Ticket) -> FResult<Reply> {
-        let mut q = self.fe.queues[t.queue].lock().unwrap();
-        q.wait(&self.fe.mem, t.slot, self.timeout)?;
-        let raw = q.take(&self.fe.mem, t.slot)?;
-        drop(q);
+        let raw = self.wait_raw(t)?;
         parse_reply(&raw, t.unique)
     }
 
     /// Waits for a request that gets no reply (FORGET): the device still returns the
     /// descriptors, with nothing written.
     pub fn wait_no_reply(&self, t: Ticket) -> FResult<usize> {
-        let mut q = self.fe.queues[t.queue].lock().unwrap();
-        q.wait(&self.fe.mem, t.slot, self.timeout)?;
-        Ok(q.take(&self.fe.mem, t.slot)?.len())
+        Ok(self.wait_raw(t)?.len())
     }
 
     pub fn call(&self, op: u32, nodeid: u64, parts: &[&[u8]], resp_len: usize) -> FResult<Vec<u8>> {

@@ -57,6 +57,8 @@ pub struct Frontend {
     pub features: u64,
     pub protocol_features: VhostUserProtocolFeatures,
     pub cfg: FrontendConfig,
+    /// The queues' call eventfds, readable without taking a queue's lock.
+    call_fds: Vec<vmm_sys_util::eventfd::EventFd>,
     _memfd: File,
 }
 
@@ -166,7 +168,9 @@ impl Frontend {
                 vu.set_vring_enable(i, true).map_err(vu_err)?;
             }
         }
+        let call_fds = queues.iter().map(|q| q.call.try_clone()).collect::<io::Result<_>>()?;
         Ok(Frontend {
+            call_fds,
             vu,
             mem,
             queues: queues.into_iter().map(Mutex::new).collect(),
@@ -175,6 +179,12 @@ impl Frontend {
             cfg,
             _memfd: memfd,
         })
+    }
+
+    /// Sleeps until the device signals `queue` or `timeout` passes.
+    pub fn wait_call(&self, queue: usize, timeout: std::time::Duration) {
+        virtq::wait_readable(self.call_fds[queue].as_raw_fd(), timeout);
+        let _ = self.call_fds[queue].read();
     }
 
     /// Reads `struct virtio_fs_config` (tag, num_request_queues) from the backend.

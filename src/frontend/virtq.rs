@@ -387,7 +387,7 @@ fn align(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
-fn wait_readable(fd: i32, timeout: Duration) {
+pub(crate) fn wait_readable(fd: i32, timeout: Duration) {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
