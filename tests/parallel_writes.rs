@@ -29,14 +29,25 @@ fn open_shared_file(d: &Daemon, c: &FuseClient, size: u64) -> (u64, u64, u64) {
     let e = c.lookup(ROOT, "shared").unwrap();
     let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
     assert_ne!(o.open_flags & FOPEN_PARALLEL_DIRECT_WRITES, 0);
-    (e.nodeid, o.fh, std::fs::metadata(d.path("shared")).unwrap().ino())
+    (
+        e.nodeid,
+        o.fh,
+        std::fs::metadata(d.path("shared")).unwrap().ino(),
+    )
 }
 
 /// Submits `n` 1 MiB in-EOF writes at once on one queue and waits for all of them.
 fn burst(c: &FuseClient, nodeid: u64, fh: u64, n: usize, round: usize) {
     // Build every request first so they reach the queue back to back.
     let reqs: Vec<(u64, Vec<u8>)> = (0..n)
-        .map(|i| c.write_req(nodeid, fh, (i as u64) << 20, &pattern(1 << 20, (round * 100 + i) as u64)))
+        .map(|i| {
+            c.write_req(
+                nodeid,
+                fh,
+                (i as u64) << 20,
+                &pattern(1 << 20, (round * 100 + i) as u64),
+            )
+        })
         .collect();
     let tickets: Vec<Ticket> = reqs
         .iter()
@@ -54,7 +65,9 @@ fn peak_after_bursts(args: &[&str]) -> (u64, serde_json::Value) {
     let mut peak = 0;
     for round in 0..30 {
         burst(&c, nodeid, fh, 8, round);
-        peak = inode_stats(&d, ino)["peak_writes_in_flight"].as_u64().unwrap();
+        peak = inode_stats(&d, ino)["peak_writes_in_flight"]
+            .as_u64()
+            .unwrap();
         if peak > 1 {
             break;
         }
@@ -65,7 +78,10 @@ fn peak_after_bursts(args: &[&str]) -> (u64, serde_json::Value) {
 #[test]
 fn overlapping_in_eof_writes_are_in_flight_together() {
     let (peak, st) = peak_after_bursts(&["--cache", "never", "--thread-pool-size", "4"]);
-    assert!(peak > 1, "in-EOF writes to one inode never overlapped: {st}");
+    assert!(
+        peak > 1,
+        "in-EOF writes to one inode never overlapped: {st}"
+    );
     assert_eq!(st["exclusive_violations"], 0);
     assert!(st["shared_writes"].as_u64().unwrap() >= 8);
 }
@@ -74,7 +90,10 @@ fn overlapping_in_eof_writes_are_in_flight_together() {
 fn default_settings_serve_one_queue_concurrently() {
     // What a guest with a single request queue gets without tuning.
     let (peak, st) = peak_after_bursts(&["--cache", "never"]);
-    assert!(peak > 1, "default settings serialise writes on one queue: {st}");
+    assert!(
+        peak > 1,
+        "default settings serialise writes on one queue: {st}"
+    );
 }
 
 #[test]
@@ -110,7 +129,12 @@ fn extending_writes_and_truncates_never_overlap() {
         // 8 writes at once, all far past any size the truncator sets: each extends.
         let tickets: Vec<Ticket> = (0..8u64)
             .map(|i| {
-                let (u, req) = c.write_req(nodeid, fh, (1 << 20) + (round * 8 + i) * 65536, &[0x5a; 4096]);
+                let (u, req) = c.write_req(
+                    nodeid,
+                    fh,
+                    (1 << 20) + (round * 8 + i) * 65536,
+                    &[0x5a; 4096],
+                );
                 c.submit_bytes(2, &req, 64, u).unwrap()
             })
             .collect();
@@ -160,7 +184,8 @@ fn stress_random_writers_with_tail_truncates_match_the_model() {
                             continue;
                         }
                         let seed = ((w * 1000 + round) * 100 + k) as u64;
-                        let (u, req) = c.write_req(nodeid, fh, (b * BLOCK) as u64, &pattern(BLOCK, seed));
+                        let (u, req) =
+                            c.write_req(nodeid, fh, (b * BLOCK) as u64, &pattern(BLOCK, seed));
                         batch.push((c.submit_bytes(1 + w % 2, &req, 64, u).unwrap(), b, seed));
                     }
                     for (t, b, seed) in batch {
@@ -189,7 +214,10 @@ fn stress_random_writers_with_tail_truncates_match_the_model() {
         } else {
             let data = pattern(3000 + (i as usize % 5) * 1000, 10_000 + i);
             let off = HEAD_BLOCKS * BLOCK + tail.len();
-            assert_eq!(c.write_on(2, nodeid, fh, off as u64, &data).unwrap() as usize, data.len());
+            assert_eq!(
+                c.write_on(2, nodeid, fh, off as u64, &data).unwrap() as usize,
+                data.len()
+            );
             tail.extend_from_slice(&data);
         }
     }

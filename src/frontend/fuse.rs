@@ -218,7 +218,13 @@ impl FuseClient {
     }
 
     /// Places raw request bytes on `queue` and kicks; waits for a free slot if needed.
-    pub fn submit_bytes(&self, queue: usize, req: &[u8], resp_len: usize, unique: u64) -> FResult<Ticket> {
+    pub fn submit_bytes(
+        &self,
+        queue: usize,
+        req: &[u8],
+        resp_len: usize,
+        unique: u64,
+    ) -> FResult<Ticket> {
         let deadline = Instant::now() + self.timeout;
         loop {
             {
@@ -227,17 +233,31 @@ impl FuseClient {
                 if let Some(slot) = q.free_slot() {
                     q.submit(&self.fe.mem, slot, req, resp_len, self.layout)?;
                     q.notify()?;
-                    return Ok(Ticket { queue, slot, unique });
+                    return Ok(Ticket {
+                        queue,
+                        slot,
+                        unique,
+                    });
                 }
             }
             if Instant::now() > deadline {
-                return Err(FuseError::Io(io::Error::new(io::ErrorKind::TimedOut, "no free slot on the queue")));
+                return Err(FuseError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no free slot on the queue",
+                )));
             }
             self.fe.wait_call(queue, Duration::from_millis(1));
         }
     }
 
-    pub fn submit(&self, queue: usize, op: u32, nodeid: u64, parts: &[&[u8]], resp_len: usize) -> FResult<Ticket> {
+    pub fn submit(
+        &self,
+        queue: usize,
+        op: u32,
+        nodeid: u64,
+        parts: &[&[u8]],
+        resp_len: usize,
+    ) -> FResult<Ticket> {
         let (unique, req) = self.build(op, nodeid, parts);
         self.submit_bytes(queue, &req, resp_len, unique)
     }
@@ -255,10 +275,25 @@ impl FuseClient {
                 }
             }
             if Instant::now() > deadline {
-                return Err(FuseError::Io(io::Error::new(io::ErrorKind::TimedOut, "no reply from the device")));
+                return Err(FuseError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply from the device",
+                )));
             }
             self.fe.wait_call(t.queue, Duration::from_millis(1));
         }
+    }
+
+    /// Collects every finished request on `queue` without blocking: (slot, raw reply).
+    pub fn poll_done(&self, queue: usize) -> FResult<Vec<(usize, Vec<u8>)>> {
+        let mut q = self.fe.queues[queue].lock().unwrap();
+        q.reap(&self.fe.mem)?;
+        let done: Vec<usize> = (0..q.slots()).filter(|&s| q.is_done(s)).collect();
+        let mut out = Vec::with_capacity(done.len());
+        for s in done {
+            out.push((s, q.take(&self.fe.mem, s)?));
+        }
+        Ok(out)
     }
 
     /// Waits for `t` and decodes its reply, checking the header against the used length.

@@ -168,7 +168,10 @@ impl Frontend {
                 vu.set_vring_enable(i, true).map_err(vu_err)?;
             }
         }
-        let call_fds = queues.iter().map(|q| q.call.try_clone()).collect::<io::Result<_>>()?;
+        let call_fds = queues
+            .iter()
+            .map(|q| q.call.try_clone())
+            .collect::<io::Result<_>>()?;
         Ok(Frontend {
             call_fds,
             vu,

@@ -121,6 +121,10 @@ impl VirtQueue {
         self.buf_size
     }
 
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
     pub fn free_slot(&self) -> Option<usize> {
         self.slots.iter().position(|s| !s.busy)
     }
