@@ -455,9 +455,7 @@ fn worker(
                 return Err(format!("{wl:?} step {}: errno {}", f.step, -reply.error));
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
-            if wl == Workload::LookupGetattr && f.step == 0
-                || wl == Workload::CreateUnlink && f.step == 0
-            {
+            if f.step == 0 && matches!(wl, Workload::LookupGetattr | Workload::CreateUnlink) {
                 nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
                 if wl == Workload::CreateUnlink {
                     // OpenOut follows EntryOut (128 bytes).
