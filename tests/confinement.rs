@@ -1,0 +1,232 @@
+//! A hostile guest: symlinks out of the share, `..` at the root, bad names, node ids and
+//! handles it was never given, stale ids after FORGET. None may reach outside the share
+//! or crash the daemon; each gets the errno Linux gives.
+
+mod common;
+
+use common::{read, Daemon};
+use vfsd::frontend::fuse::*;
+
+const ROOT: u64 = 1;
+
+fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
+    match r {
+        Err(FuseError::Errno(e)) => e,
+        other => panic!("expected an errno reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn guest_symlinks_out_of_the_share_are_never_followed() {
+    let d = Daemon::start(&[]);
+    // A canary outside the share.
+    let outside = d.dir.path().join("outside-secret");
+    std::fs::write(&outside, b"secret").unwrap();
+    let c = d.client();
+    let s = c.symlink(ROOT, "passwd", "/etc/passwd").unwrap();
+    assert_eq!(errno(c.open(s.nodeid, libc::O_RDONLY as u32)), libc::ELOOP);
+    assert_eq!(c.readlink(s.nodeid).unwrap(), b"/etc/passwd");
+    let up = c.symlink(ROOT, "up", "../../..").unwrap();
+    assert_eq!(errno(c.lookup(up.nodeid, "etc")), libc::ENOTDIR);
+    assert_eq!(errno(c.mkdir(up.nodeid, "x", 0o755)), libc::ENOTDIR);
+    assert_eq!(
+        errno(c.create(up.nodeid, "x", libc::O_RDWR as u32, 0o644)),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(c.opendir(up.nodeid)), libc::ENOTDIR);
+    let canary = c
+        .symlink(ROOT, "canary", outside.to_str().unwrap())
+        .unwrap();
+    assert_eq!(
+        errno(c.open(canary.nodeid, libc::O_WRONLY as u32 | libc::O_TRUNC as u32)),
+        libc::ELOOP
+    );
+    let mut s = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+        valid: FATTR_SIZE,
+        ..Default::default()
+    };
+    assert_eq!(errno(c.setattr(canary.nodeid, &s)), libc::EINVAL);
+    s.valid = FATTR_MODE;
+    s.mode = 0o777;
+    assert_eq!(errno(c.setattr(canary.nodeid, &s)), libc::EOPNOTSUPP);
+    // A create through the symlink's name must not create the target.
+    assert_eq!(
+        errno(c.create(ROOT, "canary", libc::O_RDWR as u32, 0o644)),
+        libc::ELOOP
+    );
+    assert_eq!(read(&outside), b"secret");
+    assert_eq!(std::fs::metadata(&outside).unwrap().len(), 6);
+}
+
+#[test]
+fn host_symlinks_pointing_outside_are_not_traversed() {
+    let d = Daemon::start(&[]);
+    std::os::unix::fs::symlink("/etc", d.path("etc-link")).unwrap();
+    std::os::unix::fs::symlink(d.dir.path(), d.path("parent-link")).unwrap();
+    let c = d.client();
+    let l = c.lookup(ROOT, "etc-link").unwrap();
+    assert_eq!(l.attr.mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(errno(c.lookup(l.nodeid, "passwd")), libc::ENOTDIR);
+    let p = c.lookup(ROOT, "parent-link").unwrap();
+    assert_eq!(errno(c.lookup(p.nodeid, "outside-secret")), libc::ENOTDIR);
+    assert_eq!(errno(c.link(p.nodeid, p.nodeid, "x")), libc::ENOTDIR);
+}
+
+#[test]
+fn dotdot_at_the_root_stays_at_the_root() {
+    let d = Daemon::start(&[]);
+    std::fs::create_dir(d.path("sub")).unwrap();
+    let c = d.client();
+    let root = c.getattr(ROOT).unwrap();
+    let up = c.lookup(ROOT, "..").unwrap();
+    assert_eq!(up.nodeid, ROOT);
+    assert_eq!(up.attr.ino, root.attr.ino);
+    let sub = c.lookup(ROOT, "sub").unwrap();
+    // `..` of a subdirectory is the root (the share's), not beyond.
+    let subup = c.lookup(sub.nodeid, "..").unwrap();
+    assert_eq!(subup.nodeid, ROOT);
+    let upup = c.lookup(subup.nodeid, "..").unwrap();
+    assert_eq!(upup.nodeid, ROOT);
+    // And a rename toward `..` is refused.
+    assert_eq!(errno(c.rename(ROOT, "sub", ROOT, "..")), libc::EBUSY);
+    assert_eq!(errno(c.mkdir(ROOT, "..", 0o755)), libc::EEXIST);
+    assert_eq!(errno(c.unlink(ROOT, "..")), libc::ENOTEMPTY);
+}
+
+#[test]
+fn bad_names_are_rejected() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    assert_eq!(
+        errno(c.lookup_raw(ROOT, b"../../etc/passwd\0")),
+        libc::EINVAL
+    );
+    assert_eq!(errno(c.lookup_raw(ROOT, b"a/b\0")), libc::EINVAL);
+    assert_eq!(errno(c.lookup_raw(ROOT, b"\0")), libc::EINVAL);
+    // No NUL at all: the name can't be decoded.
+    assert_eq!(errno(c.lookup_raw(ROOT, b"noterminator")), libc::EINVAL);
+    let long = "x".repeat(300);
+    assert_eq!(errno(c.lookup(ROOT, &long)), libc::ENAMETOOLONG);
+    assert_eq!(errno(c.mkdir(ROOT, &long, 0o755)), libc::ENAMETOOLONG);
+    assert_eq!(
+        errno(c.create(ROOT, "x/y", libc::O_RDWR as u32, 0o644)),
+        libc::EINVAL
+    );
+    assert_eq!(errno(c.symlink(ROOT, "a/b", "f")), libc::EINVAL);
+    let f = c.lookup(ROOT, "f").unwrap();
+    assert_eq!(errno(c.link(f.nodeid, ROOT, "../escaped")), libc::EINVAL);
+    assert_eq!(errno(c.rename(ROOT, "f", ROOT, "../escaped")), libc::EINVAL);
+    assert!(!d.dir.path().join("escaped").exists());
+}
+
+#[test]
+fn ids_and_handles_never_given_are_refused() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let c = d.client();
+    for bogus in [0u64, 2, 999, u64::MAX] {
+        assert_eq!(errno(c.getattr(bogus)), libc::EBADF, "node {bogus}");
+        assert_eq!(errno(c.lookup(bogus, "f")), libc::EBADF);
+        assert_eq!(errno(c.link(bogus, ROOT, "x")), libc::EBADF);
+        assert_eq!(errno(c.rename(ROOT, "f", bogus, "g")), libc::EBADF);
+    }
+    let f = c.lookup(ROOT, "f").unwrap();
+    for fh in [0u64, 7, 12345, u64::MAX] {
+        assert_eq!(errno(c.read(f.nodeid, fh, 0, 4)), libc::EBADF);
+        assert_eq!(errno(c.write(f.nodeid, fh, 0, b"x")), libc::EBADF);
+        assert_eq!(errno(c.release(f.nodeid, fh)), libc::EBADF);
+    }
+    // A directory handle is not a file handle and vice versa.
+    let dh = c.opendir(ROOT).unwrap();
+    assert_eq!(errno(c.read(f.nodeid, dh.fh, 0, 4)), libc::EBADF);
+    let fh = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(errno(c.readdir(ROOT, fh.fh, 0, 4096, false)), libc::EBADF);
+    assert_eq!(
+        errno(c.readdir(f.nodeid, fh.fh, 0, 4096, false)),
+        libc::ENOTDIR
+    );
+    // FORGET of unknown ids is ignored, and the daemon keeps serving.
+    c.forget(424242, 5).unwrap();
+    c.batch_forget(&[(1, 1), (u64::MAX, u64::MAX)]).unwrap();
+    assert_eq!(
+        c.getattr(ROOT).unwrap().attr.mode & libc::S_IFMT,
+        libc::S_IFDIR
+    );
+}
+
+#[test]
+fn stale_node_after_forget() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap();
+    c.forget(f.nodeid, 1).unwrap();
+    assert_eq!(errno(c.getattr(f.nodeid)), libc::EBADF);
+    assert_eq!(errno(c.open(f.nodeid, libc::O_RDONLY as u32)), libc::EBADF);
+    // A new lookup gives a working (new) node.
+    let f2 = c.lookup(ROOT, "f").unwrap();
+    assert_eq!(c.getattr(f2.nodeid).unwrap().attr.size, 4);
+}
+
+#[test]
+fn readonly_refuses_every_modification() {
+    let d = Daemon::start(&["--readonly", "--xattr"]);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    std::fs::create_dir(d.path("dir")).unwrap();
+    let before = snapshot(&d);
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap();
+    let rofs = libc::EROFS;
+    assert_eq!(errno(c.create(ROOT, "n", libc::O_RDWR as u32, 0o644)), rofs);
+    assert_eq!(errno(c.mkdir(ROOT, "n", 0o755)), rofs);
+    assert_eq!(errno(c.mknod(ROOT, "n", libc::S_IFIFO | 0o644, 0)), rofs);
+    assert_eq!(errno(c.symlink(ROOT, "n", "f")), rofs);
+    assert_eq!(errno(c.link(f.nodeid, ROOT, "n")), rofs);
+    assert_eq!(errno(c.unlink(ROOT, "f")), rofs);
+    assert_eq!(errno(c.rmdir(ROOT, "dir")), rofs);
+    assert_eq!(errno(c.rename(ROOT, "f", ROOT, "g")), rofs);
+    assert_eq!(
+        errno(c.rename2(ROOT, "f", ROOT, "dir", libc::RENAME_EXCHANGE)),
+        rofs
+    );
+    let s = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+        valid: FATTR_MODE,
+        mode: 0o777,
+        ..Default::default()
+    };
+    assert_eq!(errno(c.setattr(f.nodeid, &s)), rofs);
+    assert_eq!(errno(c.open(f.nodeid, libc::O_WRONLY as u32)), rofs);
+    assert_eq!(errno(c.open(f.nodeid, libc::O_RDWR as u32)), rofs);
+    assert_eq!(
+        errno(c.open(f.nodeid, (libc::O_RDONLY | libc::O_TRUNC) as u32)),
+        rofs
+    );
+    let o = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(c.read(f.nodeid, o.fh, 0, 4).unwrap(), b"data");
+    assert_eq!(errno(c.write(f.nodeid, o.fh, 0, b"x")), rofs);
+    assert_eq!(errno(c.fallocate(f.nodeid, o.fh, 0, 0, 4096)), rofs);
+    assert_eq!(
+        errno(c.copy_file_range(f.nodeid, o.fh, 0, f.nodeid, o.fh, 4, 4)),
+        rofs
+    );
+    assert_eq!(errno(c.setxattr(f.nodeid, "user.x", b"1", 0)), rofs);
+    assert_eq!(errno(c.removexattr(f.nodeid, "user.x")), rofs);
+    assert_eq!(errno(c.access(f.nodeid, libc::W_OK as u32)), rofs);
+    c.access(f.nodeid, libc::R_OK as u32).unwrap();
+    assert_eq!(snapshot(&d), before);
+}
+
+fn snapshot(d: &Daemon) -> Vec<(String, u64, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<_> = std::fs::read_dir(&d.share)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            (e.file_name().into_string().unwrap(), m.len(), m.mode())
+        })
+        .collect();
+    v.sort();
+    v
+}
