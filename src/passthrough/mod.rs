@@ -527,3 +527,6 @@ impl FileSystem for PassthroughFs {
         self.do_lseek(inode, handle, offset, whence)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! Unit tests of the filesystem layer, called directly (no transport).
+
+use std::ffi::CString;
+
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ROOT_ID};
+
+use super::{Config, PassthroughFs};
+
+fn fs() -> (tempfile::TempDir, PassthroughFs) {
+    let d = tempfile::tempdir().unwrap();
+    let fs = PassthroughFs::new(Config::new(d.path())).unwrap();
+    (d, fs)
+}
+
+fn name(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+#[test]
+fn hard_links_share_one_node_and_forget_closes_its_fd() {
+    let (d, fs) = fs();
+    std::fs::write(d.path().join("a"), b"x").unwrap();
+    std::fs::hard_link(d.path().join("a"), d.path().join("b")).unwrap();
+    let ctx = Context::default();
+    let a = fs.lookup(&ctx, ROOT_ID, &name("a")).unwrap();
+    let b = fs.lookup(&ctx, ROOT_ID, &name("b")).unwrap();
+    assert_eq!(a.inode, b.inode);
+    assert_eq!(fs.inodes.len(), 2, "root plus one node for both names");
+    let node = std::sync::Arc::downgrade(&fs.inodes.get(a.inode).unwrap());
+    assert_eq!(node.upgrade().unwrap().lookups(), 2);
+    fs.forget(&ctx, a.inode, 1);
+    assert!(node.upgrade().is_some(), "one lookup still held");
+    fs.forget(&ctx, a.inode, 1);
+    assert!(fs.inodes.get(a.inode).is_err());
+    // Nothing holds the node any more, so its O_PATH fd is closed.
+    assert!(node.upgrade().is_none());
+}
+
+#[test]
+fn readdirplus_undoes_the_lookup_of_an_entry_that_did_not_fit() {
+    let (d, fs) = fs();
+    for i in 0..5 {
+        std::fs::write(d.path().join(format!("f{i}")), b"").unwrap();
+    }
+    let ctx = Context::default();
+    let (fh, _) = fs.opendir(&ctx, ROOT_ID, 0).unwrap();
+    let mut delivered = Vec::new();
+    fs.readdirplus(&ctx, ROOT_ID, fh.unwrap(), 4096, 0, &mut |d, e| {
+        if d.name == b"." || d.name == b".." {
+            return Ok(1);
+        }
+        if delivered.len() == 2 {
+            return Ok(0); // "buffer full"
+        }
+        delivered.push(e.inode);
+        Ok(1)
+    })
+    .unwrap();
+    assert_eq!(delivered.len(), 2);
+    // Only the delivered entries hold a lookup; the refused third one was forgotten.
+    assert_eq!(fs.inodes.len(), 1 + 2);
+    for id in delivered {
+        assert_eq!(fs.inodes.get(id).unwrap().lookups(), 1);
+    }
+}
+
+#[test]
+fn names_are_single_components() {
+    let (_d, fs) = fs();
+    let ctx = Context::default();
+    for bad in ["a/b", "/etc", "../x"] {
+        let e = fs.lookup(&ctx, ROOT_ID, &name(bad)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{bad}");
+    }
+    assert_eq!(
+        fs.lookup(&ctx, ROOT_ID, &name("..")).unwrap().inode,
+        ROOT_ID
+    );
+}
+
+#[test]
+fn open_options_follow_the_cache_policy() {
+    let d = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(d.path());
+    cfg.cache = super::CachePolicy::Never;
+    let fs = PassthroughFs::new(cfg).unwrap();
+    let bits = fs.file_open_options(libc::O_RDWR as u32).bits();
+    assert_ne!(bits & super::FOPEN_PARALLEL_DIRECT_WRITES, 0);
+    assert_ne!(bits & 1, 0, "FOPEN_DIRECT_IO");
+    let mut cfg = Config::new(d.path());
+    cfg.parallel_direct_writes = false;
+    cfg.allow_direct_io = true;
+    let fs = PassthroughFs::new(cfg).unwrap();
+    assert_eq!(
+        fs.file_open_options((libc::O_RDWR | libc::O_DIRECT) as u32)
+            .bits()
+            & super::FOPEN_PARALLEL_DIRECT_WRITES,
+        0
+    );
+}
+
+#[test]
+fn truncate_is_exclusive_and_counted() {
+    let (d, fs) = fs();
+    std::fs::write(d.path().join("f"), vec![1u8; 8192]).unwrap();
+    let ctx = Context::default();
+    let e = fs.lookup(&ctx, ROOT_ID, &name("f")).unwrap();
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    st.st_size = 100;
+    let (a, _) = fs
+        .setattr(
+            &ctx,
+            e.inode,
+            st,
+            None,
+            fuse_backend_rs::abi::fuse_abi::SetattrValid::SIZE,
+        )
+        .unwrap();
+    assert_eq!(a.st_size, 100);
+    let s = fs.inodes.get(e.inode).unwrap().io.stats();
+    assert_eq!((s.exclusive_writes, s.exclusive_violations), (1, 0));
+}
