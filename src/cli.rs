@@ -8,7 +8,7 @@ use crate::passthrough::CachePolicy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Sandbox {
-    /// No sandbox: the daemon runs in the host's namespaces (the only mode so far).
+    /// No sandbox: the daemon runs in the host's namespaces.
     None,
     /// New user/mount/pid/net namespaces and pivot_root into the shared directory.
     Namespace,
@@ -97,8 +97,20 @@ pub struct Opt {
     pub no_parallel_direct_writes: bool,
 
     /// Sandbox mode
-    #[arg(long, value_enum, default_value = "none")]
+    #[arg(long, value_enum, default_value = "namespace")]
     pub sandbox: Sandbox,
+
+    /// What to do on a syscall outside vfsd's allowlist
+    #[arg(long, value_enum, default_value = "kill")]
+    pub seccomp: crate::seccomp::SeccompMode,
+
+    /// Change the kept capabilities when running as root, e.g. +sys_admin:-mknod
+    #[arg(long, value_name = "CAPS", allow_hyphen_values = true)]
+    pub modcaps: Option<String>,
+
+    /// Limit on open files (default: raise the soft limit to the hard limit)
+    #[arg(long, value_name = "N")]
+    pub rlimit_nofile: Option<u64>,
 
     /// Log level (RUST_LOG works too)
     #[arg(long, value_enum, default_value = "info")]

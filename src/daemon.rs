@@ -1,8 +1,7 @@
 //! Start-up and shutdown: checks the options, builds the layers, serves one frontend.
 
-use std::io::Write;
-use std::os::fd::FromRawFd;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +11,10 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::cli::{Opt, Sandbox};
+use crate::cli::Opt;
 use crate::device::{DeviceConfig, FsDevice};
 use crate::passthrough::{Config, PassthroughFs};
+use crate::sandbox::{self, DirEntryHandle};
 use crate::server::FuseServer;
 
 /// Sets up logging. fuse-backend-rs is never allowed trace level: its trace path transmutes
@@ -76,48 +76,85 @@ fn bind(path: &Path) -> Result<Listener, String> {
     Listener::new(path, true).map_err(|e| format!("cannot listen on '{}': {e}", path.display()))
 }
 
-fn write_stats(path: &Path, server: &FuseServer) {
+fn write_stats(sink: &DirEntryHandle, server: &FuseServer) {
     let snap = server.stats.snapshot(server.fs());
-    let tmp = path.with_extension("tmp");
-    let r = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(serde_json::to_string_pretty(&snap).unwrap().as_bytes()))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if let Err(e) = r {
-        error!("cannot write statistics to '{}': {e}", path.display());
+    if let Err(e) = sink.replace(serde_json::to_string_pretty(&snap).unwrap().as_bytes()) {
+        error!("cannot write statistics: {e}");
     }
+}
+
+/// Raises (or sets) RLIMIT_NOFILE: every inode the guest knows holds an O_PATH fd.
+fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let target = want.unwrap_or(lim.rlim_max);
+    if want.is_none() && lim.rlim_cur >= target {
+        return Ok(());
+    }
+    let new = libc::rlimit {
+        rlim_cur: target,
+        rlim_max: lim.rlim_max.max(target),
+    };
+    // SAFETY: `new` is a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("--rlimit-nofile {target}: {e}"));
+    }
+    Ok(())
 }
 
 pub fn run(mut opt: Opt) -> Result<(), String> {
     opt.apply_compat_options()?;
     init_logging(&opt);
-    if opt.sandbox != Sandbox::None {
-        return Err(format!(
-            "--sandbox {:?} is not supported yet; use --sandbox none",
-            opt.sandbox
-        )
-        .to_lowercase());
-    }
     let shared_dir = opt.shared_dir.clone().ok_or("--shared-dir is required")?;
     check_shared_dir(&shared_dir)?;
+    let shared_dir = std::fs::canonicalize(&shared_dir)
+        .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     if opt.stats_interval <= 0.0 || !opt.stats_interval.is_finite() {
         return Err("--stats-interval must be a positive number of seconds".into());
     }
+    let modcaps = opt
+        .modcaps
+        .as_deref()
+        .map(crate::caps::parse_modcaps)
+        .transpose()?
+        .unwrap_or_default();
+    // Files outside the share stay reachable through their directories' fds.
+    let stats_sink = opt.stats.as_deref().map(DirEntryHandle::new).transpose()?;
+    let socket_entry = opt
+        .socket_path
+        .as_deref()
+        .map(DirEntryHandle::new)
+        .transpose()?;
 
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => bind(p)?,
         (None, Some(fd)) => {
-            // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
-            // --fd); it is not used anywhere else in the process.
+            // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
                 return Err(format!("--fd {fd}: not an open file descriptor"));
             }
-            // SAFETY: see above; the listener takes ownership of the fd.
+            // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
+            // --fd); nothing else in the process uses it, and the listener now owns it.
             unsafe { Listener::from_raw_fd(fd) }
         }
         (None, None) => return Err("one of --socket-path or --fd is required".into()),
     };
+    set_rlimit_nofile(opt.rlimit_nofile)?;
 
-    let mut cfg = Config::new(shared_dir.clone());
+    // Confinement, before any thread exists (the namespace sandbox forks).
+    let mut keep = vec![listener.as_raw_fd()];
+    keep.extend(stats_sink.iter().map(|s| s.dir_fd()));
+    keep.extend(socket_entry.iter().map(|s| s.dir_fd()));
+    sandbox::close_other_fds(&keep)?;
+    let confined = sandbox::enter(opt.sandbox, &shared_dir)?;
+    crate::caps::drop_to(&modcaps)?;
+
+    let mut cfg = Config::new(confined.root.clone());
     cfg.cache = opt.cache;
     cfg.xattr = opt.xattr;
     cfg.readonly = opt.readonly;
@@ -125,7 +162,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.allow_direct_io = opt.allow_direct_io;
     cfg.parallel_direct_writes = !opt.no_parallel_direct_writes;
     cfg.announce_submounts = opt.announce_submounts;
-    let fs = PassthroughFs::new(cfg)
+    let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));
     let device = Arc::new(
@@ -140,14 +177,16 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     );
 
-    spawn_signal_thread(server.clone(), opt.stats.clone(), opt.socket_path.clone())?;
-    if let Some(path) = opt.stats.clone() {
+    let stats_sink = stats_sink.map(Arc::new);
+    let socket_entry = socket_entry.map(Arc::new);
+    spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())?;
+    if let Some(sink) = stats_sink.clone() {
         let server = server.clone();
         let every = Duration::from_secs_f64(opt.stats_interval);
         std::thread::Builder::new()
             .name("vfsd-stats".into())
             .spawn(move || loop {
-                write_stats(&path, &server);
+                write_stats(&sink, &server);
                 std::thread::sleep(every);
             })
             .map_err(|e| e.to_string())?;
@@ -159,25 +198,35 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
+    crate::seccomp::apply(opt.seccomp)?;
 
     info!(
-        "sharing '{}' on {}; waiting for the vhost-user frontend",
+        "sharing '{}' on {} (sandbox {:?}, seccomp {:?}); waiting for the vhost-user frontend",
         shared_dir.display(),
         opt.socket_path
             .as_ref()
             .map(|p| p.display().to_string())
-            .unwrap_or_else(|| format!("fd {}", opt.fd.unwrap_or(-1)))
+            .unwrap_or_else(|| format!("fd {}", opt.fd.unwrap_or(-1))),
+        opt.sandbox,
+        opt.seccomp
     );
     daemon
         .start(&mut listener)
         .map_err(|e| format!("vhost-user connection failed: {e}"))?;
     info!("frontend connected");
+    // The listener's Drop would unlink its path, which inside the sandbox names something
+    // else (and is not in the seccomp allowlist): remove the socket through its directory
+    // fd instead.
+    std::mem::forget(listener);
     let result = daemon.wait();
+    if let Some(s) = &socket_entry {
+        s.remove();
+    }
     for h in daemon.get_epoll_handlers() {
         h.send_exit_event();
     }
-    if let Some(path) = &opt.stats {
-        write_stats(path, &server);
+    if let Some(sink) = &stats_sink {
+        write_stats(sink, &server);
     }
     match result {
         Ok(())
@@ -192,8 +241,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
 fn spawn_signal_thread(
     server: Arc<FuseServer>,
-    stats: Option<PathBuf>,
-    socket: Option<PathBuf>,
+    stats: Option<Arc<DirEntryHandle>>,
+    socket: Option<Arc<DirEntryHandle>>,
 ) -> Result<(), String> {
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGUSR1])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
@@ -204,8 +253,8 @@ fn spawn_signal_thread(
                 if sig == SIGUSR1 {
                     let snap = server.stats.snapshot(server.fs());
                     info!("statistics: {snap}");
-                    if let Some(p) = &stats {
-                        write_stats(p, &server);
+                    if let Some(s) = &stats {
+                        write_stats(s, &server);
                     }
                     continue;
                 }
@@ -213,11 +262,11 @@ fn spawn_signal_thread(
                     "received {}; exiting",
                     if sig == SIGTERM { "SIGTERM" } else { "SIGINT" }
                 );
-                if let Some(p) = &stats {
-                    write_stats(p, &server);
+                if let Some(s) = &stats {
+                    write_stats(s, &server);
                 }
                 if let Some(s) = &socket {
-                    let _ = std::fs::remove_file(s);
+                    s.remove();
                 }
                 std::process::exit(0);
             }

@@ -4,11 +4,14 @@
 //! (FUSE dispatch on fuse-backend-rs, statistics) → `passthrough` (the filesystem) → `sys`
 //! (thin syscall helpers).
 
+pub mod caps;
 pub mod cli;
 pub mod daemon;
 pub mod device;
 pub mod frontend;
 pub mod passthrough;
+pub mod sandbox;
+pub mod seccomp;
 pub mod server;
 pub mod stats;
 pub mod sys;

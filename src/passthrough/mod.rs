@@ -95,6 +95,17 @@ pub struct PassthroughFs {
 
 impl PassthroughFs {
     pub fn new(cfg: Config) -> io::Result<Self> {
+        let proc_self_fd = sys::openat(
+            libc::AT_FDCWD,
+            c"/proc/self/fd",
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )?;
+        Self::with_proc_fd(cfg, proc_self_fd)
+    }
+
+    /// As `new`, with `/proc/self/fd` opened by the caller (before a sandbox hid /proc).
+    pub fn with_proc_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<Self> {
         let root_path = CString::new(cfg.root_dir.as_os_str().as_encoded_bytes())
             .map_err(|_| sys::errno(libc::EINVAL))?;
         let root_fd = sys::openat(
@@ -104,12 +115,6 @@ impl PassthroughFs {
             0,
         )?;
         let st = sys::statx(root_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
-        let proc_self_fd = sys::openat(
-            libc::AT_FDCWD,
-            c"/proc/self/fd",
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )?;
         // Modes from the guest already had its umask applied; the daemon's must not apply twice.
         // SAFETY: umask has no preconditions.
         unsafe { libc::umask(0) };

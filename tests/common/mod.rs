@@ -30,7 +30,18 @@ impl Daemon {
         std::fs::create_dir(&share).unwrap();
         let sock = dir.path().join("vfsd.sock");
         let stats = dir.path().join("stats.json");
-        let child = Command::new(vfsd_bin())
+        // VFSD_TEST_WRAPPER (e.g. "strace -f -o /tmp/trace") runs the daemon under a tool.
+        let wrapper = std::env::var("VFSD_TEST_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(tool) => {
+                let mut c = Command::new(tool);
+                c.args(words).arg(vfsd_bin());
+                c
+            }
+            None => Command::new(vfsd_bin()),
+        };
+        let child = cmd
             .arg("--socket-path")
             .arg(&sock)
             .arg("--shared-dir")

@@ -1,0 +1,395 @@
+//! Shared harness for vfsd's fuzz targets.
+//!
+//! Both targets drive the daemon's real request path: descriptors are laid out in a
+//! `GuestMemoryMmap`, popped from a `virtio_queue::Queue` the way `src/device.rs` pops them,
+//! and served by `vfsd::server::FuseServer::handle` over a `PassthroughFs` on a small
+//! temporary directory.
+//!
+//! - [`request`]: the `fuse_request` target (byte strings become FUSE requests, several per
+//!   input, served in order against one server).
+//! - [`chain`]: the `descriptor_chain` target (the guest writes arbitrary descriptor tables,
+//!   avail rings and indirect tables).
+//!
+//! Besides "no panic, no hang", every request is checked for:
+//! - a used length no larger than the chain's writable bytes;
+//! - a reply whose `OutHeader` matches the used length, echoes `unique` and carries a
+//!   negative errno (or 0);
+//! - no leaked file descriptors once the server is dropped (checked per input).
+
+pub mod chain;
+pub mod request;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+
+use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader};
+use vfsd::passthrough::{CachePolicy, Config, PassthroughFs};
+use vfsd::server::FuseServer;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+// ---- guest memory layout -------------------------------------------------------------
+//
+//   0x0000_0000 .. 0x0010_0000  region 0: descriptor table, avail/used rings, indirect tables
+//   0x0010_0000 .. 0x0030_0000  region 1: data buffers (requests, replies)
+//   0x0030_0000 .. 0x0031_0000  region 2: more data, adjacent to region 1 (a buffer that
+//                               crosses the boundary spans two regions)
+//   0x0031_0000 ..              nothing: addresses here are outside guest memory
+
+pub const REGION0_SIZE: usize = 0x10_0000;
+pub const DATA_BASE: u64 = 0x10_0000;
+pub const DATA_SIZE: usize = 0x20_0000;
+pub const TAIL_BASE: u64 = 0x30_0000;
+pub const TAIL_SIZE: usize = 0x1_0000;
+pub const MEM_END: u64 = TAIL_BASE + TAIL_SIZE as u64;
+
+pub const DESC_TABLE: u64 = 0x0;
+pub const AVAIL_RING: u64 = 0x8000;
+pub const USED_RING: u64 = 0x9000;
+/// Indirect tables: `INDIRECT_TABLES` slots of `INDIRECT_SLOT` bytes (4096 descriptors).
+pub const INDIRECT_BASE: u64 = 0x1_0000;
+pub const INDIRECT_SLOT: u64 = 0x1_0000;
+pub const INDIRECT_TABLES: u64 = 8;
+/// The device's maximum queue size (`src/device.rs`).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// The largest queue the harness lays out (the table must stay below `AVAIL_RING`).
+pub const MAX_FUZZ_QUEUE: u16 = 1024;
+
+pub const VRING_DESC_F_NEXT: u16 = 1;
+pub const VRING_DESC_F_WRITE: u16 = 2;
+pub const VRING_DESC_F_INDIRECT: u16 = 4;
+
+pub const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
+pub const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
+
+/// Fresh guest memory (anonymous, zero-filled; pages are only touched when written).
+pub fn guest_memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), REGION0_SIZE),
+        (GuestAddress(DATA_BASE), DATA_SIZE),
+        (GuestAddress(TAIL_BASE), TAIL_SIZE),
+    ])
+    .expect("guest memory")
+}
+
+/// Whether `[addr, addr + len)` lies inside one memory region (what a device can map).
+pub fn in_one_region(addr: u64, len: u32) -> bool {
+    let end = match addr.checked_add(len as u64) {
+        Some(e) => e,
+        None => return false,
+    };
+    [
+        (0u64, REGION0_SIZE as u64),
+        (DATA_BASE, DATA_SIZE as u64),
+        (TAIL_BASE, TAIL_SIZE as u64),
+    ]
+    .iter()
+    .any(|&(b, s)| addr >= b && addr < b + s && end <= b + s)
+}
+
+/// Writes one split-queue descriptor (ignoring addresses outside guest memory).
+pub fn write_desc(mem: &GuestMemoryMmap, table: u64, index: u16, d: Desc) {
+    let mut raw = [0u8; 16];
+    raw[0..8].copy_from_slice(&d.addr.to_le_bytes());
+    raw[8..12].copy_from_slice(&d.len.to_le_bytes());
+    raw[12..14].copy_from_slice(&d.flags.to_le_bytes());
+    raw[14..16].copy_from_slice(&d.next.to_le_bytes());
+    if let Some(a) = table.checked_add(index as u64 * 16) {
+        let _ = mem.write_slice(&raw, GuestAddress(a));
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Desc {
+    pub addr: u64,
+    pub len: u32,
+    pub flags: u16,
+    pub next: u16,
+}
+
+/// A split queue as the vhost-user frontend configures it (fixed addresses, power-of-two
+/// size), with the device's saved position `next_avail`.
+pub fn new_queue(size: u16, event_idx: bool, next_avail: u16) -> Queue {
+    let mut q = Queue::new(MAX_QUEUE_SIZE).expect("queue");
+    q.set_size(size);
+    q.set_desc_table_address(Some(DESC_TABLE as u32), Some(0));
+    q.set_avail_ring_address(Some(AVAIL_RING as u32), Some(0));
+    q.set_used_ring_address(Some(USED_RING as u32), Some(0));
+    q.set_event_idx(event_idx);
+    q.set_next_avail(next_avail);
+    q.set_next_used(next_avail);
+    q.set_ready(true);
+    q
+}
+
+/// Writes the avail ring: `idx`, and `entries` starting at ring slot `first % size`.
+pub fn write_avail(mem: &GuestMemoryMmap, size: u16, idx: u16, first: u16, entries: &[u16]) {
+    let _ = mem.write_obj(0u16, GuestAddress(AVAIL_RING));
+    let _ = mem.write_obj(idx.to_le(), GuestAddress(AVAIL_RING + 2));
+    for (i, e) in entries.iter().enumerate() {
+        let slot = (first as usize + i) % size.max(1) as usize;
+        let _ = mem.write_obj(e.to_le(), GuestAddress(AVAIL_RING + 4 + 2 * slot as u64));
+    }
+}
+
+// ---- the filesystem under test -------------------------------------------------------
+
+/// A `FuseServer` over a fresh, small temporary directory.
+pub struct Fixture {
+    pub server: FuseServer,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// `opts` picks the configuration: bit 0 xattr, 1 readonly, 2 writeback, 3-4 cache
+    /// policy, 5 allow_direct_io, 6 no parallel direct writes, 7 announce_submounts.
+    pub fn new(opts: u8) -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("vfsd-fuzz-")
+            .tempdir_in(tmp_base())
+            .expect("temp dir");
+        populate(dir.path());
+        let mut cfg = Config::new(dir.path());
+        cfg.xattr = opts & 0x01 != 0;
+        cfg.readonly = opts & 0x02 != 0;
+        cfg.writeback = opts & 0x04 != 0;
+        cfg.cache = match (opts >> 3) & 3 {
+            0 => CachePolicy::Auto,
+            1 => CachePolicy::Always,
+            2 => CachePolicy::Never,
+            _ => CachePolicy::Metadata,
+        };
+        cfg.allow_direct_io = opts & 0x20 != 0;
+        cfg.parallel_direct_writes = opts & 0x40 == 0;
+        cfg.announce_submounts = opts & 0x80 != 0;
+        let fs = Arc::new(PassthroughFs::new(cfg).expect("PassthroughFs::new"));
+        Fixture {
+            server: FuseServer::new(fs),
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn tmp_base() -> PathBuf {
+    std::env::var_os("VFSD_FUZZ_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// The shared directory every input starts from: node ids are handed out in lookup order
+/// (root is 1), so inputs replay deterministically.
+fn populate(root: &Path) {
+    use std::os::unix::fs::symlink;
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(root.join("f"), &pattern).unwrap();
+    std::fs::write(root.join("e"), b"").unwrap();
+    std::fs::create_dir(root.join("d")).unwrap();
+    std::fs::write(root.join("d/g"), b"inner").unwrap();
+    symlink("f", root.join("l")).unwrap();
+    symlink("..", root.join("up")).unwrap();
+    symlink("/etc", root.join("abs")).unwrap();
+    let fifo = std::ffi::CString::new(root.join("p").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) };
+}
+
+// ---- process-wide setup ----------------------------------------------------------------
+
+static INIT: Once = Once::new();
+
+/// Once per process: resource limits, a logger that formats every record (so the crates'
+/// trace-level `Debug` output is exercised too), and a warm-up request so lazily opened
+/// descriptors do not count as leaks.
+pub fn init() {
+    INIT.call_once(|| {
+        limit_file_size();
+        let _ = log::set_logger(&SINK);
+        log::set_max_level(if std::env::var_os("VFSD_FUZZ_QUIET").is_some() {
+            log::LevelFilter::Off
+        } else {
+            log::LevelFilter::Trace
+        });
+        let f = Fixture::new(0);
+        let mem = guest_memory();
+        let _ = request::serve_one(&f, &mem, &request::Record::new(0, 4096, hdr(26, 1, 1, &[])));
+        drop(f);
+    });
+}
+
+/// Guest writes and truncates may not grow a file beyond 64 MiB; with SIGXFSZ ignored the
+/// syscalls fail with EFBIG instead of killing the process.
+fn limit_file_size() {
+    // SAFETY: plain libc calls with valid arguments.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let lim = libc::rlimit {
+            rlim_cur: 64 << 20,
+            rlim_max: 64 << 20,
+        };
+        libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+    }
+}
+
+struct Sink;
+static SINK: Sink = Sink;
+static LOGGED: AtomicU64 = AtomicU64::new(0);
+
+struct Discard(usize);
+impl std::fmt::Write for Discard {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0 += s.len();
+        Ok(())
+    }
+}
+
+impl log::Log for Sink {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        if std::env::var_os("VFSD_FUZZ_LOG").is_some() {
+            eprintln!("[{} {}] {}", record.level(), record.target(), record.args());
+            return;
+        }
+        let mut d = Discard(0);
+        let _ = write!(d, "{}", record.args());
+        LOGGED.fetch_add(d.0 as u64, Ordering::Relaxed);
+    }
+    fn flush(&self) {}
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Runs `f` and asserts that it leaves no file descriptor open.
+pub fn no_fd_leak<R>(f: impl FnOnce() -> R) -> R {
+    let before = open_fds();
+    let r = f();
+    let after = open_fds();
+    assert!(
+        after <= before,
+        "file descriptors leaked: {before} open before the input, {after} after"
+    );
+    r
+}
+
+// ---- FUSE encoding helpers (seeds and structured blobs) --------------------------------
+
+static UNIQUE: AtomicU64 = AtomicU64::new(1);
+
+/// An `InHeader` with a correct `len`, followed by `body`.
+pub fn hdr(opcode: u32, nodeid: u64, unique: u64, body: &[u8]) -> Vec<u8> {
+    let h = InHeader {
+        len: (IN_HEADER_LEN + body.len()) as u32,
+        opcode,
+        unique,
+        nodeid,
+        uid: 0,
+        gid: 0,
+        pid: 1,
+        padding: 0,
+    };
+    let mut v = h.as_slice().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// A fresh `unique` value (seed building only).
+pub fn next_unique() -> u64 {
+    UNIQUE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Concatenates ABI structs and raw bytes into a request body.
+pub fn body(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// `name\0`.
+pub fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+pub fn obj<T: ByteValued>(t: T) -> Vec<u8> {
+    t.as_slice().to_vec()
+}
+
+/// Opcodes that never get a reply.
+pub fn no_reply(op: u32) -> bool {
+    matches!(op, 2 | 36 | 41 | 42)
+}
+
+/// Reads `n` bytes from the chain's writable segments, in order.
+pub fn gather(mem: &GuestMemoryMmap, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    for &(addr, len) in segs {
+        if out.len() >= n {
+            break;
+        }
+        let take = (n - out.len()).min(len as usize);
+        let mut buf = vec![0u8; take];
+        if mem.read_slice(&mut buf, GuestAddress(addr)).is_err() {
+            break;
+        }
+        out.extend_from_slice(&buf);
+    }
+    out
+}
+
+/// The reply checks shared by both targets. `hdr` is the request header as the device saw
+/// it (if the readable part held one), `capacity` the writable bytes of the chain, `reply`
+/// the first bytes the device wrote (at least an `OutHeader` if `used >= 16`).
+pub fn check_reply(hdr: Option<&InHeader>, used: u32, capacity: u64, reply: &[u8]) {
+    assert!(
+        used as u64 <= capacity,
+        "used length {used} exceeds the chain's {capacity} writable bytes"
+    );
+    if used == 0 {
+        return;
+    }
+    assert!(
+        used as usize >= OUT_HEADER_LEN,
+        "used length {used} is shorter than a FUSE reply header"
+    );
+    let mut out = OutHeader::default();
+    out.as_mut_slice()
+        .copy_from_slice(&reply[..OUT_HEADER_LEN]);
+    assert_eq!(
+        out.len, used,
+        "reply header says {} bytes but the used ring says {used}",
+        out.len
+    );
+    assert!(
+        out.error <= 0 && out.error > -4096,
+        "reply error {} is not a negative errno",
+        out.error
+    );
+    if out.error != 0 {
+        assert_eq!(used as usize, OUT_HEADER_LEN, "an error reply carries a payload");
+    }
+    if let Some(h) = hdr {
+        assert_eq!(out.unique, h.unique, "reply does not echo the request's unique");
+    }
+}
+
+/// With `VFSD_FUZZ_SEEDS=DIR` in the environment, writes the target's seed inputs into DIR
+/// (`scripts/fuzz.sh` points it at the corpus before each run).
+pub fn write_seeds_if_asked(seeds: fn() -> Vec<(&'static str, Vec<u8>)>) {
+    let Some(dir) = std::env::var_os("VFSD_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).expect("seed dir");
+    for (name, bytes) in seeds() {
+        std::fs::write(dir.join(format!("seed-{name}")), bytes).expect("write seed");
+    }
+}

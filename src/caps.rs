@@ -1,0 +1,88 @@
+//! Capabilities when running as root: keep only what serving a share needs
+//! (virtiofsd's default set), adjustable with `--modcaps=+cap:-cap`.
+
+use caps::{CapSet, Capability, CapsHashSet};
+
+const DEFAULT: &[Capability] = &[
+    Capability::CAP_CHOWN,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_FOWNER,
+    Capability::CAP_FSETID,
+    Capability::CAP_SETGID,
+    Capability::CAP_SETUID,
+    Capability::CAP_MKNOD,
+    Capability::CAP_SETFCAP,
+];
+
+/// Parses `+name:-name:…` (names with or without the `cap_` prefix, any case).
+pub fn parse_modcaps(spec: &str) -> Result<Vec<(bool, Capability)>, String> {
+    spec.split(':')
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (add, name) = match item.split_at(1) {
+                ("+", n) => (true, n),
+                ("-", n) => (false, n),
+                _ => return Err(format!("--modcaps: '{item}' must start with + or -")),
+            };
+            let upper = name.to_ascii_uppercase();
+            let full = if upper.starts_with("CAP_") {
+                upper
+            } else {
+                format!("CAP_{upper}")
+            };
+            let cap: Capability = full
+                .parse()
+                .map_err(|_| format!("--modcaps: unknown capability '{name}'"))?;
+            Ok((add, cap))
+        })
+        .collect()
+}
+
+/// Reduces the process's capabilities to the default set adjusted by `modcaps`.
+/// A no-op when not root (an unprivileged daemon has none to drop).
+pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let mut keep: CapsHashSet = DEFAULT.iter().copied().collect();
+    for &(add, cap) in modcaps {
+        if add {
+            keep.insert(cap);
+        } else {
+            keep.remove(&cap);
+        }
+    }
+    let have = caps::read(None, CapSet::Permitted).map_err(|e| format!("capabilities: {e}"))?;
+    let keep: CapsHashSet = keep.intersection(&have).copied().collect();
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            // Not fatal: a bounding-set drop needs CAP_SETPCAP, which may already be gone.
+            let _ = caps::drop(None, CapSet::Bounding, cap);
+        }
+    }
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("capabilities: {e}"))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("capabilities: {e}"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("capabilities: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modcaps_parse() {
+        let v = parse_modcaps("+sys_admin:-mknod:+CAP_DAC_READ_SEARCH").unwrap();
+        assert_eq!(
+            v,
+            vec![
+                (true, Capability::CAP_SYS_ADMIN),
+                (false, Capability::CAP_MKNOD),
+                (true, Capability::CAP_DAC_READ_SEARCH)
+            ]
+        );
+        assert!(parse_modcaps("sys_admin").is_err());
+        assert!(parse_modcaps("+nonsense").is_err());
+    }
+}

@@ -1,0 +1,264 @@
+//! Confining the daemon before it serves a guest, with virtiofsd's modes:
+//! - `namespace`: new mount, pid and net namespaces (plus a user namespace when not root),
+//!   a fresh /proc for the pid namespace, then pivot_root into the shared directory, so
+//!   nothing outside the share is even nameable. The process forks: the parent waits for
+//!   the sandboxed child and relays signals to it.
+//! - `chroot`: chroot into the shared directory (needs root).
+//! - `none`: nothing.
+//! Every mode first closes every fd the daemon does not need.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use crate::cli::Sandbox;
+use crate::sys::{self, cvt};
+
+/// What the filesystem needs from the sandbox: where the share is now, and /proc/self/fd.
+pub struct Confined {
+    pub root: PathBuf,
+    pub proc_self_fd: OwnedFd,
+}
+
+fn err(what: &str, e: io::Error) -> String {
+    format!("sandbox: {what}: {e}")
+}
+
+fn cpath(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("path '{}' contains NUL", p.display()))
+}
+
+/// Closes every fd but stdio and `keep`.
+pub fn close_other_fds(keep: &[RawFd]) -> Result<(), String> {
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| err("list open fds", e))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        if fd > 2 && !keep.contains(&fd) {
+            // SAFETY: closing an fd nothing in this single-threaded start-up still uses; the
+            // directory iterator's own fd is already closed (fds was collected first).
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(())
+}
+
+fn open_proc_self_fd() -> Result<OwnedFd, String> {
+    sys::openat(
+        libc::AT_FDCWD,
+        c"/proc/self/fd",
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )
+    .map_err(|e| err("open /proc/self/fd", e))
+}
+
+/// Enters the sandbox. Must run before any thread is started (namespace mode forks).
+pub fn enter(mode: Sandbox, shared_dir: &Path) -> Result<Confined, String> {
+    match mode {
+        Sandbox::None => Ok(Confined {
+            root: shared_dir.to_path_buf(),
+            proc_self_fd: open_proc_self_fd()?,
+        }),
+        Sandbox::Chroot => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                return Err("--sandbox chroot needs root; use --sandbox namespace or none".into());
+            }
+            let proc_self_fd = open_proc_self_fd()?;
+            let dir = cpath(shared_dir)?;
+            // SAFETY: plain syscalls with a NUL-terminated path.
+            cvt(unsafe { libc::chroot(dir.as_ptr()) }).map_err(|e| err("chroot", e))?;
+            cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(|e| err("chdir /", e))?;
+            Ok(Confined {
+                root: PathBuf::from("/"),
+                proc_self_fd,
+            })
+        }
+        Sandbox::Namespace => namespace(shared_dir),
+    }
+}
+
+fn write_file(path: &str, data: &str) -> Result<(), String> {
+    std::fs::write(path, data).map_err(|e| err(&format!("write {path}"), e))
+}
+
+fn namespace(shared_dir: &Path) -> Result<Confined, String> {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+    if uid != 0 {
+        flags |= libc::CLONE_NEWUSER;
+    }
+    // SAFETY: unshare only changes this (single-threaded) process's namespaces.
+    cvt(unsafe { libc::unshare(flags) }).map_err(|e| {
+        err(
+            "unshare (namespaces unavailable? try --sandbox chroot as root, or --sandbox none)",
+            e,
+        )
+    })?;
+    if uid != 0 {
+        // Be root inside the user namespace (for mount and pivot_root), the caller outside.
+        write_file("/proc/self/setgroups", "deny")?;
+        write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
+        write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
+    }
+    // The new pid namespace applies to children: fork, and let the parent wait.
+    // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
+    let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
+    if pid > 0 {
+        supervise(pid);
+    }
+    // Child: die with the parent.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+
+    let mount = |src: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64| {
+        // SAFETY: all pointers are NUL-terminated strings or null.
+        cvt(unsafe {
+            libc::mount(
+                src.map_or(std::ptr::null(), |s| s.as_ptr()),
+                target.as_ptr(),
+                fstype.map_or(std::ptr::null(), |s| s.as_ptr()),
+                flags,
+                std::ptr::null(),
+            )
+        })
+    };
+    let root = CString::new("/").unwrap();
+    // Keep our mounts from propagating back to the host.
+    mount(None, &root, None, libc::MS_SLAVE | libc::MS_REC)
+        .map_err(|e| err("make / a slave mount", e))?;
+    let proc_ = CString::new("proc").unwrap();
+    mount(
+        Some(&proc_),
+        &CString::new("/proc").unwrap(),
+        Some(&proc_),
+        libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOSUID | libc::MS_RELATIME,
+    )
+    .map_err(|e| err("mount /proc", e))?;
+    let proc_self_fd = open_proc_self_fd()?;
+    let dir = cpath(shared_dir)?;
+    mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC)
+        .map_err(|e| err("bind-mount the shared dir", e))?;
+    // SAFETY: plain syscalls with NUL-terminated paths. pivot_root(".", ".") stacks the old
+    // root on top of the new one, and the detach unmounts it.
+    unsafe {
+        cvt(libc::chdir(dir.as_ptr())).map_err(|e| err("chdir into the shared dir", e))?;
+        cvt(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as i32)
+            .map_err(|e| err("pivot_root", e))?;
+        cvt(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))
+            .map_err(|e| err("detach the old root", e))?;
+        cvt(libc::chdir(c"/".as_ptr())).map_err(|e| err("chdir /", e))?;
+    }
+    Ok(Confined {
+        root: PathBuf::from("/"),
+        proc_self_fd,
+    })
+}
+
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn relay_signal(sig: libc::c_int) {
+    let child = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if child > 0 {
+        // SAFETY: kill is async-signal-safe; `child` is our own child process.
+        unsafe { libc::kill(child, sig) };
+    }
+}
+
+/// The parent of a namespace sandbox: relays termination signals to the child and exits
+/// with its status. (It can't start threads: after unshare(CLONE_NEWPID) clone of a
+/// thread fails, so a plain signal handler does the relaying.)
+fn supervise(child: libc::pid_t) -> ! {
+    CHILD.store(child, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+        // SAFETY: installs an async-signal-safe handler (it only calls kill).
+        unsafe { libc::signal(sig, relay_signal as *const () as libc::sighandler_t) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        if r == child {
+            break;
+        }
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            std::process::exit(1);
+        }
+    }
+    if libc::WIFEXITED(status) {
+        std::process::exit(libc::WEXITSTATUS(status));
+    }
+    let sig = libc::WTERMSIG(status);
+    log::error!("sandboxed daemon killed by signal {sig}");
+    std::process::exit(128 + sig);
+}
+
+/// Keeps `dir`'s fd so that a file in it can be replaced or removed after the sandbox hid
+/// the path (statistics, the socket).
+pub struct DirEntryHandle {
+    dir: OwnedFd,
+    name: CString,
+}
+
+impl DirEntryHandle {
+    pub fn new(path: &Path) -> Result<Self, String> {
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("'{}' has no file name", path.display()))?;
+        let dir = sys::openat(
+            libc::AT_FDCWD,
+            &cpath(parent)?,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .map_err(|e| format!("'{}': {e}", parent.display()))?;
+        Ok(DirEntryHandle {
+            dir,
+            name: CString::new(name.as_encoded_bytes())
+                .map_err(|_| "NUL in file name".to_string())?,
+        })
+    }
+
+    pub fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
+    }
+
+    /// Atomically replaces the file with `data`.
+    pub fn replace(&self, data: &[u8]) -> io::Result<()> {
+        let mut tmp = self.name.as_bytes().to_vec();
+        tmp.extend_from_slice(b".tmp");
+        let tmp = CString::new(tmp).unwrap();
+        let fd = sys::openat(
+            self.dir.as_raw_fd(),
+            &tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+            0o644,
+        )?;
+        sys::with_file(&fd, |f| std::io::Write::write_all(f, data))?;
+        drop(fd);
+        // SAFETY: both names are NUL-terminated and relative to our dir fd.
+        cvt(unsafe {
+            libc::renameat(
+                self.dir.as_raw_fd(),
+                tmp.as_ptr(),
+                self.dir.as_raw_fd(),
+                self.name.as_ptr(),
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn remove(&self) {
+        // SAFETY: NUL-terminated name relative to our dir fd.
+        unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
+    }
+}
