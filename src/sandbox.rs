@@ -5,6 +5,7 @@
 //!   the sandboxed child and relays signals to it.
 //! - `chroot`: chroot into the shared directory (needs root).
 //! - `none`: nothing.
+//!
 //! Every mode first closes every fd the daemon does not need.
 
 use std::ffi::CString;
