@@ -30,7 +30,13 @@ pub fn init_logging(opt: &Opt) {
     if let Ok(spec) = std::env::var("RUST_LOG") {
         b.parse_filters(&spec);
     }
-    let crate_level = level.min(log::LevelFilter::Debug);
+    // Its own error lines fire on ordinary errno replies (a guest can flood them): only
+    // shown when debugging.
+    let crate_level = if level >= log::LevelFilter::Debug {
+        log::LevelFilter::Debug
+    } else {
+        log::LevelFilter::Off
+    };
     b.filter_module("fuse_backend_rs", crate_level);
     b.format_timestamp_millis();
     let _ = b.try_init();

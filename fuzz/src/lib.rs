@@ -207,6 +207,10 @@ static INIT: Once = Once::new();
 /// trace-level `Debug` output is exercised too), and a warm-up request so lazily opened
 /// descriptors do not count as leaks.
 pub fn init() {
+    // libFuzzer installs its own SIGXFSZ handler (which ends the run) after the init hook:
+    // ignore the signal again before every input so EFBIG reaches the daemon code instead.
+    // SAFETY: setting a signal's disposition to SIG_IGN.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     INIT.call_once(|| {
         limit_file_size();
         let _ = log::set_logger(&SINK);

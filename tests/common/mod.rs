@@ -25,9 +25,21 @@ pub fn vfsd_bin() -> &'static str {
 impl Daemon {
     /// Starts vfsd on a fresh share with `extra` options and waits for its socket.
     pub fn start(extra: &[&str]) -> Daemon {
+        Self::start_in(None, extra)
+    }
+
+    /// Starts vfsd sharing an existing directory.
+    pub fn start_on(share: &Path, extra: &[&str]) -> Daemon {
+        Self::start_in(Some(share.to_path_buf()), extra)
+    }
+
+    fn start_in(share: Option<PathBuf>, extra: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
-        let share = dir.path().join("share");
-        std::fs::create_dir(&share).unwrap();
+        let share = share.unwrap_or_else(|| {
+            let s = dir.path().join("share");
+            std::fs::create_dir(&s).unwrap();
+            s
+        });
         let sock = dir.path().join("vfsd.sock");
         let stats = dir.path().join("stats.json");
         // VFSD_TEST_WRAPPER (e.g. "strace -f -o /tmp/trace") runs the daemon under a tool.

@@ -1,0 +1,172 @@
+//! Faults: the frontend vanishing mid-request, a full host filesystem, the share renamed
+//! or removed under the daemon, SIGTERM under load. Each ends the way a user expects: an
+//! errno to the guest or a clean exit, never a crash or a hang.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{pattern, read, Daemon};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+
+const ROOT: u64 = 1;
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn frontend_disconnecting_mid_request_ends_the_daemon_cleanly() {
+    let mut d = Daemon::start(&[]);
+    {
+        let c = d.client_with(FrontendConfig {
+            slots: 32,
+            ..Default::default()
+        });
+        let (e, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+        let data = pattern(1 << 20, 1);
+        for i in 0..32u64 {
+            let (u, req) = c.write_req(e.nodeid, o.fh, i << 20, &data);
+            c.submit_bytes(1, &req, 64, u).unwrap();
+        }
+        // Dropped here with up to 32 MiB of writes in flight and the memory unmapped.
+    }
+    let st = d
+        .wait_exit(Duration::from_secs(20))
+        .expect("vfsd hung after the frontend left");
+    assert!(st.success(), "{st:?}");
+}
+
+#[test]
+fn sigterm_under_load_exits_cleanly() {
+    let mut d = Daemon::start(&[]);
+    let mut c = d.client();
+    // The writer notices the daemon is gone by a timeout.
+    c.timeout = Duration::from_secs(2);
+    let c = Arc::new(c);
+    let (e, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (c, stop) = (c.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let data = pattern(65536, 2);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if c.write(e.nodeid, o.fh, (i % 64) << 16, &data).is_err() {
+                    break; // the daemon is gone: expected
+                }
+                i += 1;
+            }
+            i
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(d.pid(), libc::SIGTERM) };
+    let st = d
+        .wait_exit(Duration::from_secs(10))
+        .expect("vfsd ignored SIGTERM under load");
+    stop.store(true, Ordering::Relaxed);
+    assert!(st.success(), "{st:?}");
+    assert!(load.join().unwrap() > 0, "no load was running");
+}
+
+#[test]
+fn full_host_filesystem_gives_enospc_and_keeps_serving() {
+    if !is_root() {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "vfsd-test"])
+        .arg(mnt.path())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(mnt.path().to_path_buf());
+    // Share the small tmpfs itself.
+    let d = Daemon::start_on(mnt.path(), &["--sandbox", "none"]);
+    let c = d.client();
+    let (e, o) = c.create(ROOT, "big", libc::O_RDWR as u32, 0o644).unwrap();
+    let data = pattern(256 << 10, 3);
+    let mut off = 0u64;
+    let err = loop {
+        match c.write(e.nodeid, o.fh, off, &data) {
+            Ok(n) if n > 0 => off += n as u64,
+            Ok(_) => break libc::ENOSPC,
+            Err(e) => break e.errno().expect("an errno reply"),
+        }
+        assert!(off < 4 << 20, "wrote past the filesystem size");
+    };
+    assert_eq!(err, libc::ENOSPC);
+    let (e2, o2) = c.create(ROOT, "more", libc::O_RDWR as u32, 0o644).unwrap();
+    assert_eq!(errno(c.write(e2.nodeid, o2.fh, 0, &data)), libc::ENOSPC);
+    // Freeing space makes it work again.
+    let s = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+        valid: FATTR_SIZE,
+        size: 0,
+        ..Default::default()
+    };
+    c.setattr(e.nodeid, &s).unwrap();
+    assert_eq!(c.write(e.nodeid, o.fh, 0, b"again").unwrap(), 5);
+    assert_eq!(read(&mnt.path().join("big")), b"again");
+}
+
+fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
+    match r {
+        Err(FuseError::Errno(e)) => e,
+        other => panic!("expected an errno reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn share_renamed_on_the_host_keeps_working() {
+    let d = Daemon::start(&["--sandbox", "none"]);
+    std::fs::write(d.path("f"), b"before").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap();
+    let moved = d.dir.path().join("moved");
+    std::fs::rename(&d.share, &moved).unwrap();
+    // The daemon holds the directory itself, not its path.
+    let o = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(c.read(f.nodeid, o.fh, 0, 6).unwrap(), b"before");
+    let (e, o2) = c.create(ROOT, "new", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(e.nodeid, o2.fh, 0, b"after").unwrap();
+    assert_eq!(read(&moved.join("new")), b"after");
+    assert_eq!(c.lookup(ROOT, "..").unwrap().nodeid, ROOT);
+}
+
+#[test]
+fn share_removed_on_the_host_gives_errors_not_crashes() {
+    let d = Daemon::start(&["--sandbox", "none"]);
+    std::fs::create_dir(d.path("sub")).unwrap();
+    std::fs::write(d.path("sub/f"), b"x").unwrap();
+    let c = d.client();
+    let sub = c.lookup(ROOT, "sub").unwrap();
+    let f = c.lookup(sub.nodeid, "f").unwrap();
+    std::fs::remove_dir_all(&d.share).unwrap();
+    assert_eq!(errno(c.lookup(ROOT, "sub")), libc::ENOENT);
+    assert_eq!(
+        errno(c.create(ROOT, "n", libc::O_RDWR as u32, 0o644)),
+        libc::ENOENT
+    );
+    assert_eq!(errno(c.mkdir(sub.nodeid, "n", 0o755)), libc::ENOENT);
+    // Nodes already known still answer for their (deleted) files.
+    assert_eq!(c.getattr(f.nodeid).unwrap().attr.nlink, 0);
+    // Reading a removed directory fails as on the host (getdents gives ENOENT).
+    let o = c.opendir(ROOT).unwrap();
+    assert_eq!(errno(c.readdir(ROOT, o.fh, 0, 4096, false)), libc::ENOENT);
+    c.releasedir(ROOT, o.fh).unwrap();
+    c.statfs(ROOT).unwrap();
+    c.getattr(ROOT).unwrap();
+}
