@@ -268,6 +268,12 @@ impl log::Log for Sink {
     fn flush(&self) {}
 }
 
+/// `VFSD_FUZZ_TRACE=1`: print one line per served request (for replaying an input by hand).
+pub fn tracing() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("VFSD_FUZZ_TRACE").is_some())
+}
+
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
@@ -358,6 +364,9 @@ pub fn check_reply(hdr: Option<&InHeader>, used: u32, capacity: u64, reply: &[u8
         "used length {used} exceeds the chain's {capacity} writable bytes"
     );
     if used == 0 {
+        if tracing() {
+            eprintln!("  -> no reply (request opcode {:?})", hdr.map(|h| h.opcode));
+        }
         return;
     }
     assert!(
@@ -367,6 +376,14 @@ pub fn check_reply(hdr: Option<&InHeader>, used: u32, capacity: u64, reply: &[u8
     let mut out = OutHeader::default();
     out.as_mut_slice()
         .copy_from_slice(&reply[..OUT_HEADER_LEN]);
+    if tracing() {
+        eprintln!(
+            "  -> used {used}, error {}, unique {} (request opcode {:?})",
+            out.error,
+            out.unique,
+            hdr.map(|h| h.opcode)
+        );
+    }
     assert_eq!(
         out.len, used,
         "reply header says {} bytes but the used ring says {used}",

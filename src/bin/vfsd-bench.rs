@@ -29,6 +29,9 @@ enum Workload {
     LookupGetattr,
     /// CREATE + WRITE(4k) + RELEASE + UNLINK of small files
     CreateUnlink,
+    /// CREATE + GETATTR + RELEASE + UNLINK + FORGET: the guest's whole life cycle of a
+    /// file, for memory and fd churn checks
+    Churn,
 }
 
 #[derive(Parser, Debug)]
@@ -63,6 +66,9 @@ struct Args {
     /// Seconds to run (after a short warm-up)
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Stop after this many completed operations (all queues together) instead of --seconds
+    #[arg(long)]
+    ops: Option<u64>,
     /// Act like the guest kernel: without FOPEN_PARALLEL_DIRECT_WRITES on the open, keep at
     /// most one WRITE per inode in flight (the guest holds the inode lock across it)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -83,11 +89,15 @@ fn main() {
     }
 }
 
+/// CPU time (user + system ticks) of `pid` and its descendants (a sandboxed vfsd serves
+/// from a child process).
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    let own = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    Some(own + children.split_whitespace().filter_map(|c| cpu_ticks(c.parse().ok()?)).sum::<u64>())
 }
 
 fn prepare_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
@@ -204,6 +214,7 @@ fn run(a: &Args) -> Result<(), String> {
     let inode_lock = Arc::new(AtomicBool::new(false));
     let serialise = writes && serialise_writes;
     let stop = Arc::new(AtomicBool::new(false));
+    let done_ops = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let measuring = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(a.queues + 1));
     let mut handles = Vec::new();
@@ -217,6 +228,7 @@ fn run(a: &Args) -> Result<(), String> {
             (c.clone(), stop.clone(), measuring.clone(), barrier.clone());
         let (wl, bs, names) = (a.workload, a.bs, names.clone());
         let lock = serialise.then(|| inode_lock.clone());
+        let (ops_limit, done_ops) = (a.ops, done_ops.clone());
         handles.push(std::thread::spawn(move || {
             worker(
                 &c,
@@ -231,6 +243,8 @@ fn run(a: &Args) -> Result<(), String> {
                 &measuring,
                 &barrier,
                 lock,
+                ops_limit,
+                &done_ops,
             )
         }));
     }
@@ -239,7 +253,19 @@ fn run(a: &Args) -> Result<(), String> {
     let cpu0 = a.pid.and_then(cpu_ticks);
     let t0 = Instant::now();
     measuring.store(true, Ordering::SeqCst);
-    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    if a.ops.is_some() {
+        // Run until the workers reach --ops, reporting progress.
+        let mut last = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            if last.elapsed() >= Duration::from_secs(5) {
+                eprintln!("vfsd-bench: {} operations done", done_ops.load(Ordering::Relaxed));
+                last = Instant::now();
+            }
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    }
     measuring.store(false, Ordering::SeqCst);
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu1 = a.pid.and_then(cpu_ticks);
@@ -296,6 +322,8 @@ fn worker(
     measuring: &AtomicBool,
     barrier: &Barrier,
     inode_lock: Option<Arc<AtomicBool>>,
+    ops_limit: Option<u64>,
+    done_ops: &std::sync::atomic::AtomicU64,
 ) -> WorkerResult {
     let depth = c.fe.cfg.slots;
     let payload = vec![0x5au8; bs];
@@ -363,9 +391,23 @@ fn worker(
                     (u, r, 256)
                 }
             }
-            Workload::CreateUnlink => {
+            Workload::CreateUnlink | Workload::Churn => {
                 let name = format!("c{queue}-{job}\0");
+                let step = match (wl, step) {
+                    // Churn: CREATE, GETATTR, RELEASE, UNLINK, FORGET.
+                    (Workload::Churn, 1) => 10,
+                    (Workload::Churn, 4) => 11,
+                    (_, s) => s,
+                };
                 match step {
+                    10 => {
+                        let (u, r) = c.build(FUSE_GETATTR, nodeid, &[&[0u8; 16]]);
+                        (u, r, 256)
+                    }
+                    11 => {
+                        let (u, r) = c.build(FUSE_FORGET, nodeid, &[&1u64.to_ne_bytes()]);
+                        (u, r, 64)
+                    }
                     0 => {
                         let ci = [(libc::O_RDWR | libc::O_CREAT) as u32, 0o644, 0, 0];
                         let ci: Vec<u8> = ci.iter().flat_map(|x| x.to_ne_bytes()).collect();
@@ -393,6 +435,7 @@ fn worker(
     let steps: u8 = match wl {
         Workload::LookupGetattr => 2,
         Workload::CreateUnlink => 4,
+        Workload::Churn => 5,
         _ => 1,
     };
 
@@ -450,14 +493,22 @@ fn worker(
             let f = inflight
                 .remove(&slot)
                 .ok_or("completion for an unknown slot")?;
-            let reply = parse_reply(&raw, f.unique).map_err(err)?;
+            // FORGET has no reply: the device returns the buffers empty.
+            let reply = if wl == Workload::Churn && f.step == 4 {
+                if !raw.is_empty() {
+                    return Err("FORGET got a reply".into());
+                }
+                Reply { unique: f.unique, error: 0, data: Vec::new() }
+            } else {
+                parse_reply(&raw, f.unique).map_err(err)?
+            };
             if reply.error != 0 {
                 return Err(format!("{wl:?} step {}: errno {}", f.step, -reply.error));
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
-            if f.step == 0 && matches!(wl, Workload::LookupGetattr | Workload::CreateUnlink) {
+            if f.step == 0 && matches!(wl, Workload::LookupGetattr | Workload::CreateUnlink | Workload::Churn) {
                 nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
-                if wl == Workload::CreateUnlink {
+                if wl != Workload::LookupGetattr {
                     // OpenOut follows EntryOut (128 bytes).
                     fh = u64::from_ne_bytes(reply.data[128..136].try_into().unwrap());
                 }
@@ -482,6 +533,11 @@ fn worker(
                     }
                 }
                 counter += 1;
+                if let Some(limit) = ops_limit {
+                    if done_ops.fetch_add(1, Ordering::Relaxed) + 1 >= limit {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
                 (Instant::now(), 0)
             } else {
                 (f.start, step)
