@@ -176,6 +176,57 @@ impl Fixture {
     }
 }
 
+/// Whether the temporary directories live on a small filesystem (at most 1 GiB), such as
+/// the tmpfs `scripts/fuzz.sh` mounts. `RLIMIT_FSIZE` bounds writes and truncates, but not
+/// `fallocate(FALLOC_FL_KEEP_SIZE)`, which could otherwise fill the host disk.
+pub fn tmp_is_bounded() -> bool {
+    static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        let p = std::ffi::CString::new(tmp_base().into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: statvfs fills the struct it is given.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::statvfs(p.as_ptr(), &mut st) };
+        r == 0 && (st.f_blocks as u128) * (st.f_frsize as u128) <= 1 << 30
+    })
+}
+
+/// Largest FALLOCATE length the harness lets through on an unbounded filesystem.
+pub const FALLOCATE_CAP: u64 = 16 << 20;
+
+/// On an unbounded filesystem, caps the `length` of a FALLOCATE request in the chain's
+/// readable bytes (the only change the harness ever makes to a request it did not build).
+pub fn clamp_fallocate(mem: &GuestMemoryMmap, readable: &[(u64, u32)]) {
+    if tmp_is_bounded() {
+        return;
+    }
+    const AT: usize = IN_HEADER_LEN + 16; // FallocateIn.length
+    let b = gather(mem, readable, AT + 8);
+    if b.len() < AT + 8 || u32::from_le_bytes(b[4..8].try_into().unwrap()) != 43 {
+        return;
+    }
+    if u64::from_le_bytes(b[AT..AT + 8].try_into().unwrap()) > FALLOCATE_CAP {
+        scatter(mem, readable, AT, &FALLOCATE_CAP.to_le_bytes());
+    }
+}
+
+/// Writes `data` into the chain's segments starting `skip` bytes in.
+pub fn scatter(mem: &GuestMemoryMmap, segs: &[(u64, u32)], mut skip: usize, mut data: &[u8]) {
+    for &(addr, len) in segs {
+        let len = len as usize;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let take = (len - skip).min(data.len());
+        let _ = mem.write_slice(&data[..take], GuestAddress(addr + skip as u64));
+        data = &data[take..];
+        skip = 0;
+        if data.is_empty() {
+            break;
+        }
+    }
+}
+
 fn tmp_base() -> PathBuf {
     std::env::var_os("VFSD_FUZZ_TMP")
         .map(PathBuf::from)

@@ -204,6 +204,10 @@ pub fn serve_one(f: &Fixture, mem: &GuestMemoryMmap, r: &Record) -> u32 {
         }
     }
 
+    if readable.iter().all(|&(a, l)| in_one_region(a, l)) {
+        clamp_fallocate(mem, &readable);
+        mem.read_slice(&mut req, GuestAddress(DATA_BASE)).unwrap();
+    }
     let mut q = new_queue(QSIZE, false, 0);
     write_avail(mem, QSIZE, 1, 0, &[0]);
     let chain = q
@@ -331,13 +335,21 @@ impl Seq {
     }
 }
 
+/// INIT's body; with FUSE_INIT_EXT (bit 30) the second flags word follows.
 fn init_in(minor: u32, flags: u32) -> Vec<u8> {
-    obj(InitIn {
+    let mut v = obj(InitIn {
         major: 7,
         minor,
         max_readahead: 0x2_0000,
         flags,
-    })
+    });
+    if flags & (1 << 30) != 0 {
+        v.extend_from_slice(&obj(InitIn2 {
+            flags2: 0xffff_ffff,
+            unused: [0; 11],
+        }));
+    }
+    v
 }
 
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
@@ -404,7 +416,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         )
         .req(OPENDIR, 1, &obj(OpenIn::default()))
         .req_with(0, 4096, READDIRPLUS, 1, &obj(ReadIn { fh: 2, size: 4096, ..Default::default() }))
-        .req_with(0, 300, READDIR, 1, &obj(ReadIn { fh: 2, size: 300, ..Default::default() }))
+        .req_with(0, 316, READDIR, 1, &obj(ReadIn { fh: 2, size: 300, ..Default::default() }))
         .req(FSYNCDIR, 1, &obj(FsyncIn { fh: 2, ..Default::default() }))
         .req(RELEASEDIR, 1, &obj(ReleaseIn { fh: 2, ..Default::default() }))
         .req(RELEASE, 3, &obj(ReleaseIn { fh: 1, ..Default::default() }))

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Side-by-side benchmarks: vfsd vs virtiofsd vs the host itself, in one run.
+#
+#   scripts/bench.sh [--quick] [--runs N] [--no-loadgen] [--no-native] [--no-guest] [--out DIR]
+#
+# 1. Load generator (vfsd-bench plays the guest driver on the vhost-user socket) against
+#    each daemon at its default and best settings.
+# 2. Native: the same fio jobs on the host, on the directory that is shared (the ceiling).
+# 3. Guest fio matrix through scripts/run-vm.sh, same kernel and VM for both daemons.
+# Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
+# drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
+# DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+ARGS="$*"
+QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT=docs/benchmarks
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) QUICK=1; shift ;;
+        --runs) RUNS=${2:?}; shift 2 ;;
+        --no-loadgen) LOADGEN=0; shift ;;
+        --no-native) NATIVE=0; shift ;;
+        --no-guest) GUEST=0; shift ;;
+        --out) OUT=${2:?}; shift 2 ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+    esac
+done
+SECS=5; GSECS=20; [ $QUICK = 1 ] && { SECS=2; GSECS=8; }
+
+say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'bench.sh: %s\n' "$*" >&2; exit 1; }
+
+VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
+[ -x "$VIRTIOFSD" ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
+command -v fio >/dev/null || die "fio not found: apt-get install fio"
+say "building vfsd"
+cargo build --release --quiet
+mkdir -p "$OUT"
+RES=$OUT/results.jsonl
+: > "$RES"
+W=$(mktemp -d /var/tmp/vfsd-bench.XXXXXX)
+DPID=
+cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+
+# name|daemon|arguments. "default" is each daemon as shipped plus --cache never (so the
+# guest does direct I/O, as the workloads need); "best" adds the tuning that helped most.
+CONFIGS=(
+    "vfsd-default|vfsd|--cache never"
+    "vfsd-best|vfsd|--cache never --thread-pool-size 4 --request-queues 2"
+    "virtiofsd-default|virtiofsd|--cache never"
+    "virtiofsd-best|virtiofsd|--cache never --thread-pool-size 4"
+)
+# workload|queues|depth|bs|file MiB
+WORKLOADS=(
+    "randwrite-shared|1|32|4096|64"
+    "randwrite-perjob|1|8|4096|16"
+    "randread-shared|1|32|4096|64"
+    "randread-perjob|1|8|4096|16"
+    "seqread|1|4|1048576|256"
+    "seqwrite|1|4|1048576|256"
+    "lookup-getattr|1|32|4096|1"
+    "create-unlink|1|16|4096|1"
+)
+[ $QUICK = 1 ] && WORKLOADS=("${WORKLOADS[0]}" "${WORKLOADS[2]}" "${WORKLOADS[4]}" "${WORKLOADS[6]}")
+
+start_daemon() { # daemon args share sock
+    local d=$1 args=$2 share=$3 sock=$4
+    rm -f "$sock"
+    case $d in
+        vfsd) target/release/vfsd --socket-path "$sock" --shared-dir "$share" --log-level error $args & ;;
+        virtiofsd) "$VIRTIOFSD" --socket-path "$sock" --shared-dir "$share" --log-level error --sandbox none $args 2>/dev/null & ;;
+    esac
+    DPID=$!
+    for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
+    die "$d did not create its socket"
+}
+
+if [ $LOADGEN = 1 ]; then
+    mkdir -p "$W/share"
+    total=$(( RUNS * ${#WORKLOADS[@]} * ${#CONFIGS[@]} )); n=0
+    for run in $(seq "$RUNS"); do
+        for wl in "${WORKLOADS[@]}"; do
+            IFS='|' read -r wname q depth bs mib <<<"$wl"
+            for cfg in "${CONFIGS[@]}"; do
+                IFS='|' read -r cname daemon args <<<"$cfg"
+                n=$((n + 1))
+                say "loadgen $n/$total: $wname on $cname (run $run)"
+                start_daemon "$daemon" "$args" "$W/share" "$W/sock"
+                r=$(target/release/vfsd-bench --socket "$W/sock" --shared-dir "$W/share" --pid "$DPID" \
+                    --workload "$wname" --queues "$q" --depth "$depth" --bs "$bs" --file-mib "$mib" \
+                    --seconds "$SECS")
+                wait "$DPID" 2>/dev/null || true; DPID=
+                echo "{\"kind\":\"loadgen\",\"config\":\"$cname\",\"run\":$run,\"result\":$r}" >> "$RES"
+            done
+        done
+    done
+fi
+
+# fio job definitions shared by the native and guest runs: name|fio arguments
+FIO_JOBS=(
+    "randread-4k-psync|--rw=randread --bs=4k --ioengine=psync --direct=1 --size=64m"
+    "randread-4k-libaio16|--rw=randread --bs=4k --ioengine=libaio --iodepth=16 --direct=1 --size=64m"
+    "randwrite-4k-psync|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m"
+    "randwrite-4k-libaio16|--rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 --size=64m"
+    "seqread-1m|--rw=read --bs=1m --ioengine=psync --direct=1 --size=256m"
+    "seqwrite-1m|--rw=write --bs=1m --ioengine=psync --direct=1 --size=256m"
+    "ssf-randwrite-4k-j1|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=1"
+    "ssf-randwrite-4k-j2|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=2"
+    "ssf-randwrite-4k-j4|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=4"
+)
+[ $QUICK = 1 ] && FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
+
+if [ $NATIVE = 1 ]; then
+    mkdir -p "$W/native"
+    for run in $(seq "$RUNS"); do
+        for j in "${FIO_JOBS[@]}"; do
+            IFS='|' read -r jname jargs <<<"$j"
+            say "native fio: $jname (run $run)"
+            # shellcheck disable=SC2086
+            (cd "$W/native" && fio --name="$jname" $jargs --time_based --runtime="$SECS" --group_reporting \
+                --output-format=json --output="$W/native.json" >/dev/null)
+            echo "{\"kind\":\"native\",\"config\":\"native\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(cat "$W/native.json")}" >> "$RES"
+            rm -f "$W/native"/*
+        done
+    done
+fi
+
+if [ $GUEST = 1 ]; then
+    for dname in vfsd virtiofsd; do
+        gshare=$W/guest-$dname
+        mkdir -p "$gshare/jobs" "$gshare/out"
+        for j in "${FIO_JOBS[@]}"; do
+            IFS='|' read -r jname jargs <<<"$j"
+            echo "fio --name=$jname $jargs --time_based --runtime=$GSECS --group_reporting --output-format=json" > "$gshare/jobs/$jname"
+        done
+        # In the guest: each job RUNS times, JSON results onto the share.
+        cat > "$gshare/run.sh" <<GUEST
+#!/bin/sh
+cd "\$VFSD_SHARE" || exit 1
+mkdir -p work
+for run in \$(seq $RUNS); do
+  for j in jobs/*; do
+    n=\$(basename "\$j")
+    echo "guest fio: \$n run \$run" >&2
+    (cd work && sh "../\$j" --output="../out/\$n.\$run.json") || exit 1
+    rm -f work/*
+  done
+done
+GUEST
+        if [ "$dname" = vfsd ]; then dargs="--cache never"; else dargs="--cache never --thread-pool-size 4"; fi
+        say "guest fio matrix on $dname (this takes a while under TCG)"
+        scripts/run-vm.sh --daemon "$dname" --daemon-args "$dargs" --cpus 2 --timeout 3600 \
+            --share "$gshare:share0" --quiet -- sh /mnt/share0/run.sh || die "guest run on $dname failed"
+        for f in "$gshare"/out/*.json; do
+            b=$(basename "$f" .json); jname=${b%.*}; run=${b##*.}
+            echo "{\"kind\":\"guest\",\"config\":\"$dname\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(cat "$f")}" >> "$RES"
+        done
+    done
+fi
+
+say "writing the report"
+python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
+python3 scripts/bench_report.py "$RES" "$OUT" \
+    --command "scripts/bench.sh $ARGS" --quick "$QUICK" --runs "$RUNS" --seconds "$SECS" --guest-seconds "$GSECS"
+say "done: $OUT/report.md"

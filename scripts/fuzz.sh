@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Malformed-input fuzzing of vfsd's request path (see docs/fuzzing.md).
+#
+#   scripts/fuzz.sh [SECONDS]     run every target for SECONDS (default 60) each, in turn
+#
+# Environment:
+#   FUZZ_TARGETS   targets to run (default: "fuse_request descriptor_chain")
+#   FUZZ_JOBS      cargo build jobs (default: 2)
+#   FUZZ_ARGS      extra libFuzzer arguments (e.g. "-seed=1")
+#
+# Builds each cargo-fuzz target in fuzz/ (libFuzzer + AddressSanitizer + debug assertions;
+# the stable toolchain is told to accept cargo-fuzz's -Z flags with RUSTC_BOOTSTRAP=1),
+# then runs it for the budget. Prints executions and crashes per target and exits non-zero
+# if any target crashed, hung (timeout), ran out of memory or leaked. Crashing inputs land in
+# fuzz/artifacts/<target>/, the growing corpus in fuzz/corpus/<target>/, logs in fuzz/logs/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=${1:-60}
+TARGETS=${FUZZ_TARGETS:-"fuse_request descriptor_chain"}
+JOBS=${FUZZ_JOBS:-2}
+CARGO_FUZZ_VERSION=0.13.2
+export RUSTC_BOOTSTRAP=1
+export CARGO_TERM_COLOR=never
+export CARGO_BUILD_JOBS=$JOBS
+
+if ! [[ $BUDGET =~ ^[0-9]+$ ]] || [ "$BUDGET" -lt 1 ]; then
+    echo "usage: $0 [SECONDS]" >&2
+    exit 2
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked || exit 1
+fi
+
+# The fuzzed filesystem lives in temporary directories. As root, put them on a small tmpfs so
+# that nothing a guest request does (fallocate with KEEP_SIZE ignores RLIMIT_FSIZE) can fill
+# the host disk; otherwise the harness caps FALLOCATE lengths itself (see docs/fuzzing.md).
+MNT=""
+cleanup() {
+    if [ -n "$MNT" ]; then
+        umount "$MNT" 2>/dev/null
+        rmdir "$MNT" 2>/dev/null
+    fi
+}
+trap cleanup EXIT
+if [ "$(id -u)" = 0 ]; then
+    MNT=$(mktemp -d /tmp/vfsd-fuzz-mnt.XXXXXX)
+    if mount -t tmpfs -o size=256m,mode=1777 vfsd-fuzz "$MNT" 2>/dev/null; then
+        export VFSD_FUZZ_TMP=$MNT
+    else
+        rmdir "$MNT"
+        MNT=""
+    fi
+fi
+echo "== fuzz filesystem: ${VFSD_FUZZ_TMP:-${TMPDIR:-/tmp} (unbounded: FALLOCATE lengths capped)}"
+
+mkdir -p fuzz/logs
+status=0
+summary=()
+for t in $TARGETS; do
+    echo "== building $t"
+    if ! cargo fuzz build -a "$t" >"fuzz/logs/$t.build.log" 2>&1; then
+        tail -30 "fuzz/logs/$t.build.log"
+        echo "build of $t failed" >&2
+        exit 1
+    fi
+done
+
+for t in $TARGETS; do
+    corpus=fuzz/corpus/$t
+    artifacts=fuzz/artifacts/$t
+    log=fuzz/logs/$t.log
+    mkdir -p "$corpus" "$artifacts"
+    before=$(find "$artifacts" -type f | wc -l)
+    echo "== running $t for ${BUDGET}s"
+    cmd=(cargo fuzz run -a "$t" "$corpus" --
+        -max_total_time="$BUDGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+        ${FUZZ_ARGS:-})
+    echo "   ${cmd[*]}"
+    # VFSD_FUZZ_SEEDS: the target writes its seed inputs into the corpus before starting.
+    VFSD_FUZZ_SEEDS=$corpus "${cmd[@]}" >"$log" 2>&1
+    rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    if [ -z "$execs" ]; then
+        execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
+    fi
+    after=$(find "$artifacts" -type f | wc -l)
+    crashes=$((after - before))
+    if [ "$rc" -ne 0 ] && [ "$crashes" -eq 0 ]; then
+        crashes=1 # the target died without leaving an input (see the log)
+    fi
+    line="$t: ${execs:-0} executions, $crashes crashes in ${BUDGET}s (exit $rc)"
+    summary+=("$line")
+    echo "   $line"
+    if [ "$crashes" -ne 0 ]; then
+        status=1
+        grep -E "panicked|ERROR: |SUMMARY|Test unit written" "$log" | head -10 | sed 's/^/   /'
+        echo "   full log: $log"
+    fi
+done
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+exit $status
