@@ -108,6 +108,11 @@ pub struct Opt {
     #[arg(long, value_name = "CAPS", allow_hyphen_values = true)]
     pub modcaps: Option<String>,
 
+    /// Name known inodes by file handles instead of holding an fd each (bounds the host fds
+    /// a guest can pin by walking a large tree; needs CAP_DAC_READ_SEARCH)
+    #[arg(long, value_enum, default_value = "never")]
+    pub inode_file_handles: crate::passthrough::inode::FileHandleMode,
+
     /// Limit on open files (default: raise the soft limit to the hard limit)
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,

@@ -123,12 +123,16 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     if opt.stats_interval <= 0.0 || !opt.stats_interval.is_finite() {
         return Err("--stats-interval must be a positive number of seconds".into());
     }
-    let modcaps = opt
+    let mut modcaps = opt
         .modcaps
         .as_deref()
         .map(crate::caps::parse_modcaps)
         .transpose()?
         .unwrap_or_default();
+    if opt.inode_file_handles != crate::passthrough::inode::FileHandleMode::Never {
+        // open_by_handle_at needs it.
+        modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
+    }
     // Files outside the share stay reachable through their directories' fds.
     let stats_sink = opt.stats.as_deref().map(DirEntryHandle::new).transpose()?;
     let socket_entry = opt
@@ -168,6 +172,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.allow_direct_io = opt.allow_direct_io;
     cfg.parallel_direct_writes = !opt.no_parallel_direct_writes;
     cfg.announce_submounts = opt.announce_submounts;
+    cfg.inode_file_handles = opt.inode_file_handles;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

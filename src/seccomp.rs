@@ -66,6 +66,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_flistxattr,
     libc::SYS_fremovexattr,
     libc::SYS_umask,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_open_by_handle_at,
     // Acting as the guest caller when creating files.
     libc::SYS_setfsuid,
     libc::SYS_setfsgid,

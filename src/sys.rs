@@ -153,3 +153,62 @@ pub fn with_file<R>(fd: &impl AsRawFd, f: impl FnOnce(&mut std::fs::File) -> R) 
         std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
     f(&mut file)
 }
+
+/// Largest file handle the kernel produces (MAX_HANDLE_SZ).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// A `struct file_handle` from name_to_handle_at: names a file without holding it open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileHandle {
+    /// handle_bytes (u32), handle_type (i32), then f_handle: the kernel's layout.
+    raw: Box<[u8]>,
+}
+
+/// `name_to_handle_at(fd, "", AT_EMPTY_PATH)`: a handle and the mount id of `fd`'s file.
+pub fn name_to_handle(fd: RawFd) -> io::Result<(FileHandle, u64)> {
+    let mut buf = vec![0u8; 8 + MAX_HANDLE_SZ];
+    buf[..4].copy_from_slice(&(MAX_HANDLE_SZ as u32).to_ne_bytes());
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `buf` holds a struct file_handle with room for MAX_HANDLE_SZ bytes, as its
+    // handle_bytes field says; `mount_id` is a valid out pointer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd,
+            EMPTY.as_ptr(),
+            buf.as_mut_ptr(),
+            &mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = u32::from_ne_bytes(buf[..4].try_into().unwrap()) as usize;
+    buf.truncate(8 + len.min(MAX_HANDLE_SZ));
+    Ok((
+        FileHandle {
+            raw: buf.into_boxed_slice(),
+        },
+        mount_id as u64,
+    ))
+}
+
+/// `open_by_handle_at(mount_fd, handle, flags)`; needs CAP_DAC_READ_SEARCH.
+pub fn open_by_handle(mount_fd: RawFd, h: &FileHandle, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: `h.raw` is a complete struct file_handle as name_to_handle_at wrote it; the
+    // kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd,
+            h.raw.as_ptr(),
+            flags | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}

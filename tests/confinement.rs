@@ -230,3 +230,40 @@ fn snapshot(d: &Daemon) -> Vec<(String, u64, u32)> {
     v.sort();
     v
 }
+
+/// A guest that looks up more files than the daemon may hold fds: with file handles the
+/// daemon keeps serving; with an fd per inode it runs out (EMFILE), as the limit says.
+#[test]
+fn file_handles_bound_the_fds_a_guest_can_pin() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
+        return;
+    }
+    let n = 600;
+    for (mode, ok) in [("prefer", true), ("never", false)] {
+        let d = Daemon::start(&["--inode-file-handles", mode, "--rlimit-nofile", "256"]);
+        for i in 0..n {
+            std::fs::write(d.path(&format!("f{i}")), b"").unwrap();
+        }
+        let c = d.client();
+        let mut failed = None;
+        for i in 0..n {
+            if let Err(e) = c.lookup(ROOT, &format!("f{i}")) {
+                failed = Some((i, e));
+                break;
+            }
+        }
+        if ok {
+            assert!(failed.is_none(), "{mode}: {failed:?}");
+            // Every node still works: stat and read one of the first.
+            let e = c.lookup(ROOT, "f0").unwrap();
+            let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+            assert_eq!(c.read(e.nodeid, o.fh, 0, 1).unwrap(), b"");
+            assert_eq!(d.stats()["live_inodes"].as_u64().unwrap(), n as u64 + 1);
+        } else {
+            let (i, e) = failed.expect("an fd per inode should hit the limit");
+            assert!(i < 256, "{i}");
+            assert_eq!(e.errno(), Some(libc::EMFILE));
+        }
+    }
+}

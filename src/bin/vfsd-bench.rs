@@ -96,8 +96,14 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     let own = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    Some(own + children.split_whitespace().filter_map(|c| cpu_ticks(c.parse().ok()?)).sum::<u64>())
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    Some(
+        own + children
+            .split_whitespace()
+            .filter_map(|c| cpu_ticks(c.parse().ok()?))
+            .sum::<u64>(),
+    )
 }
 
 fn prepare_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
@@ -259,7 +265,10 @@ fn run(a: &Args) -> Result<(), String> {
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
             if last.elapsed() >= Duration::from_secs(5) {
-                eprintln!("vfsd-bench: {} operations done", done_ops.load(Ordering::Relaxed));
+                eprintln!(
+                    "vfsd-bench: {} operations done",
+                    done_ops.load(Ordering::Relaxed)
+                );
                 last = Instant::now();
             }
         }
@@ -498,7 +507,11 @@ fn worker(
                 if !raw.is_empty() {
                     return Err("FORGET got a reply".into());
                 }
-                Reply { unique: f.unique, error: 0, data: Vec::new() }
+                Reply {
+                    unique: f.unique,
+                    error: 0,
+                    data: Vec::new(),
+                }
             } else {
                 parse_reply(&raw, f.unique).map_err(err)?
             };
@@ -506,7 +519,12 @@ fn worker(
                 return Err(format!("{wl:?} step {}: errno {}", f.step, -reply.error));
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
-            if f.step == 0 && matches!(wl, Workload::LookupGetattr | Workload::CreateUnlink | Workload::Churn) {
+            if f.step == 0
+                && matches!(
+                    wl,
+                    Workload::LookupGetattr | Workload::CreateUnlink | Workload::Churn
+                )
+            {
                 nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
                 if wl != Workload::LookupGetattr {
                     // OpenOut follows EntryOut (128 bytes).

@@ -20,7 +20,7 @@ impl PassthroughFs {
         let _g = i.is_reg().then(|| i.io.shared());
         let st = match handle {
             Some(fh) => sys::fstat(&self.handles.get(fh, inode)?.fd)?,
-            None => sys::fstat(&i.fd)?,
+            None => sys::fstat(&i.path_fd()?)?,
         };
         Ok((st, self.attr_timeout()))
     }
@@ -38,7 +38,9 @@ impl PassthroughFs {
             Some(fh) => Some(self.handles.get(fh, inode)?),
             None => None,
         };
-        let proc_name = sys::fd_name(i.raw_fd());
+        // Held while the /proc name is in use: it names this fd.
+        let pfd = i.path_fd()?;
+        let proc_name = sys::fd_name(pfd.as_raw_fd());
 
         if valid.contains(SetattrValid::MODE) {
             // SAFETY: plain syscalls; the /proc name is resolved inside /proc/self/fd and names
@@ -71,7 +73,7 @@ impl PassthroughFs {
             // SAFETY: AT_EMPTY_PATH makes this act on the O_PATH fd itself, never a path.
             cvt(unsafe {
                 libc::fchownat(
-                    i.raw_fd(),
+                    pfd.as_raw_fd(),
                     sys::EMPTY.as_ptr(),
                     uid,
                     gid,
@@ -140,7 +142,7 @@ impl PassthroughFs {
                 match &h {
                     Some(h) => libc::futimens(h.fd.as_raw_fd(), times.as_ptr()),
                     None if i.is_symlink() => libc::utimensat(
-                        i.raw_fd(),
+                        pfd.as_raw_fd(),
                         sys::EMPTY.as_ptr(),
                         times.as_ptr(),
                         libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
@@ -167,7 +169,7 @@ impl PassthroughFs {
         // SAFETY: the kernel writes at most buf.len() bytes; the empty name means the fd itself.
         let n = cvt(unsafe {
             libc::readlinkat(
-                i.raw_fd(),
+                i.path_fd()?.as_raw_fd(),
                 sys::EMPTY.as_ptr(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
@@ -181,7 +183,7 @@ impl PassthroughFs {
         let i = self.inode(inode)?;
         let mut st = std::mem::MaybeUninit::<libc::statvfs64>::zeroed();
         // SAFETY: `st` is a writable statvfs64; fstatvfs works on O_PATH fds.
-        cvt(unsafe { libc::fstatvfs64(i.raw_fd(), st.as_mut_ptr()) })?;
+        cvt(unsafe { libc::fstatvfs64(i.path_fd()?.as_raw_fd(), st.as_mut_ptr()) })?;
         // SAFETY: initialised by the successful call above.
         Ok(unsafe { st.assume_init() })
     }
@@ -189,7 +191,7 @@ impl PassthroughFs {
     /// ACCESS, checked against the host file's mode and owner as the guest caller.
     pub(super) fn do_access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
         let i = self.inode(inode)?;
-        let st = sys::fstat(&i.fd)?;
+        let st = sys::fstat(&i.path_fd()?)?;
         let mask = mask as i32;
         if mask == libc::F_OK {
             return Ok(());

@@ -27,7 +27,12 @@ impl PassthroughFs {
         } else {
             name
         };
-        sys::openat(p.raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+        sys::openat(
+            p.path_fd()?.as_raw_fd(),
+            name,
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+        )
     }
 
     pub(super) fn do_lookup(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
@@ -42,7 +47,7 @@ impl PassthroughFs {
             sys::EMPTY,
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )?;
-        let inode = self.inodes.lookup_insert(fd, &st);
+        let inode = self.inodes.lookup_insert(fd, &st)?;
         Ok(self.entry(&inode, st.st))
     }
 
@@ -71,7 +76,9 @@ impl PassthroughFs {
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
-            cvt(unsafe { libc::symlinkat(linkname.as_ptr(), p.raw_fd(), name.as_ptr()) })?;
+            cvt(unsafe {
+                libc::symlinkat(linkname.as_ptr(), p.path_fd()?.as_raw_fd(), name.as_ptr())
+            })?;
         }
         self.do_lookup(parent, name)
     }
@@ -88,7 +95,14 @@ impl PassthroughFs {
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-            cvt(unsafe { libc::mknodat(p.raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t) })?;
+            cvt(unsafe {
+                libc::mknodat(
+                    p.path_fd()?.as_raw_fd(),
+                    name.as_ptr(),
+                    mode,
+                    rdev as libc::dev_t,
+                )
+            })?;
         }
         self.do_lookup(parent, name)
     }
@@ -104,7 +118,7 @@ impl PassthroughFs {
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-            cvt(unsafe { libc::mkdirat(p.raw_fd(), name.as_ptr(), mode) })?;
+            cvt(unsafe { libc::mkdirat(p.path_fd()?.as_raw_fd(), name.as_ptr(), mode) })?;
         }
         self.do_lookup(parent, name)
     }
@@ -121,7 +135,7 @@ impl PassthroughFs {
         }
         let p = self.inode(parent)?;
         // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-        cvt(unsafe { libc::unlinkat(p.raw_fd(), name.as_ptr(), flags) })?;
+        cvt(unsafe { libc::unlinkat(p.path_fd()?.as_raw_fd(), name.as_ptr(), flags) })?;
         Ok(())
     }
 
@@ -148,9 +162,9 @@ impl PassthroughFs {
         // SAFETY: names are NUL-terminated and relative to their parents' fds.
         cvt(unsafe {
             libc::renameat2(
-                od.raw_fd(),
+                od.path_fd()?.as_raw_fd(),
                 oldname.as_ptr(),
-                nd.raw_fd(),
+                nd.path_fd()?.as_raw_fd(),
                 newname.as_ptr(),
                 flags,
             )
@@ -166,13 +180,14 @@ impl PassthroughFs {
         }
         // Linking through /proc/self/fd/N names exactly this inode and needs no
         // CAP_DAC_READ_SEARCH (which AT_EMPTY_PATH would).
-        let src = sys::fd_name(i.raw_fd());
+        let ipfd = i.path_fd()?;
+        let src = sys::fd_name(ipfd.as_raw_fd());
         // SAFETY: names are NUL-terminated; the source is resolved inside /proc/self/fd.
         cvt(unsafe {
             libc::linkat(
                 self.proc_self_fd.as_raw_fd(),
                 src.as_ptr(),
-                p.raw_fd(),
+                p.path_fd()?.as_raw_fd(),
                 newname.as_ptr(),
                 libc::AT_SYMLINK_FOLLOW,
             )

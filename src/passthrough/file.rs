@@ -86,7 +86,7 @@ impl PassthroughFs {
         let fd = {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             sys::openat(
-                p.raw_fd(),
+                p.path_fd()?.as_raw_fd(),
                 name,
                 hflags | libc::O_CREAT | libc::O_NOFOLLOW | (flags as i32 & libc::O_EXCL),
                 mode & 0o7777,
@@ -101,7 +101,7 @@ impl PassthroughFs {
             0,
         )?;
         let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
-        let inode = self.inodes.lookup_insert(path_fd, &st);
+        let inode = self.inodes.lookup_insert(path_fd, &st)?;
         let entry = self.entry(&inode, st.st);
         let fh = self.handles.insert(Handle {
             inode,

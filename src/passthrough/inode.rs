@@ -1,12 +1,17 @@
-//! The inode table: FUSE node ids mapped to O_PATH fds of host files.
+//! The inode table: FUSE node ids mapped to host files.
 //!
 //! A host file is identified by (st_dev, st_ino, mount id); looking the same file up twice
 //! returns the same node id with its lookup count raised. FORGET lowers the count and, at
 //! zero, drops the entry and closes its fd.
+//!
+//! Each node names its file either by an O_PATH fd or, with `--inode-file-handles`, by a
+//! kernel file handle (no fd held: a guest walking a huge tree can't exhaust the host's
+//! fds). `Inode::path_fd` gives an O_PATH fd either way.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -30,10 +35,46 @@ impl InodeKey {
     }
 }
 
+/// How a node names its host file.
+pub enum InodeFile {
+    /// O_PATH | O_NOFOLLOW fd: names this file without opening it for I/O.
+    Fd(OwnedFd),
+    /// A file handle, opened on demand relative to a file of its mount.
+    Handle {
+        handle: sys::FileHandle,
+        mount_fd: Arc<OwnedFd>,
+    },
+}
+
+/// An O_PATH fd of a node's file: the node's own, or one opened from its handle.
+pub enum PathFd<'a> {
+    Borrowed(&'a OwnedFd),
+    Owned(OwnedFd),
+}
+
+impl AsRawFd for PathFd<'_> {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            PathFd::Borrowed(f) => f.as_raw_fd(),
+            PathFd::Owned(f) => f.as_raw_fd(),
+        }
+    }
+}
+
+/// Whether nodes use file handles instead of fds (virtiofsd's `--inode-file-handles`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FileHandleMode {
+    /// Always hold an O_PATH fd.
+    Never,
+    /// Use a file handle where the filesystem supports them, else an fd.
+    Prefer,
+    /// Use file handles; a lookup on a filesystem without them fails.
+    Mandatory,
+}
+
 pub struct Inode {
     pub nodeid: u64,
-    /// O_PATH | O_NOFOLLOW fd: names this file without opening it for I/O.
-    pub fd: OwnedFd,
+    pub file: InodeFile,
     pub key: InodeKey,
     /// `S_IFMT` bits; a host file never changes type under a live fd.
     pub file_type: u32,
@@ -44,8 +85,26 @@ pub struct Inode {
 }
 
 impl Inode {
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// An O_PATH fd of this node's file, for `*at()` calls relative to it.
+    pub fn path_fd(&self) -> io::Result<PathFd<'_>> {
+        match &self.file {
+            InodeFile::Fd(fd) => Ok(PathFd::Borrowed(fd)),
+            InodeFile::Handle { handle, mount_fd } => Ok(PathFd::Owned(sys::open_by_handle(
+                mount_fd.as_raw_fd(),
+                handle,
+                libc::O_PATH | libc::O_NOFOLLOW,
+            )?)),
+        }
+    }
+
+    /// Opens the file for I/O directly from its handle (None: the node holds an fd).
+    pub fn open_by_handle(&self, flags: i32) -> Option<io::Result<OwnedFd>> {
+        match &self.file {
+            InodeFile::Fd(_) => None,
+            InodeFile::Handle { handle, mount_fd } => {
+                Some(sys::open_by_handle(mount_fd.as_raw_fd(), handle, flags))
+            }
+        }
     }
 
     pub fn is_dir(&self) -> bool {
@@ -69,12 +128,15 @@ struct Maps {
     by_id: HashMap<u64, Arc<Inode>>,
     by_key: HashMap<InodeKey, u64>,
     next_id: u64,
+    /// One O_PATH fd per mount that file handles are opened relative to.
+    mount_fds: HashMap<u64, Arc<OwnedFd>>,
 }
 
 /// All inodes the guest currently knows. Reads (the I/O path) take the lock shared;
 /// only lookups of new files and forgets take it exclusively.
 pub struct InodeTable {
     maps: RwLock<Maps>,
+    handles: FileHandleMode,
     /// Write-concurrency figures of inodes already forgotten, so statistics outlive them.
     retired_peak: std::sync::atomic::AtomicU32,
     retired_violations: AtomicU64,
@@ -82,24 +144,43 @@ pub struct InodeTable {
 
 impl InodeTable {
     pub fn new() -> Self {
+        Self::with_file_handles(FileHandleMode::Never)
+    }
+
+    pub fn with_file_handles(handles: FileHandleMode) -> Self {
         InodeTable {
+            handles,
             maps: RwLock::new(Maps {
                 by_id: HashMap::new(),
                 by_key: HashMap::new(),
                 next_id: fuse_backend_rs::api::filesystem::ROOT_ID + 1,
+                mount_fds: HashMap::new(),
             }),
             retired_peak: Default::default(),
             retired_violations: Default::default(),
         }
     }
 
+    /// A directory fd usable as open_by_handle_at's mount fd.
+    fn anchor(dir: &OwnedFd) -> io::Result<OwnedFd> {
+        sys::openat(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    }
+
     /// Installs the share's root as node id 1. Its count never reaches zero.
-    pub fn insert_root(&self, fd: OwnedFd, st: &sys::StatX) {
+    pub fn insert_root(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<()> {
         let nodeid = fuse_backend_rs::api::filesystem::ROOT_ID;
         let key = InodeKey::of(st);
+        if self.handles != FileHandleMode::Never {
+            let anchor = Arc::new(Self::anchor(&fd)?);
+            self.maps
+                .write()
+                .unwrap()
+                .mount_fds
+                .insert(st.mnt_id, anchor);
+        }
         let inode = Arc::new(Inode {
             nodeid,
-            fd,
+            file: InodeFile::Fd(fd),
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(u64::MAX / 2),
@@ -108,6 +189,7 @@ impl InodeTable {
         let mut m = self.maps.write().unwrap();
         m.by_id.insert(nodeid, inode);
         m.by_key.insert(key, nodeid);
+        Ok(())
     }
 
     pub fn get(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
@@ -122,19 +204,56 @@ impl InodeTable {
 
     /// Registers one guest lookup of the file `fd` names. If the file is already known the
     /// new fd is dropped and the existing node's count goes up.
-    pub fn lookup_insert(&self, fd: OwnedFd, st: &sys::StatX) -> Arc<Inode> {
+    pub fn lookup_insert(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
+        {
+            let m = self.maps.read().unwrap();
+            if let Some(id) = m.by_key.get(&key) {
+                let inode = m.by_id[id].clone();
+                // A count raised under the read lock can't race a removal: forget takes
+                // the write lock.
+                inode.lookups.fetch_add(1, Ordering::Relaxed);
+                return Ok(inode);
+            }
+        }
+        let handle = match self.handles {
+            FileHandleMode::Never => None,
+            mode => match sys::name_to_handle(fd.as_raw_fd()) {
+                Ok(h) => Some(h),
+                Err(_) if mode == FileHandleMode::Prefer => None,
+                Err(e) => return Err(e),
+            },
+        };
         let mut m = self.maps.write().unwrap();
         if let Some(id) = m.by_key.get(&key) {
             let inode = m.by_id[id].clone();
             inode.lookups.fetch_add(1, Ordering::Relaxed);
-            return inode;
+            return Ok(inode);
         }
+        let is_dir = st.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let file = match handle {
+            Some((handle, mnt)) if m.mount_fds.contains_key(&mnt) => InodeFile::Handle {
+                handle,
+                mount_fd: m.mount_fds[&mnt].clone(),
+            },
+            Some((handle, mnt)) if is_dir => {
+                // open_by_handle_at wants a real (not O_PATH) fd on the mount: the first
+                // directory seen on it becomes that anchor.
+                let anchor = Arc::new(Self::anchor(&fd)?);
+                m.mount_fds.insert(mnt, anchor.clone());
+                InodeFile::Handle {
+                    handle,
+                    mount_fd: anchor,
+                }
+            }
+            // No anchor on this mount yet: this node keeps its fd.
+            _ => InodeFile::Fd(fd),
+        };
         let nodeid = m.next_id;
         m.next_id += 1;
         let inode = Arc::new(Inode {
             nodeid,
-            fd,
+            file,
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
@@ -142,7 +261,7 @@ impl InodeTable {
         });
         m.by_id.insert(nodeid, inode.clone());
         m.by_key.insert(key, nodeid);
-        inode
+        Ok(inode)
     }
 
     /// Lowers a node's lookup count by `count`; at zero the node is removed (its fd closes

@@ -58,6 +58,7 @@ pub struct Config {
     pub allow_direct_io: bool,
     pub parallel_direct_writes: bool,
     pub announce_submounts: bool,
+    pub inode_file_handles: inode::FileHandleMode,
 }
 
 impl Config {
@@ -71,6 +72,7 @@ impl Config {
             allow_direct_io: false,
             parallel_direct_writes: true,
             announce_submounts: false,
+            inode_file_handles: inode::FileHandleMode::Never,
         }
     }
 
@@ -118,8 +120,8 @@ impl PassthroughFs {
         // Modes from the guest already had its umask applied; the daemon's must not apply twice.
         // SAFETY: umask has no preconditions.
         unsafe { libc::umask(0) };
-        let inodes = InodeTable::new();
-        inodes.insert_root(root_fd, &st);
+        let inodes = InodeTable::with_file_handles(cfg.inode_file_handles);
+        inodes.insert_root(root_fd, &st)?;
         Ok(PassthroughFs {
             cfg,
             inodes,
@@ -148,9 +150,13 @@ impl PassthroughFs {
             return Err(sys::errno(libc::ENXIO));
         }
         let flags = flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+        if let Some(fd) = inode.open_by_handle(flags | libc::O_NOCTTY) {
+            return fd;
+        }
+        let pfd = inode.path_fd()?;
         sys::openat(
             self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(inode.raw_fd()),
+            &sys::fd_name(pfd.as_raw_fd()),
             flags | libc::O_NOCTTY,
             0,
         )

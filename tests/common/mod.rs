@@ -62,6 +62,12 @@ impl Daemon {
             .arg(&stats)
             .args(["--stats-interval", "0.05", "--log-level", "warn"])
             .args(extra)
+            // VFSD_TEST_ARGS adds options to every daemon (e.g. "--inode-file-handles prefer").
+            .args(
+                std::env::var("VFSD_TEST_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn vfsd");
@@ -147,9 +153,14 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        // SIGTERM first so a sandboxed daemon (a child of the spawned process) exits too,
+        // before the temporary directory goes away.
+        if self.child.is_some() {
+            unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+            if self.wait_exit(Duration::from_secs(5)).is_none() {
+                let _ = self.child.as_mut().unwrap().kill();
+            }
+            let _ = self.child.take().unwrap().wait();
         }
     }
 }
