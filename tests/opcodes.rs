@@ -622,3 +622,118 @@ fn exits_cleanly_on_sigterm() {
     assert!(st.success(), "{st:?}");
     assert!(!d.sock.exists(), "socket left behind");
 }
+
+#[test]
+fn serves_a_listening_socket_passed_with_fd() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("share")).unwrap();
+    std::fs::write(dir.path().join("share/f"), b"via fd").unwrap();
+    let sock = dir.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let fd = listener.as_raw_fd();
+    // Inherited across exec, as libvirt hands it over.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let mut child = std::process::Command::new(common::vfsd_bin())
+        .arg(format!("--fd={fd}"))
+        .arg("--shared-dir")
+        .arg(dir.path().join("share"))
+        .args(["--log-level", "warn"])
+        .spawn()
+        .unwrap();
+    drop(listener);
+    let c = FuseClient::new(
+        vfsd::frontend::Frontend::connect(&sock, FrontendConfig::default()).unwrap(),
+    );
+    c.init().unwrap();
+    let e = c.lookup(ROOT, "f").unwrap();
+    assert_eq!(e.attr.size, 6);
+    drop(c);
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn bad_options_fail_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::vfsd_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )
+    };
+    let sock = dir.path().join("s");
+    let sock = sock.to_str().unwrap();
+    let (code, err) = run(&["--socket-path", sock, "--shared-dir", "/does/not/exist"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("/does/not/exist") && err.contains("No such file"),
+        "{err}"
+    );
+    let (code, err) = run(&[
+        "--socket-path",
+        sock,
+        "--shared-dir",
+        "/",
+        "--cache",
+        "sometimes",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("sometimes"), "{err}");
+    let (code, err) = run(&["--shared-dir", "/"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--socket-path"), "{err}");
+    // A socket path another daemon is listening on.
+    let d = Daemon::start(&[]);
+    let (code, err) = run(&[
+        "--socket-path",
+        d.sock.to_str().unwrap(),
+        "--shared-dir",
+        "/",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("in use"), "{err}");
+    // The running daemon was not disturbed.
+    d.client().getattr(ROOT).unwrap();
+    // --print-capabilities is JSON.
+    let out = std::process::Command::new(common::vfsd_bin())
+        .arg("--print-capabilities")
+        .output()
+        .unwrap();
+    let caps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(caps["type"], "fs");
+    // --help lists every virtiofsd option users pass.
+    let out = std::process::Command::new(common::vfsd_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for opt in [
+        "--socket-path",
+        "--fd",
+        "--shared-dir",
+        "--tag",
+        "--cache",
+        "--thread-pool-size",
+        "--xattr",
+        "--readonly",
+        "--writeback",
+        "--allow-direct-io",
+        "--announce-submounts",
+        "--sandbox",
+        "--seccomp",
+        "--log-level",
+        "--print-capabilities",
+        "--version",
+        "--modcaps",
+        "--rlimit-nofile",
+        "--inode-file-handles",
+    ] {
+        assert!(help.contains(opt), "--help lacks {opt}");
+    }
+}
