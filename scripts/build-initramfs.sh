@@ -91,7 +91,7 @@ sig() {
             stat -L -c "$(basename "$f") %s %Y" "$f"
         done
         find "$REPO/guest-tests" -type f -printf '%P %s %T@\n' | sort
-        for b in "${BINS[@]}"; do ldd "$b" 2>/dev/null || true; done
+        for b in "${BINS[@]}"; do ldd "$b" 2>/dev/null | sed "s/ (0x[0-9a-f]*)//" || true; done
     } | sha256sum | cut -d' ' -f1
 }
 SIG=$(sig)

@@ -43,12 +43,11 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(size: usize, server: Arc<FuseServer>, event_idx: Arc<AtomicBool>) -> io::Result<Pool> {
+    fn new(size: usize, server: Arc<FuseServer>) -> io::Result<Pool> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..size {
             let rx = rx.clone();
             let server = server.clone();
-            let event_idx = event_idx.clone();
             thread::Builder::new()
                 .name(format!("vfsd-worker-{i}"))
                 .spawn(move || {
@@ -56,7 +55,7 @@ impl Pool {
                         let head = job.chain.head_index();
                         let mem = job.chain.memory().clone();
                         let len = server.handle(&mem, job.chain);
-                        complete(&job.vring, head, len, event_idx.load(Ordering::Relaxed));
+                        complete(&job.vring, head, len);
                     }
                 })?;
         }
@@ -65,7 +64,7 @@ impl Pool {
 }
 
 /// Puts a finished request on the used ring and notifies the guest if it wants to be told.
-fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32, _event_idx: bool) {
+fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32) {
     if let Err(e) = vring.add_used(head, len) {
         warn!("could not return descriptor {head}: {e}");
         return;
@@ -115,7 +114,7 @@ impl FsDevice {
         let event_idx = Arc::new(AtomicBool::new(false));
         let pool = match cfg.thread_pool_size {
             0 => None,
-            n => Some(Pool::new(n, server.clone(), event_idx.clone())?),
+            n => Some(Pool::new(n, server.clone())?),
         };
         let exit = (0..=cfg.request_queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
@@ -174,7 +173,7 @@ impl FsDevice {
                     for chain in chains {
                         let head = chain.head_index();
                         let len = self.server.handle(&mem, chain);
-                        complete(vring, head, len, event_idx);
+                        complete(vring, head, len);
                     }
                 }
             }
