@@ -32,7 +32,7 @@ OUT=docs/benchmarks/churn-$DAEMON.txt
     printf 'elapsed_s\trss_kib\topen_fds\n'
     sample 0
     target/release/vfsd-bench --socket "$W/sock" --shared-dir "$W/share" --pid $PID \
-        --workload churn --queues 2 --depth 16 --ops "$CYCLES" > "$W/result.json" &
+        --workload churn --queues 1 --depth 32 --ops "$CYCLES" > "$W/result.json" &
     B=$!
     T0=$(date +%s)
     while kill -0 $B 2>/dev/null; do

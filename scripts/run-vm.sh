@@ -168,11 +168,13 @@ if [ "$ACCEL" = auto ]; then
         else
             say "probing KVM with a short boot (up to 60 s) ..."
             mininit=$("$HERE/build-initramfs.sh" --no-tools 2>/dev/null) || mininit=$INITRD
+            mkdir -p "$CACHE"
             if "$0" --no-share --accel kvm --kernel "$KERNEL" --initrd "$mininit" --timeout 60 --quiet --mem 512M \
-                    > "$WORK/kvm-probe.log" 2>&1; then
+                    --workdir "$WORK/kvm-probe" > "$CACHE/accel-probe.log" 2>&1; then
                 ACCEL=kvm
             else
-                say "KVM probe boot failed; using TCG (log: $WORK/kvm-probe.log)"
+                cat "$WORK/kvm-probe/qemu.log" >> "$CACHE/accel-probe.log" 2>/dev/null
+                say "KVM probe boot failed; using TCG (details: $CACHE/accel-probe.log)"
             fi
             mkdir -p "$CACHE"; printf '%s\n%s\n' "$key" "$ACCEL" > "$probe"
             say "accelerator: $ACCEL"

@@ -39,6 +39,12 @@ done
 [ -n "$XFSTESTS" ] || { echo "run-xfstests: --xfstests DIR is required" >&2; exit 2; }
 XFSTESTS=$(cd "$XFSTESTS" && pwd)
 [ -x "$XFSTESTS/check" ] || { echo "run-xfstests: $XFSTESTS/check missing: build xfstests first" >&2; exit 2; }
+case $XFSTESTS/ in
+    /tmp/*|/run/*|/dev/*|/proc/*|/sys/*|/mnt/*)
+        echo "run-xfstests: $XFSTESTS is hidden in the guest (its /tmp, /run, /dev, /proc, /sys and /mnt are" \
+             "the guest's own); put the xfstests tree elsewhere, e.g. under /opt or /root" >&2
+        exit 2 ;;
+esac
 [ $# -gt 0 ] || set -- -g quick
 RESULTS=${RESULTS:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-xfstests.XXXXXX")}
 mkdir -p "$RESULTS/test" "$RESULTS/scratch" "$RESULTS/out"

@@ -30,9 +30,7 @@ use std::ops::Deref;
 
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{
-    ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
-};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::*;
 
@@ -146,12 +144,23 @@ pub fn serve(f: &Fixture, data: &[u8]) {
     }
     let n = c.u8();
     let ring: Vec<u16> = (0..n).map(|_| c.u16()).collect();
-    write_avail(&mem, size, next_avail.wrapping_add(delta), next_avail, &ring);
+    write_avail(
+        &mem,
+        size,
+        next_avail.wrapping_add(delta),
+        next_avail,
+        &ring,
+    );
     let tables = c.u8() as u64 % (INDIRECT_TABLES + 1);
     for t in 0..tables {
         let m = c.u8();
         for i in 0..m {
-            write_desc(&mem, INDIRECT_BASE + t * INDIRECT_SLOT, i as u16, desc(&mut c));
+            write_desc(
+                &mem,
+                INDIRECT_BASE + t * INDIRECT_SLOT,
+                i as u16,
+                desc(&mut c),
+            );
         }
     }
     let blobs = c.u8() % 17;
@@ -343,7 +352,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]);
     e.ring(&[0, 2]);
     e.tables(&[]);
-    e.requests(&[(0, op::GETATTR as u8, 1, &getattr_body), (0x1000, op::LOOKUP as u8, 1, &lookup_body)]);
+    e.requests(&[
+        (0, op::GETATTR as u8, 1, &getattr_body),
+        (0x1000, op::LOOKUP as u8, 1, &lookup_body),
+    ]);
     out.push(("two_chains", e.0));
 
     // An indirect table holding the chain, with EVENT_IDX.
@@ -364,9 +376,19 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 
     // Nested indirect tables and an indirect entry mid-chain.
     let mut e = Enc::header(4, false, 0, 2);
-    e.descs(&[d(INDIRECT_BASE, 32, I, 0), d(req, 56, N, 2), d(INDIRECT_BASE + INDIRECT_SLOT, 16, I, 0)]);
+    e.descs(&[
+        d(INDIRECT_BASE, 32, I, 0),
+        d(req, 56, N, 2),
+        d(INDIRECT_BASE + INDIRECT_SLOT, 16, I, 0),
+    ]);
     e.ring(&[0, 1]);
-    e.tables(&[&[d(INDIRECT_BASE + INDIRECT_SLOT, 16, I | N, 1), d(reply, 64, W, 0)], &[d(reply, 4096, W, 0)]]);
+    e.tables(&[
+        &[
+            d(INDIRECT_BASE + INDIRECT_SLOT, 16, I | N, 1),
+            d(reply, 64, W, 0),
+        ],
+        &[d(reply, 4096, W, 0)],
+    ]);
     e.requests(&[(0, op::GETATTR as u8, 1, &getattr_body)]);
     out.push(("nested_indirect", e.0));
 

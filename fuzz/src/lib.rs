@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader};
+use vfsd::passthrough::inode::FileHandleMode;
 use vfsd::passthrough::{CachePolicy, Config, PassthroughFs};
 use vfsd::server::FuseServer;
 use virtio_queue::{Queue, QueueT};
@@ -144,7 +145,8 @@ pub struct Fixture {
 
 impl Fixture {
     /// `opts` picks the configuration: bit 0 xattr, 1 readonly, 2 writeback, 3-4 cache
-    /// policy, 5 allow_direct_io, 6 no parallel direct writes, 7 announce_submounts.
+    /// policy, 5 allow_direct_io, 6 no parallel direct writes, 7 announce_submounts and
+    /// nodes named by file handles (`--inode-file-handles prefer`).
     pub fn new(opts: u8) -> Fixture {
         let dir = tempfile::Builder::new()
             .prefix("vfsd-fuzz-")
@@ -164,6 +166,11 @@ impl Fixture {
         cfg.allow_direct_io = opts & 0x20 != 0;
         cfg.parallel_direct_writes = opts & 0x40 == 0;
         cfg.announce_submounts = opts & 0x80 != 0;
+        cfg.inode_file_handles = if opts & 0x80 != 0 {
+            FileHandleMode::Prefer
+        } else {
+            FileHandleMode::Never
+        };
         let fs = Arc::new(PassthroughFs::new(cfg).expect("PassthroughFs::new"));
         Fixture {
             server: FuseServer::new(fs),
@@ -327,7 +334,9 @@ pub fn tracing() -> bool {
 
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Runs `f` and asserts that it leaves no file descriptor open.
@@ -425,8 +434,7 @@ pub fn check_reply(hdr: Option<&InHeader>, used: u32, capacity: u64, reply: &[u8
         "used length {used} is shorter than a FUSE reply header"
     );
     let mut out = OutHeader::default();
-    out.as_mut_slice()
-        .copy_from_slice(&reply[..OUT_HEADER_LEN]);
+    out.as_mut_slice().copy_from_slice(&reply[..OUT_HEADER_LEN]);
     if tracing() {
         eprintln!(
             "  -> used {used}, error {}, unique {} (request opcode {:?})",
@@ -446,10 +454,16 @@ pub fn check_reply(hdr: Option<&InHeader>, used: u32, capacity: u64, reply: &[u8
         out.error
     );
     if out.error != 0 {
-        assert_eq!(used as usize, OUT_HEADER_LEN, "an error reply carries a payload");
+        assert_eq!(
+            used as usize, OUT_HEADER_LEN,
+            "an error reply carries a payload"
+        );
     }
     if let Some(h) = hdr {
-        assert_eq!(out.unique, h.unique, "reply does not echo the request's unique");
+        assert_eq!(
+            out.unique, h.unique,
+            "reply does not echo the request's unique"
+        );
     }
 }
 

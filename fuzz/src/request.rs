@@ -156,7 +156,10 @@ pub fn serve_one(f: &Fixture, mem: &GuestMemoryMmap, r: &Record) -> u32 {
         }
     }
     // Stale bytes from an earlier reply must not pass for this one.
-    let _ = mem.write_slice(&[0u8; 64][..(reply_len as usize).min(64)], GuestAddress(reply_at));
+    let _ = mem.write_slice(
+        &[0u8; 64][..(reply_len as usize).min(64)],
+        GuestAddress(reply_at),
+    );
 
     let mut descs: Vec<Desc> = Vec::new();
     let r_descs = readable.iter().map(|&(a, l)| Desc {
@@ -357,73 +360,240 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut out = Vec::new();
     const RDWR: u32 = libc::O_RDWR as u32;
 
-    // File I/O on an existing file, then forget.
-    let mut s = Seq::new(0);
-    s.req(INIT, 0, &init_in(38, 0x7fff_ffff))
-        .req(LOOKUP, 1, &cstr("f"))
-        .req(GETATTR, 2, &obj(GetattrIn::default()))
-        .req(OPEN, 2, &obj(OpenIn { flags: RDWR, fuse_flags: 0 }))
-        .req(READ, 2, &obj(ReadIn { fh: 1, size: 4096, ..Default::default() }))
-        .req(
-            WRITE,
-            2,
-            &body(&[&obj(WriteIn { fh: 1, offset: 100, size: 5, ..Default::default() }), b"hello"]),
-        )
-        .req(FLUSH, 2, &obj(FlushIn { fh: 1, ..Default::default() }))
-        .req(FSYNC, 2, &obj(FsyncIn { fh: 1, ..Default::default() }))
-        .req(
-            FALLOCATE,
-            2,
-            &obj(FallocateIn { fh: 1, offset: 0, length: 65536, mode: 0, padding: 0 }),
-        )
-        .req(LSEEK, 2, &obj(LseekIn { fh: 1, offset: 0, whence: 3, padding: 0 }))
-        .req(SETATTR, 2, &obj(SetattrIn { valid: 8 | 1, size: 10, mode: 0o600, ..Default::default() }))
-        .req(RELEASE, 2, &obj(ReleaseIn { fh: 1, ..Default::default() }))
-        .req(FORGET, 2, &obj(ForgetIn { nlookup: 1 }))
-        .req(GETATTR, 2, &obj(GetattrIn::default()));
-    out.push(("file_io", s.bytes()));
+    // File I/O on an existing file, then forget; once with the defaults, once with nodes
+    // named by file handles and direct I/O (cache=never: parallel direct writes).
+    for (name, cfg) in [("file_io", 0u8), ("file_io_handles_direct", 0x80 | 0x10)] {
+        let mut s = Seq::new(cfg);
+        s.req(INIT, 0, &init_in(38, 0x7fff_ffff))
+            .req(LOOKUP, 1, &cstr("f"))
+            .req(GETATTR, 2, &obj(GetattrIn::default()))
+            .req(
+                OPEN,
+                2,
+                &obj(OpenIn {
+                    flags: RDWR,
+                    fuse_flags: 0,
+                }),
+            )
+            .req(
+                READ,
+                2,
+                &obj(ReadIn {
+                    fh: 1,
+                    size: 4096,
+                    ..Default::default()
+                }),
+            )
+            .req(
+                WRITE,
+                2,
+                &body(&[
+                    &obj(WriteIn {
+                        fh: 1,
+                        offset: 100,
+                        size: 5,
+                        ..Default::default()
+                    }),
+                    b"hello",
+                ]),
+            )
+            .req(
+                FLUSH,
+                2,
+                &obj(FlushIn {
+                    fh: 1,
+                    ..Default::default()
+                }),
+            )
+            .req(
+                FSYNC,
+                2,
+                &obj(FsyncIn {
+                    fh: 1,
+                    ..Default::default()
+                }),
+            )
+            .req(
+                FALLOCATE,
+                2,
+                &obj(FallocateIn {
+                    fh: 1,
+                    offset: 0,
+                    length: 65536,
+                    mode: 0,
+                    padding: 0,
+                }),
+            )
+            .req(
+                LSEEK,
+                2,
+                &obj(LseekIn {
+                    fh: 1,
+                    offset: 0,
+                    whence: 3,
+                    padding: 0,
+                }),
+            )
+            .req(
+                SETATTR,
+                2,
+                &obj(SetattrIn {
+                    valid: 8 | 1,
+                    size: 10,
+                    mode: 0o600,
+                    ..Default::default()
+                }),
+            )
+            .req(
+                RELEASE,
+                2,
+                &obj(ReleaseIn {
+                    fh: 1,
+                    ..Default::default()
+                }),
+            )
+            .req(FORGET, 2, &obj(ForgetIn { nlookup: 1 }))
+            .req(GETATTR, 2, &obj(GetattrIn::default()));
+        out.push((name, s.bytes()));
+    }
 
-    // Names: mkdir, create, rename, link, symlink, mknod, readdir, unlink, rmdir.
-    let mut s = Seq::new(0);
+    // Names: mkdir, create, rename, link, symlink, mknod, readdir, unlink, rmdir (nodes
+    // named by file handles).
+    let mut s = Seq::new(0x80);
     s.req(INIT, 0, &init_in(31, 0))
-        .req(MKDIR, 1, &body(&[&obj(MkdirIn { mode: 0o755, umask: 0o22 }), &cstr("x")]))
+        .req(
+            MKDIR,
+            1,
+            &body(&[
+                &obj(MkdirIn {
+                    mode: 0o755,
+                    umask: 0o22,
+                }),
+                &cstr("x"),
+            ]),
+        )
         .req(
             CREATE,
             2,
             &body(&[
-                &obj(CreateIn { flags: RDWR | libc::O_CREAT as u32, mode: 0o100644, umask: 0, fuse_flags: 0 }),
+                &obj(CreateIn {
+                    flags: RDWR | libc::O_CREAT as u32,
+                    mode: 0o100644,
+                    umask: 0,
+                    fuse_flags: 0,
+                }),
                 &cstr("y"),
             ]),
         )
         .req(
             WRITE,
             3,
-            &body(&[&obj(WriteIn { fh: 1, offset: 0, size: 3, ..Default::default() }), b"abc"]),
+            &body(&[
+                &obj(WriteIn {
+                    fh: 1,
+                    offset: 0,
+                    size: 3,
+                    ..Default::default()
+                }),
+                b"abc",
+            ]),
         )
-        .req(RENAME, 2, &body(&[&obj(RenameIn { newdir: 1 }), &cstr("y"), &cstr("z")]))
+        .req(
+            RENAME,
+            2,
+            &body(&[&obj(RenameIn { newdir: 1 }), &cstr("y"), &cstr("z")]),
+        )
         .req(
             RENAME2,
             1,
-            &body(&[&obj(Rename2In { newdir: 2, flags: 1, padding: 0 }), &cstr("z"), &cstr("w")]),
+            &body(&[
+                &obj(Rename2In {
+                    newdir: 2,
+                    flags: 1,
+                    padding: 0,
+                }),
+                &cstr("z"),
+                &cstr("w"),
+            ]),
         )
-        .req(LINK, 1, &body(&[&obj(LinkIn { oldnodeid: 3 }), &cstr("hard")]))
+        .req(
+            LINK,
+            1,
+            &body(&[&obj(LinkIn { oldnodeid: 3 }), &cstr("hard")]),
+        )
         .req(SYMLINK, 1, &body(&[&cstr("s"), &cstr("f")]))
         .req(READLINK, 4, &[])
         .req(
             MKNOD,
             1,
-            &body(&[&obj(MknodIn { mode: libc::S_IFIFO | 0o644, rdev: 0, umask: 0, padding: 0 }), &cstr("q")]),
+            &body(&[
+                &obj(MknodIn {
+                    mode: libc::S_IFIFO | 0o644,
+                    rdev: 0,
+                    umask: 0,
+                    padding: 0,
+                }),
+                &cstr("q"),
+            ]),
         )
         .req(OPENDIR, 1, &obj(OpenIn::default()))
-        .req_with(0, 4096, READDIRPLUS, 1, &obj(ReadIn { fh: 2, size: 4096, ..Default::default() }))
-        .req_with(0, 316, READDIR, 1, &obj(ReadIn { fh: 2, size: 300, ..Default::default() }))
-        .req(FSYNCDIR, 1, &obj(FsyncIn { fh: 2, ..Default::default() }))
-        .req(RELEASEDIR, 1, &obj(ReleaseIn { fh: 2, ..Default::default() }))
-        .req(RELEASE, 3, &obj(ReleaseIn { fh: 1, ..Default::default() }))
+        .req_with(
+            0,
+            4096,
+            READDIRPLUS,
+            1,
+            &obj(ReadIn {
+                fh: 2,
+                size: 4096,
+                ..Default::default()
+            }),
+        )
+        .req_with(
+            0,
+            316,
+            READDIR,
+            1,
+            &obj(ReadIn {
+                fh: 2,
+                size: 300,
+                ..Default::default()
+            }),
+        )
+        .req(
+            FSYNCDIR,
+            1,
+            &obj(FsyncIn {
+                fh: 2,
+                ..Default::default()
+            }),
+        )
+        .req(
+            RELEASEDIR,
+            1,
+            &obj(ReleaseIn {
+                fh: 2,
+                ..Default::default()
+            }),
+        )
+        .req(
+            RELEASE,
+            3,
+            &obj(ReleaseIn {
+                fh: 1,
+                ..Default::default()
+            }),
+        )
         .req(UNLINK, 1, &cstr("hard"))
         .req(RMDIR, 1, &cstr("x"))
         .req(STATFS, 1, &[])
-        .req(ACCESS, 1, &obj(AccessIn { mask: 7, padding: 0 }));
+        .req(
+            ACCESS,
+            1,
+            &obj(AccessIn {
+                mask: 7,
+                padding: 0,
+            }),
+        );
     out.push(("names", s.bytes()));
 
     // Extended attributes (xattr on).
@@ -432,12 +602,50 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .req(
             SETXATTR,
             1,
-            &body(&[&obj(SetxattrIn { size: 3, flags: 0 }), &cstr("user.a"), b"val"]),
+            &body(&[
+                &obj(SetxattrIn { size: 3, flags: 0 }),
+                &cstr("user.a"),
+                b"val",
+            ]),
         )
-        .req(GETXATTR, 1, &body(&[&obj(GetxattrIn { size: 0, padding: 0 }), &cstr("user.a")]))
-        .req(GETXATTR, 1, &body(&[&obj(GetxattrIn { size: 64, padding: 0 }), &cstr("user.a")]))
-        .req(LISTXATTR, 1, &obj(GetxattrIn { size: 0, padding: 0 }))
-        .req(LISTXATTR, 1, &obj(GetxattrIn { size: 64, padding: 0 }))
+        .req(
+            GETXATTR,
+            1,
+            &body(&[
+                &obj(GetxattrIn {
+                    size: 0,
+                    padding: 0,
+                }),
+                &cstr("user.a"),
+            ]),
+        )
+        .req(
+            GETXATTR,
+            1,
+            &body(&[
+                &obj(GetxattrIn {
+                    size: 64,
+                    padding: 0,
+                }),
+                &cstr("user.a"),
+            ]),
+        )
+        .req(
+            LISTXATTR,
+            1,
+            &obj(GetxattrIn {
+                size: 0,
+                padding: 0,
+            }),
+        )
+        .req(
+            LISTXATTR,
+            1,
+            &obj(GetxattrIn {
+                size: 64,
+                padding: 0,
+            }),
+        )
         .req(REMOVEXATTR, 1, &cstr("user.a"));
     out.push(("xattr", s.bytes()));
 
@@ -447,17 +655,46 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .req(LOOKUP, 1, &cstr("up"))
         .req(LOOKUP, 1, &cstr("abs"))
         .req(LOOKUP, 1, &cstr("p"))
-        .req(OPEN, 2, &obj(OpenIn { flags: RDWR, fuse_flags: 0 }))
+        .req(
+            OPEN,
+            2,
+            &obj(OpenIn {
+                flags: RDWR,
+                fuse_flags: 0,
+            }),
+        )
         .req(LOOKUP, 1, &cstr("l"))
         .req(OPEN, 3, &obj(OpenIn::default()))
         .req(LOOKUP, 1, &cstr("f"))
         .req(LOOKUP, 1, &cstr("e"))
-        .req(OPEN, 4, &obj(OpenIn { flags: RDWR, fuse_flags: 0 }))
-        .req(OPEN, 5, &obj(OpenIn { flags: RDWR, fuse_flags: 0 }))
+        .req(
+            OPEN,
+            4,
+            &obj(OpenIn {
+                flags: RDWR,
+                fuse_flags: 0,
+            }),
+        )
+        .req(
+            OPEN,
+            5,
+            &obj(OpenIn {
+                flags: RDWR,
+                fuse_flags: 0,
+            }),
+        )
         .req(
             COPY_FILE_RANGE,
             4,
-            &obj(CopyFileRangeIn { fh_in: 1, offset_in: 0, nodeid_out: 5, fh_out: 2, offset_out: 0, len: 8192, flags: 0 }),
+            &obj(CopyFileRangeIn {
+                fh_in: 1,
+                offset_in: 0,
+                nodeid_out: 5,
+                fh_out: 2,
+                offset_out: 0,
+                len: 8192,
+                flags: 0,
+            }),
         )
         .req(SYNCFS, 1, &[0u8; 8])
         .req(0, 1, &[])
@@ -477,8 +714,14 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             0,
             &body(&[
                 &obj(BatchForgetIn { count: 2, dummy: 0 }),
-                &obj(ForgetOne { nodeid: 4, nlookup: 1 }),
-                &obj(ForgetOne { nodeid: 5, nlookup: 1 }),
+                &obj(ForgetOne {
+                    nodeid: 4,
+                    nlookup: 1,
+                }),
+                &obj(ForgetOne {
+                    nodeid: 5,
+                    nlookup: 1,
+                }),
             ]),
         )
         .req(DESTROY, 0, &[])
@@ -498,20 +741,66 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .raw(0, 0, getattr.clone())
         .raw(flag::NO_REPLY_BUF, 0, getattr.clone())
         .raw(flag::STRADDLE, 4096, getattr.clone())
-        .raw(flag::INDIRECT | flag::SPLIT_HEADER | flag::SPLIT_REPLY, 4096, getattr.clone())
+        .raw(
+            flag::INDIRECT | flag::SPLIT_HEADER | flag::SPLIT_REPLY,
+            4096,
+            getattr.clone(),
+        )
         .raw(flag::ZERO_LEN | flag::WRITABLE_FIRST, 4096, getattr.clone())
         .raw(0, REPLY_SPAN, getattr)
         .req(LOOKUP, 1, &cstr("f"))
-        .req(OPEN, 2, &obj(OpenIn { flags: RDWR, fuse_flags: 0 }))
-        .req_with(0, 0x1_0000, READ, 2, &obj(ReadIn { fh: 1, size: u32::MAX, ..Default::default() }))
+        .req(
+            OPEN,
+            2,
+            &obj(OpenIn {
+                flags: RDWR,
+                fuse_flags: 0,
+            }),
+        )
+        .req_with(
+            0,
+            0x1_0000,
+            READ,
+            2,
+            &obj(ReadIn {
+                fh: 1,
+                size: u32::MAX,
+                ..Default::default()
+            }),
+        )
         .req(
             WRITE,
             2,
-            &body(&[&obj(WriteIn { fh: 1, offset: u64::MAX - 2, size: 0x10_0000, ..Default::default() }), b"xy"]),
+            &body(&[
+                &obj(WriteIn {
+                    fh: 1,
+                    offset: u64::MAX - 2,
+                    size: 0x10_0000,
+                    ..Default::default()
+                }),
+                b"xy",
+            ]),
         )
-        .req(BATCH_FORGET, 0, &obj(BatchForgetIn { count: u32::MAX, dummy: 0 }))
+        .req(
+            BATCH_FORGET,
+            0,
+            &obj(BatchForgetIn {
+                count: u32::MAX,
+                dummy: 0,
+            }),
+        )
         .req(LOOKUP, 1, b"no-nul")
-        .req(SETXATTR, 1, &body(&[&obj(SetxattrIn { size: u32::MAX, flags: 0 }), &cstr("user.b")]));
+        .req(
+            SETXATTR,
+            1,
+            &body(&[
+                &obj(SetxattrIn {
+                    size: u32::MAX,
+                    flags: 0,
+                }),
+                &cstr("user.b"),
+            ]),
+        );
     out.push(("malformed", s.bytes()));
 
     out
