@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the initramfs for the vfsd guest tests.
 #
-# Contents: busybox (static), fio, pjdfstest, fsx and getfattr/setfattr when
-# present, each with the shared libraries ldd reports; guest-tests/ at
+# Contents: busybox (static), fio, pjdfstest, fsx, the host's sleep, and
+# getfattr/setfattr when present, each with the shared libraries ldd reports; guest-tests/ at
 # /guest-tests; scripts/guest-init.sh as /init.
 #
 # Usage: scripts/build-initramfs.sh [-o OUTPUT] [--force] [--no-tools]
@@ -80,6 +80,11 @@ if [ "$TOOLS" = 1 ]; then
     BINS+=("$(cargo_tool fsx fsx "$FSX_VERSION")")
     for t in getfattr setfattr; do
         p=$(find_tool $t); [ -n "$p" ] && BINS+=("$p")
+    done
+    # A real sleep binary: pjdfstest's ETXTBSY tests copy `which sleep` under
+    # a random name and run it, which a busybox applet link cannot survive.
+    for p in /usr/bin/sleep /bin/sleep; do
+        if [ -x "$p" ] && [ "$(readlink -f "$p")" != "$(readlink -f "$BUSYBOX")" ]; then BINS+=("$p"); break; fi
     done
 fi
 

@@ -171,7 +171,7 @@ else
     for p in "linux-image-$ABI" "linux-binary-$ABI" "linux-base-$ABI"; do
         if apt-cache "${APT_OPTS[@]}" show "$p" >/dev/null 2>&1; then pkgs+=("$p"); fi
     done
-    [ ${#pkgs[@]} -gt 0 ] || die "linux-image-$ABI is not in $SUITE. Available: $(apt-cache "${APT_OPTS[@]}" pkgnames linux-image- | grep -- "-$FLAVOUR\$" | sort -V | tail -n3 | tr '\n' ' ')"
+    [ ${#pkgs[@]} -gt 0 ] || die "linux-image-$ABI is not in $SUITE. Available: $(apt-cache "${APT_OPTS[@]}" pkgnames linux-image- 2>/dev/null | grep -E "^linux-image-[0-9].*-$FLAVOUR\$" | sort -V | tail -n3 | tr '\n' ' ')"
     TMP=$(mktemp -d "$KDIR/.fetch.XXXXXX")
     trap 'rm -rf "$TMP"' EXIT
     chmod 755 "$TMP"   # apt's download sandbox user must be able to write here

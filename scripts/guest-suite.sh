@@ -177,7 +177,7 @@ for daemon in "${DAEMONS[@]}"; do
     if wanted pjdfstest; then
         run_test "$daemon" "$label" pjdfstest 0 900 /guest-tests/pjdfstest.sh
         finish_test "$label" pjdfstest
-        show '^pjdfstest: [0-9]+ passed'
+        show '^pjdfstest: ([0-9]+ passed|FLAKY)'
         tr -d '\r' < "$TEST_DIR/console.log" 2>/dev/null | sed -n 's/^pjdfstest: FAILED //p' | sort > "$LOGS/$label/pjdfstest.failed"
         tr -d '\r' < "$TEST_DIR/console.log" 2>/dev/null | sed -n 's/^pjdfstest: \([0-9]* passed.*\)/\1/p' | tail -n1 > "$LOGS/$label/pjdfstest.counts"
     fi

@@ -203,7 +203,8 @@ case $DAEMON in
     vfsd)
         bin=${VFSD_BIN:-$REPO/target/release/vfsd}
         [ -x "$bin" ] || [ "$NO_SHARE" = 1 ] || die "$bin not found: build it with 'cargo build --release', or use --daemon virtiofsd"
-        # No --tag: QEMU 7.1-8.0 crash if the backend offers the CONFIG protocol feature.
+        # No --tag: QEMU uses the device's tag= anyway, and some QEMU 7.1-8.0
+        # builds crash when a backend offers the vhost-user CONFIG feature.
         TEMPLATE="$bin --socket-path={socket} --shared-dir={dir} --sandbox none --xattr"
         ;;
     virtiofsd)
@@ -306,7 +307,21 @@ stop_pid() {  # TERM, then KILL after 2 s
     kill -9 "$1" 2>/dev/null || true
 }
 timed_out=0
+daemon_died=
 while kill -0 "$QEMU_PID" 2>/dev/null; do
+    # A daemon that goes away while the guest still runs leaves the guest
+    # hanging on its requests: stop early instead of waiting for the timeout.
+    if [ -z "$daemon_died" ] && ! grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
+        for idx in "${!DAEMON_PIDS[@]}"; do
+            if ! kill -0 "${DAEMON_PIDS[$idx]}" 2>/dev/null; then
+                daemon_died=$idx
+                say "daemon $idx exited while the guest was running; stopping QEMU"
+                stop_pid "$QEMU_PID"
+                break
+            fi
+        done
+        [ -n "$daemon_died" ] && break
+    fi
     if [ "$TIMEOUT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
         timed_out=1
         say "TIMEOUT: guest still running after ${TIMEOUT}s; killing QEMU"
@@ -363,6 +378,10 @@ result=$(tr -d '\r' < "$LOG" | sed -n 's/^VFSD-RESULT: \([0-9][0-9]*\)$/\1/p' | 
 if [ "$timed_out" = 1 ]; then
     STATUS=124
     say "FAILED: timed out after ${TIMEOUT}s (console log: $LOG)"
+elif [ -n "$daemon_died" ]; then
+    STATUS=125
+    say "FAILED: daemon $daemon_died died while the guest was running (log: $WORK/daemon$daemon_died.log)"
+    say "last console lines:"; tail -n 15 "$LOG" | tr -d '\r' >&2
 elif [ -z "$result" ]; then
     STATUS=125
     say "FAILED: the guest did not report a result (QEMU exit status $qemu_rc after ${elapsed}s)"

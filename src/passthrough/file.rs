@@ -221,11 +221,16 @@ impl PassthroughFs {
         }
         let hin = self.handles.get(fh_in, inode_in)?;
         let hout = self.handles.get(fh_out, inode_out)?;
-        let gout = hout.inode.io.exclusive();
-        let _gin = if hin.inode.nodeid != hout.inode.nodeid {
-            Some(hin.inode.io.shared())
+        // Two inodes' locks: always taken lower node id first, so copies in opposite
+        // directions can't deadlock (found by the fuzz harness).
+        let (gout, _gin) = if hin.inode.nodeid == hout.inode.nodeid {
+            (hout.inode.io.exclusive(), None)
+        } else if hin.inode.nodeid < hout.inode.nodeid {
+            let gin = hin.inode.io.shared();
+            (hout.inode.io.exclusive(), Some(gin))
         } else {
-            None
+            let gout = hout.inode.io.exclusive();
+            (gout, Some(hin.inode.io.shared()))
         };
         let _w = hout.inode.io.write_started(&gout);
         let mut oin = off_in as i64;

@@ -11,6 +11,8 @@
 //!   the lock shared and finds it would extend drops it and retakes it exclusively (then
 //!   re-checks nothing: exclusive covers both cases).
 //!
+//! - An operation on two inodes (copy_file_range) takes the lower node id's lock first.
+//!
 //! No global lock is taken here; counters are per inode and lock-free.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
