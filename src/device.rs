@@ -92,9 +92,6 @@ pub struct FsDevice {
     mem: RwLock<Option<Mem>>,
     event_idx: Arc<AtomicBool>,
     pool: Option<Pool>,
-    /// Serve the last request of each batch on the queue thread (VFSD_NO_INLINE=1 turns
-    /// it off, for measuring).
-    inline_last: bool,
     exit: Vec<(EventConsumer, EventNotifier)>,
 }
 
@@ -128,7 +125,6 @@ impl FsDevice {
             mem: RwLock::new(None),
             event_idx,
             pool,
-            inline_last: std::env::var_os("VFSD_NO_INLINE").is_none(),
             exit,
         })
     }
@@ -163,11 +159,6 @@ impl FsDevice {
             };
             match &self.pool {
                 Some(pool) => {
-                    // Hand all but the last request to the pool and serve the last one here:
-                    // a lone request then costs no thread hand-off, and a batch still runs
-                    // in parallel.
-                    let mut chains = chains;
-                    let own = if self.inline_last { chains.pop() } else { None };
                     for chain in chains {
                         let job = Job {
                             chain,
@@ -176,11 +167,6 @@ impl FsDevice {
                         if pool.tx.send(job).is_err() {
                             error!("worker pool is gone");
                         }
-                    }
-                    if let Some(chain) = own {
-                        let head = chain.head_index();
-                        let len = self.server.handle(&mem, chain);
-                        complete(vring, head, len);
                     }
                 }
                 None => {
