@@ -157,15 +157,15 @@ if [ ${#BINS[@]} -gt 0 ]; then
     ldconfig -r "$ROOT" 2>/dev/null || log "warning: ldconfig -r failed; relying on default library paths"
 fi
 
-# Small helpers from guest-tests/src (xattr tool, O_DIRECT preload shim).
+# Small helpers from guest-tests/src (xattr tool, fsx preload shim).
 if [ "$TOOLS" = 1 ]; then
     CC=${CC:-cc}
     if command -v "$CC" >/dev/null; then
         mkdir -p "$ROOT/usr/local/lib"
         "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-xattr" "$REPO/guest-tests/src/vfsd-xattr.c" ||
             die "compiling guest-tests/src/vfsd-xattr.c failed"
-        "$CC" -O2 -Wall -shared -fPIC -o "$ROOT/usr/local/lib/odirect-preload.so" \
-            "$REPO/guest-tests/src/odirect-preload.c" -ldl || die "compiling guest-tests/src/odirect-preload.c failed"
+        "$CC" -O2 -Wall -shared -fPIC -o "$ROOT/usr/local/lib/fsx-preload.so" \
+            "$REPO/guest-tests/src/fsx-preload.c" -ldl || die "compiling guest-tests/src/fsx-preload.c failed"
     else
         log "warning: no C compiler ($CC); the xattr checks and the fsx O_DIRECT run will be skipped (apt-get install gcc)"
     fi

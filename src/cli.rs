@@ -64,7 +64,7 @@ pub struct Opt {
     pub cache: CachePolicy,
 
     /// Worker threads serving requests from all queues (0: each queue's thread serves its
-    /// own requests one at a time). Default: the host's CPU count, at least 4.
+    /// own requests one at a time). Default: twice the host's CPU count, at least 8.
     #[arg(long, value_name = "N", default_value_t = default_pool_size())]
     pub thread_pool_size: usize,
 

@@ -274,7 +274,7 @@ fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
         return Ok(inode.io.exclusive());
     }
     let g = inode.io.shared();
-    let size = sys::fstat(&h.fd)?.st_size as u64;
+    let size = sys::file_size(&h.fd)?;
     if end <= size {
         return Ok(g);
     }

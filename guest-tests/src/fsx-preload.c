@@ -1,11 +1,19 @@
-/* LD_PRELOAD shim: add O_DIRECT to every open of the file named by
- * $VFSD_ODIRECT_FILE (matched by its last path component), so tools without
- * an O_DIRECT switch (fsx-rs) exercise the direct I/O path.  Prints one
- * notice to stderr the first time it does so.
+/* LD_PRELOAD shim for fsx-rs (guest-tests/fsx.sh).  Two independent features:
  *
- * O_DIRECT needs aligned user buffers, which such tools do not provide, so
- * pread/pwrite on O_DIRECT descriptors with an unaligned buffer go through
- * an aligned bounce buffer (offsets and sizes are passed on unchanged). */
+ * VFSD_ODIRECT_FILE=NAME: add O_DIRECT to every open of the file whose last
+ *   path component is NAME, so fsx-rs (which has no O_DIRECT switch)
+ *   exercises the direct I/O path.  O_DIRECT needs aligned user buffers,
+ *   which fsx-rs does not provide, so pread/pwrite on O_DIRECT descriptors
+ *   with an unaligned buffer go through an aligned bounce buffer (offsets
+ *   and sizes are passed on unchanged).  Prints one notice to stderr the
+ *   first time it adds O_DIRECT.
+ *
+ * VFSD_FSX_UNMAP=1: fsx-rs 0.3.2 never unmaps the mapping of a "mapread"
+ *   operation.  The leaked mappings pile up and make every truncate and
+ *   mmap slower (the kernel walks all mappings of the file), so long runs
+ *   become quadratic.  With this set, a shared file mapping that is still
+ *   mapped when the next shared file mapping is created is unmapped first
+ *   (fsx-rs never uses a mapping after the operation that made it). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -14,6 +22,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static int wants_direct(const char *path)
@@ -35,7 +44,7 @@ static int adjust(const char *path, int flags)
         flags |= O_DIRECT;
         if (!told) {
             told = 1;
-            fprintf(stderr, "odirect-preload: opening %s with O_DIRECT\n", path);
+            fprintf(stderr, "fsx-preload: opening %s with O_DIRECT\n", path);
         }
     }
     return flags;
@@ -127,3 +136,48 @@ WRAP_PREAD(pread)
 WRAP_PREAD(pread64)
 WRAP_PWRITE(pwrite)
 WRAP_PWRITE(pwrite64)
+
+/* --- leaked mapread mappings ------------------------------------------- */
+static void *last_map = MAP_FAILED;
+static size_t last_len;
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    static void *(*real)(void *, size_t, int, int, int, off_t);
+    static int (*real_munmap)(void *, size_t);
+    static int enabled = -1;
+    if (!real) {
+        real = (void *(*)(void *, size_t, int, int, int, off_t))dlsym(RTLD_NEXT, "mmap");
+        real_munmap = (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap");
+    }
+    if (enabled < 0) {
+        const char *e = getenv("VFSD_FSX_UNMAP");
+        enabled = e && *e == '1';
+    }
+    int tracked = enabled && fd >= 0 && (flags & MAP_SHARED);
+    if (tracked && last_map != MAP_FAILED) {
+        real_munmap(last_map, last_len);
+        last_map = MAP_FAILED;
+    }
+    void *p = real(addr, len, prot, flags, fd, off);
+    if (tracked && p != MAP_FAILED) {
+        last_map = p;
+        last_len = len;
+    }
+    return p;
+}
+
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    return mmap(addr, len, prot, flags, fd, off);
+}
+
+int munmap(void *addr, size_t len)
+{
+    static int (*real)(void *, size_t);
+    if (!real)
+        real = (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap");
+    if (addr == last_map)
+        last_map = MAP_FAILED;
+    return real(addr, len);
+}
