@@ -35,7 +35,8 @@
 #   --workdir DIR   use DIR as the work directory (default: new dir in $TMPDIR)
 #
 # Exit status: the guest command's status; 124 timeout; 120 guest setup
-# failed (e.g. mount); 125 runner/daemon/QEMU error.
+# failed (e.g. mount); 125 runner/daemon/QEMU error.  A guest kernel that
+# crashes before /init runs is booted once more (VFSD_BOOT_ATTEMPTS=2).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -205,7 +206,8 @@ case $DAEMON in
         [ -x "$bin" ] || [ "$NO_SHARE" = 1 ] || die "$bin not found: build it with 'cargo build --release', or use --daemon virtiofsd"
         # No --tag: QEMU uses the device's tag= anyway, and some QEMU 7.1-8.0
         # builds crash when a backend offers the vhost-user CONFIG feature.
-        TEMPLATE="$bin --socket-path={socket} --shared-dir={dir} --sandbox none --xattr"
+        # vfsd runs with its defaults: namespace sandbox and seccomp kill.
+        TEMPLATE="$bin --socket-path={socket} --shared-dir={dir} --xattr"
         ;;
     virtiofsd)
         bin=$(find_virtiofsd) || [ "$NO_SHARE" = 1 ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
@@ -218,7 +220,7 @@ case $DAEMON in
 esac
 [ -n "$DAEMON_ARGS" ] && TEMPLATE="$TEMPLATE $DAEMON_ARGS"
 
-# --- Shares and daemons --------------------------------------------------------
+# --- Shares ---------------------------------------------------------------------
 if [ "$NO_SHARE" = 0 ] && [ ${#SHARES[@]} -eq 0 ]; then
     mkdir -p "$WORK/share0"
     SHARES=("$WORK/share0:share0")
@@ -227,6 +229,8 @@ fi
 
 FS_ARGS=()
 MOUNTS=
+SH_SOCK=()
+SH_CMD=()
 i=0
 for spec in "${SHARES[@]}"; do
     IFS=: read -r dir tag opts <<<"$spec"
@@ -238,26 +242,68 @@ for spec in "${SHARES[@]}"; do
     cmd=${TEMPLATE//\{socket\}/$(printf '%q' "$sock")}
     cmd=${cmd//\{dir\}/$(printf '%q' "$dir")}
     cmd=${cmd//\{tag\}/$(printf '%q' "$tag")}
-    say "daemon $i: $cmd"
-    bash -c "exec $cmd" </dev/null >"$WORK/daemon$i.log" 2>&1 &
-    DAEMON_PIDS+=($!)
-    for _ in $(seq 1 100); do
-        [ -S "$sock" ] && break
-        if ! kill -0 "${DAEMON_PIDS[$i]}" 2>/dev/null; then
-            tail -n 20 "$WORK/daemon$i.log" >&2
-            die "daemon $i exited before creating its socket (log above: $WORK/daemon$i.log)"
-        fi
-        sleep 0.1
-    done
-    [ -S "$sock" ] || die "daemon $i did not create $sock within 10 s (log: $WORK/daemon$i.log)"
+    SH_SOCK+=("$sock")
+    SH_CMD+=("$cmd")
     FS_ARGS+=(-chardev "socket,id=fs$i,path=$sock"
               -device "vhost-user-fs-pci,chardev=fs$i,tag=$tag,num-request-queues=$QUEUES,queue-size=$QSIZE")
     if [ "$opts" != nomount ]; then
         MOUNTS=$MOUNTS${MOUNTS:+,}$tag${opts:+:$opts}
     fi
     say "share $i: $dir as tag '$tag'${opts:+ ($opts)}"
+    say "daemon $i: $cmd"
     i=$((i + 1))
 done
+
+stop_pid() {  # TERM, then KILL after 2 s
+    local n
+    kill "$1" 2>/dev/null || return 0
+    for n in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$1" 2>/dev/null || return 0; sleep 0.2; done
+    kill -9 "$1" 2>/dev/null || true
+}
+
+start_daemons() {  # one daemon per share; waits for each socket
+    local i
+    DAEMON_PIDS=()
+    for i in "${!SH_SOCK[@]}"; do
+        rm -f "${SH_SOCK[$i]}"
+        bash -c "exec ${SH_CMD[$i]}" </dev/null >>"$WORK/daemon$i.log" 2>&1 &
+        DAEMON_PIDS+=($!)
+        for _ in $(seq 1 100); do
+            [ -S "${SH_SOCK[$i]}" ] && break
+            if ! kill -0 "${DAEMON_PIDS[$i]}" 2>/dev/null; then
+                tail -n 20 "$WORK/daemon$i.log" >&2
+                die "daemon $i exited before creating its socket (log above: $WORK/daemon$i.log)"
+            fi
+            sleep 0.1
+        done
+        [ -S "${SH_SOCK[$i]}" ] || die "daemon $i did not create ${SH_SOCK[$i]} within 10 s (log: $WORK/daemon$i.log)"
+    done
+}
+
+collect_daemons() {  # daemons should exit by themselves once QEMU disconnects
+    local i p drc
+    daemon_fail=0
+    for i in "${!DAEMON_PIDS[@]}"; do
+        p=${DAEMON_PIDS[$i]}
+        for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$p" 2>/dev/null; then
+            say "daemon $i still running 5 s after QEMU exited; stopping it"
+            stop_pid "$p"
+            wait "$p" 2>/dev/null || true
+        else
+            set +e; wait "$p"; drc=$?; set -e
+            if [ "$drc" -ge 128 ]; then
+                say "daemon $i died from signal $((drc - 128)) (log: $WORK/daemon$i.log)"
+                tail -n 20 "$WORK/daemon$i.log" >&2
+                daemon_fail=1
+            elif [ "$drc" -ne 0 ]; then
+                say "daemon $i exited with status $drc (log: $WORK/daemon$i.log)"
+                tail -n 10 "$WORK/daemon$i.log" >&2
+            fi
+        fi
+    done
+    DAEMON_PIDS=()
+}
 
 # --- Guest command line ----------------------------------------------------------
 KARGS="console=ttyS0 mitigations=off panic=-1 quiet loglevel=4 tsc=reliable"
@@ -283,6 +329,7 @@ LOG=$WORK/console.log
 start=$(date +%s)
 say "booting: $QEMU (accel=$ACCEL, ${CPUS} vCPU, ${MEM_MB} MiB, ${#SHARES[@]} share(s), timeout ${TIMEOUT}s)"
 if [ "$SHELL_MODE" = 1 ]; then
+    start_daemons
     say "interactive shell: Ctrl-A x quits QEMU, 'poweroff -f' powers off"
     set +e
     "$QEMU" "${QEMU_ARGS[@]}" -serial mon:stdio
@@ -291,90 +338,87 @@ if [ "$SHELL_MODE" = 1 ]; then
     exit "$STATUS"
 fi
 
-: > "$LOG"
-"$QEMU" "${QEMU_ARGS[@]}" -monitor none -chardev "file,id=con,path=$LOG" -serial chardev:con \
-    </dev/null >"$WORK/qemu.log" 2>&1 &
-QEMU_PID=$!
-if [ "$QUIET" = 0 ]; then
-    tail -n +1 -f --pid="$QEMU_PID" "$LOG" 2>/dev/null &
-    TAIL_PID=$!
-fi
-
-stop_pid() {  # TERM, then KILL after 2 s
-    local n
-    kill "$1" 2>/dev/null || return 0
-    for n in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$1" 2>/dev/null || return 0; sleep 0.2; done
-    kill -9 "$1" 2>/dev/null || true
-}
-timed_out=0
-daemon_died=
-while kill -0 "$QEMU_PID" 2>/dev/null; do
-    # A daemon that goes away while the guest still runs leaves the guest
-    # hanging on its requests: stop early instead of waiting for the timeout.
-    if [ -z "$daemon_died" ] && ! grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
-        for idx in "${!DAEMON_PIDS[@]}"; do
-            if ! kill -0 "${DAEMON_PIDS[$idx]}" 2>/dev/null; then
-                daemon_died=$idx
-                say "daemon $idx exited while the guest was running; stopping QEMU"
-                stop_pid "$QEMU_PID"
-                break
-            fi
-        done
-        [ -n "$daemon_died" ] && break
+run_guest() {  # one boot; sets qemu_rc, timed_out, daemon_died, elapsed
+    local idx result_seen=
+    : > "$LOG"
+    "$QEMU" "${QEMU_ARGS[@]}" -monitor none -chardev "file,id=con,path=$LOG" -serial chardev:con \
+        </dev/null >"$WORK/qemu.log" 2>&1 &
+    QEMU_PID=$!
+    if [ "$QUIET" = 0 ]; then
+        tail -n +1 -f --pid="$QEMU_PID" "$LOG" 2>/dev/null &
+        TAIL_PID=$!
     fi
-    if [ "$TIMEOUT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
-        timed_out=1
-        say "TIMEOUT: guest still running after ${TIMEOUT}s; killing QEMU"
-        stop_pid "$QEMU_PID"
-        break
-    fi
-    # A hung daemon is not a reason to wait for the full timeout if the guest
-    # already reported (e.g. stuck in poweroff): give it 30 s after the result.
-    if grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
-        [ -z "${result_seen:-}" ] && result_seen=$(date +%s)
-        if [ $(( $(date +%s) - result_seen )) -ge 30 ]; then
-            say "guest reported a result but did not power off within 30 s; killing QEMU"
+    timed_out=0
+    daemon_died=
+    while kill -0 "$QEMU_PID" 2>/dev/null; do
+        # A daemon that goes away while the guest still runs leaves the guest
+        # hanging on its requests: stop early instead of waiting for the timeout.
+        if [ -z "$daemon_died" ] && ! grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
+            for idx in "${!DAEMON_PIDS[@]}"; do
+                if ! kill -0 "${DAEMON_PIDS[$idx]}" 2>/dev/null; then
+                    # QEMU may have exited first (a guest crash): an exited, unreaped
+                    # QEMU still passes kill -0, and the daemon then leaves on the
+                    # disconnect. That is no daemon death.
+                    sleep 0.2
+                    qstate=$(awk '{print $3}' "/proc/$QEMU_PID/stat" 2>/dev/null || echo gone)
+                    case $qstate in Z|X|gone) break 2 ;; esac
+                    daemon_died=$idx
+                    say "daemon $idx exited while the guest was running; stopping QEMU"
+                    stop_pid "$QEMU_PID"
+                    break
+                fi
+            done
+            [ -n "$daemon_died" ] && break
+        fi
+        if [ "$TIMEOUT" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
+            timed_out=1
+            say "TIMEOUT: guest still running after ${TIMEOUT}s; killing QEMU"
             stop_pid "$QEMU_PID"
             break
         fi
+        # A hung daemon is not a reason to wait for the full timeout if the
+        # guest already reported (e.g. stuck in poweroff): give it 30 s.
+        if grep -q 'VFSD-RESULT:' "$LOG" 2>/dev/null; then
+            [ -z "$result_seen" ] && result_seen=$(date +%s)
+            if [ $(( $(date +%s) - result_seen )) -ge 30 ]; then
+                say "guest reported a result but did not power off within 30 s; killing QEMU"
+                stop_pid "$QEMU_PID"
+                break
+            fi
+        fi
+        sleep 0.5
+    done
+    set +e
+    wait "$QEMU_PID"; qemu_rc=$?
+    set -e
+    QEMU_PID=
+    if [ -n "$TAIL_PID" ]; then
+        sleep 0.3; kill "$TAIL_PID" 2>/dev/null || true; wait "$TAIL_PID" 2>/dev/null || true; TAIL_PID=
     fi
-    sleep 0.5
+    elapsed=$(( $(date +%s) - start ))
+}
+
+# The guest kernel occasionally crashes while booting under multi-threaded
+# TCG (e.g. "Oops: int3" while it patches its own code), before /init runs.
+# That says nothing about the daemon, so boot once more in that case.
+BOOT_ATTEMPTS=${VFSD_BOOT_ATTEMPTS:-2}
+attempt=1
+while :; do
+    start_daemons
+    run_guest
+    collect_daemons
+    result=$(tr -d '\r' < "$LOG" | sed -n 's/^VFSD-RESULT: \([0-9][0-9]*\)$/\1/p' | tail -n1)
+    if [ -z "$result" ] && [ "$timed_out" = 0 ] && [ -z "$daemon_died" ] && [ "$attempt" -lt "$BOOT_ATTEMPTS" ] &&
+       ! grep -q 'vfsd-init:' "$LOG" && grep -qE 'Kernel panic|Oops|BUG:' "$LOG"; then
+        cp "$LOG" "$WORK/console-boot$attempt.log"
+        say "the guest kernel crashed before /init ran ($(grep -m1 -oE 'Oops: [^[]*|Kernel panic[^\r]*|BUG: [^\r]*' "$LOG")); booting again (log of the crash: $WORK/console-boot$attempt.log)"
+        attempt=$((attempt + 1))
+        continue
+    fi
+    break
 done
-set +e
-wait "$QEMU_PID"; qemu_rc=$?
-set -e
-QEMU_PID=
-if [ -n "$TAIL_PID" ]; then
-    sleep 0.3; kill "$TAIL_PID" 2>/dev/null || true; wait "$TAIL_PID" 2>/dev/null || true; TAIL_PID=
-fi
-elapsed=$(( $(date +%s) - start ))
 if [ -n "$LOGCOPY" ]; then cp "$LOG" "$LOGCOPY"; fi
 
-# Daemons should exit by themselves once QEMU disconnects.
-daemon_fail=0
-i=0
-for p in "${DAEMON_PIDS[@]}"; do
-    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$p" 2>/dev/null; then
-        say "daemon $i still running 5 s after QEMU exited; stopping it"
-        stop_pid "$p"
-        wait "$p" 2>/dev/null || true
-    else
-        set +e; wait "$p"; drc=$?; set -e
-        if [ "$drc" -ge 128 ]; then
-            say "daemon $i died from signal $((drc - 128)) (log: $WORK/daemon$i.log)"
-            tail -n 20 "$WORK/daemon$i.log" >&2
-            daemon_fail=1
-        elif [ "$drc" -ne 0 ]; then
-            say "daemon $i exited with status $drc (log: $WORK/daemon$i.log)"
-            tail -n 10 "$WORK/daemon$i.log" >&2
-        fi
-    fi
-    i=$((i + 1))
-done
-DAEMON_PIDS=()
-
-result=$(tr -d '\r' < "$LOG" | sed -n 's/^VFSD-RESULT: \([0-9][0-9]*\)$/\1/p' | tail -n1)
 if [ "$timed_out" = 1 ]; then
     STATUS=124
     say "FAILED: timed out after ${TIMEOUT}s (console log: $LOG)"
