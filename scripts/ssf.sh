@@ -37,14 +37,14 @@ overlap() {
     python3 - "$@" <<'PY'
 import re, sys, glob
 ev = []
-pat = re.compile(r"^(\d+) +(\d+):(\d+):(\d+\.\d+) (pwritev2?|pwrite64)\((\d+),.*<(\d+\.\d+)>$")
+pat = re.compile(r"^(?:\d+ +)?(\d+):(\d+):(\d+\.\d+) (pwritev2?|pwrite64)\((\d+),.*<(\d+\.\d+)>$")
 for f in sys.argv[1:]:
     for line in open(f):
         m = pat.match(line.strip())
         if not m:
             continue
-        t = int(m.group(2)) * 3600 + int(m.group(3)) * 60 + float(m.group(4))
-        d = float(m.group(7))
+        t = int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+        d = float(m.group(6))
         ev.append((t, 1)); ev.append((t + d, -1))
 ev.sort(key=lambda e: (e[0], e[1]))
 cur = peak = 0
@@ -77,10 +77,10 @@ GUEST
         scripts/run-vm.sh --accel "$ACCEL" --cpus 4 --timeout 900 --quiet \
             --daemon "strace -f -qq -tt -T -e trace=pwrite64,pwritev,pwritev2 -o $W/trace -ff $dcmd" \
             --share "$share:share0" -- sh /mnt/share0/job.sh
-        IOPS[$daemon,$n]=$(python3 -c "import json;d=json.load(open('$share/iops.json'));print(round(sum(j['write']['iops'] for j in d['jobs'])))")
-        VERIFY[$daemon,$n]=$(python3 -c "
-import json;d=json.load(open('$share/verify.json'))
-print('ok' if all(j['error']==0 for j in d['jobs']) else 'FAILED')")
+        # fio may print notes before its JSON: read from the first brace.
+        fiojson() { python3 -c "import json,sys;t=open(sys.argv[1]).read();print(json.dumps(json.loads(t[t.index('{'):])))" "$1"; }
+        IOPS[$daemon,$n]=$(fiojson "$share/iops.json" | python3 -c "import json,sys;d=json.load(sys.stdin);print(round(sum(j['write']['iops'] for j in d['jobs'])))")
+        VERIFY[$daemon,$n]=$(fiojson "$share/verify.json" | python3 -c "import json,sys;d=json.load(sys.stdin);print('ok' if all(j['error']==0 for j in d['jobs']) else 'FAILED')")
         read -r peak writes < <(overlap "$W"/trace*)
         PEAK[$daemon,$n]=$peak
         STATPEAK[$daemon,$n]=$( [ "$daemon" = vfsd ] && python3 -c "import json;print(json.load(open('$W/stats-$n.json'))['peak_writes_in_flight'])" || echo "-")
