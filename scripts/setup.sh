@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what vfsd's guest runner and tests need on a Debian host (as root) and builds
+# vfsd. The guest kernel and test tools are fetched on first use by run-vm.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+echo "== installing packages (qemu, busybox, fio, ...)"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    qemu-system-x86 busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
+    xz-utils zstd kmod strace >/dev/null
+echo "== building vfsd"
+cargo build --release
