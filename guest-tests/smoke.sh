@@ -186,7 +186,7 @@ check "char dev numbers (hex)" "1,3" "$(stat -c '%t,%T' cdev)"
 
 section "readdir of 10,000 entries"
 mkdir many
-cd many
+cd many || { echo "smoke: FAIL: cannot enter many/"; exit 1; }
 i=0
 while [ $i -lt 10000 ]; do
     : > "entry-$i"
@@ -204,7 +204,7 @@ section "statfs"
 check "df works" 0 "$(df -k "$T" >/dev/null 2>&1; echo $?)"
 
 section "persisted data for the host"
-cd "$DIR"
+cd "$DIR" || exit 1
 rm -rf smoke-keep smoke-manifest.md5
 mkdir smoke-keep
 cp /tmp/rand1m smoke-keep/random-1m

@@ -57,8 +57,17 @@ def main():
 
     loadgen = defaultdict(lambda: defaultdict(list))  # (workload, config) -> metric -> [values]
     fio = defaultdict(lambda: defaultdict(list))  # (job, config) -> metric -> [values]
-    for line in open(a.results):
-        r = json.loads(line)
+    text = open(a.results).read()
+    dec = json.JSONDecoder()
+    records, pos = [], 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        r, pos = dec.raw_decode(text, pos)
+        records.append(r)
+    for r in records:
         if r["kind"] == "loadgen":
             res = r["result"]
             key = (res["workload"], r["config"])

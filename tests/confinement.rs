@@ -4,17 +4,11 @@
 
 mod common;
 
-use common::{read, Daemon};
+use common::{errno, read, Daemon};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;
 
-fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
-    match r {
-        Err(FuseError::Errno(e)) => e,
-        other => panic!("expected an errno reply, got {other:?}"),
-    }
-}
 
 #[test]
 fn guest_symlinks_out_of_the_share_are_never_followed() {

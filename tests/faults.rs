@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{pattern, read, Daemon};
+use common::{errno, pattern, read, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -122,12 +122,6 @@ fn full_host_filesystem_gives_enospc_and_keeps_serving() {
     assert_eq!(read(&mnt.path().join("big")), b"again");
 }
 
-fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
-    match r {
-        Err(FuseError::Errno(e)) => e,
-        other => panic!("expected an errno reply, got {other:?}"),
-    }
-}
 
 #[test]
 fn share_renamed_on_the_host_keeps_working() {

@@ -6,19 +6,13 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{pattern, read, Daemon};
+use common::{errno, pattern, read, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::{FrontendConfig, Layout};
 
 const ROOT: u64 = 1;
 const S_IFREG: u32 = libc::S_IFREG;
 
-fn errno<T: std::fmt::Debug>(r: FResult<T>) -> i32 {
-    match r {
-        Err(FuseError::Errno(e)) => e,
-        other => panic!("expected an errno reply, got {other:?}"),
-    }
-}
 
 #[test]
 fn init_negotiates_one_mib_writes() {

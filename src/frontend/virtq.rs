@@ -2,9 +2,8 @@
 //! virtio driver does, so tests and the load generator exercise vfsd's real queue code.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -322,54 +321,6 @@ impl VirtQueue {
     pub fn abandon(&mut self, slot: usize) {
         self.slots[slot].busy = false;
         self.slots[slot].done = None;
-    }
-
-    /// Waits until slot `slot` finishes, or `timeout` passes.
-    pub fn wait(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        slot: usize,
-        timeout: Duration,
-    ) -> io::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.reap(mem)?;
-            if self.is_done(slot) {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no reply from the device",
-                ));
-            }
-            wait_readable(self.call.as_raw_fd(), left.min(Duration::from_millis(50)));
-            let _ = self.call.read();
-        }
-    }
-
-    /// Waits until any slot finishes; returns the finished slots.
-    pub fn wait_any(&mut self, mem: &GuestMemoryMmap, timeout: Duration) -> io::Result<Vec<usize>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.reap(mem)?;
-            let done: Vec<usize> = (0..self.slots.len())
-                .filter(|&i| self.slots[i].done.is_some())
-                .collect();
-            if !done.is_empty() {
-                return Ok(done);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no reply from the device",
-                ));
-            }
-            wait_readable(self.call.as_raw_fd(), left.min(Duration::from_millis(50)));
-            let _ = self.call.read();
-        }
     }
 
     pub fn slot_addrs(&self, slot: usize) -> (u64, u64) {

@@ -183,3 +183,11 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The errno of a reply that must be an error.
+pub fn errno<T: std::fmt::Debug>(r: vfsd::frontend::fuse::FResult<T>) -> i32 {
+    match r {
+        Err(vfsd::frontend::fuse::FuseError::Errno(e)) => e,
+        other => panic!("expected an errno reply, got {other:?}"),
+    }
+}
