@@ -9,7 +9,6 @@ use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;
 
-
 #[test]
 fn guest_symlinks_out_of_the_share_are_never_followed() {
     let d = Daemon::start(&[]);

@@ -122,7 +122,6 @@ fn full_host_filesystem_gives_enospc_and_keeps_serving() {
     assert_eq!(read(&mnt.path().join("big")), b"again");
 }
 
-
 #[test]
 fn share_renamed_on_the_host_keeps_working() {
     let d = Daemon::start(&["--sandbox", "none"]);

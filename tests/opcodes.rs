@@ -13,7 +13,6 @@ use vfsd::frontend::{FrontendConfig, Layout};
 const ROOT: u64 = 1;
 const S_IFREG: u32 = libc::S_IFREG;
 
-
 #[test]
 fn init_negotiates_one_mib_writes() {
     let d = Daemon::start(&[]);
