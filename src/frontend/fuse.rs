@@ -542,21 +542,19 @@ impl FuseClient {
     }
 
     pub fn release(&self, nodeid: u64, fh: u64) -> FResult<()> {
-        let r = ReleaseIn {
-            fh,
-            ..Default::default()
-        };
-        self.call(FUSE_RELEASE, nodeid, &[r.as_slice()], 64)
-            .map(drop)
+        self.release_op(FUSE_RELEASE, nodeid, fh)
     }
 
     pub fn releasedir(&self, nodeid: u64, fh: u64) -> FResult<()> {
+        self.release_op(FUSE_RELEASEDIR, nodeid, fh)
+    }
+
+    fn release_op(&self, op: u32, nodeid: u64, fh: u64) -> FResult<()> {
         let r = ReleaseIn {
             fh,
             ..Default::default()
         };
-        self.call(FUSE_RELEASEDIR, nodeid, &[r.as_slice()], 64)
-            .map(drop)
+        self.call(op, nodeid, &[r.as_slice()], 64).map(drop)
     }
 
     pub fn fsync(&self, nodeid: u64, fh: u64, dir: bool) -> FResult<()> {

@@ -52,7 +52,11 @@ impl PassthroughFs {
     }
 
     /// Parent inode for creating `name` in it, after the checks every create shares.
-    fn create_parent(&self, parent: u64, name: &CStr) -> io::Result<std::sync::Arc<super::Inode>> {
+    pub(super) fn create_parent(
+        &self,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<std::sync::Arc<super::Inode>> {
         self.check_writable()?;
         sys::check_name(name)?;
         if sys::is_dot_or_dotdot(name) {

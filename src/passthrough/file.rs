@@ -73,15 +73,7 @@ impl PassthroughFs {
         flags: u32,
         mode: u32,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
-        self.check_writable()?;
-        sys::check_name(name)?;
-        if sys::is_dot_or_dotdot(name) {
-            return Err(errno(libc::EEXIST));
-        }
-        let p = self.inode(parent)?;
-        if !p.is_dir() {
-            return Err(errno(libc::ENOTDIR));
-        }
+        let p = self.create_parent(parent, name)?;
         let hflags = self.host_flags(flags);
         let fd = {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
