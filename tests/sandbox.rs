@@ -7,13 +7,9 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{read, Daemon};
+use common::{is_root, read, Daemon};
 
 const ROOT: u64 = 1;
-
-fn is_root() -> bool {
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// The process actually serving: the spawned one, or its child in namespace mode.
 fn serving_pid(d: &Daemon) -> i32 {

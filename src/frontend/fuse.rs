@@ -558,9 +558,14 @@ impl FuseClient {
     }
 
     pub fn fsync(&self, nodeid: u64, fh: u64, dir: bool) -> FResult<()> {
+        self.fsync_with(nodeid, fh, dir, false)
+    }
+
+    /// FSYNC or FSYNCDIR; `datasync` sets FUSE_FSYNC_FDATASYNC as the guest's fdatasync() does.
+    pub fn fsync_with(&self, nodeid: u64, fh: u64, dir: bool, datasync: bool) -> FResult<()> {
         let f = FsyncIn {
             fh,
-            fsync_flags: 0,
+            fsync_flags: datasync as u32,
             padding: 0,
         };
         let op = if dir { FUSE_FSYNCDIR } else { FUSE_FSYNC };

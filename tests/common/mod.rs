@@ -191,3 +191,111 @@ pub fn errno<T: std::fmt::Debug>(r: vfsd::frontend::fuse::FResult<T>) -> i32 {
         other => panic!("expected an errno reply, got {other:?}"),
     }
 }
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A small ext4 filesystem on a loop device, for faults a directory can't give: EIO after
+/// a shutdown, and what reached the "disk" (the image file) at a simulated power cut.
+pub struct LoopFs {
+    pub dir: tempfile::TempDir,
+    pub image: PathBuf,
+    pub mnt: PathBuf,
+    mounted: bool,
+}
+
+/// ext4's shutdown flags (EXT4_GOING_FLAGS_*).
+pub const SHUTDOWN_LOGFLUSH: u32 = 1;
+/// Stop at once without committing the journal: what a power cut leaves.
+pub const SHUTDOWN_NOLOGFLUSH: u32 = 2;
+
+impl LoopFs {
+    /// A fresh `size_mib` ext4 image, mounted; None (with a note) when not root.
+    pub fn new(size_mib: u64) -> Option<LoopFs> {
+        if !is_root() {
+            eprintln!("skipped: a loop mount needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        let ok = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096"])
+            .arg(&image)
+            .status()
+            .expect("mkfs.ext4 (e2fsprogs)");
+        assert!(ok.success(), "mkfs.ext4 failed");
+        Some(Self::mount_image(dir, image))
+    }
+
+    /// Mounts an existing image (journal recovery runs, as after a crash).
+    pub fn mount_image(dir: tempfile::TempDir, image: PathBuf) -> LoopFs {
+        let mnt = dir.path().join(format!(
+            "mnt-{}",
+            image.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop"])
+            .arg(&image)
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount -o loop {} failed", image.display());
+        LoopFs {
+            dir,
+            image,
+            mnt,
+            mounted: true,
+        }
+    }
+
+    /// EXT4_IOC_SHUTDOWN: every later data or metadata change on the mount fails with EIO.
+    pub fn shutdown(&self, flags: u32) {
+        let root = std::fs::File::open(&self.mnt).unwrap();
+        // _IOR('X', 125, __u32)
+        let req: libc::c_ulong = (2 << 30) | (4 << 16) | ((b'X' as libc::c_ulong) << 8) | 125;
+        // SAFETY: the ioctl reads one u32 from a live local.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&root),
+                req as _,
+                &flags as *const u32,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "EXT4_IOC_SHUTDOWN: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Whether the image file holds `data`'s first block at a (4 KiB) block boundary: what the
+    /// filesystem has written to its device, whatever sits in its page cache.
+    pub fn image_holds(&self, data: &[u8]) -> bool {
+        let img = std::fs::read(&self.image).unwrap();
+        let needle = &data[..4096];
+        img.chunks_exact(4096).any(|b| b == needle)
+    }
+
+    pub fn unmount(&mut self) {
+        if std::mem::take(&mut self.mounted) {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        if self.mounted {
+            // Lazy: a sandboxed daemon's mount namespace may still hold the mount.
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
