@@ -63,6 +63,44 @@ impl Pool {
     }
 }
 
+impl Pool {
+    fn send(&self, chain: Chain, vring: &VringRwLock<Mem>) {
+        let job = Job {
+            chain,
+            vring: vring.clone(),
+        };
+        if self.tx.send(job).is_err() {
+            error!("worker pool is gone");
+        }
+    }
+}
+
+/// Puts several finished requests on the used ring under one lock and notifies the guest
+/// once for all of them.
+fn complete_all(vring: &VringRwLock<Mem>, done: &[(u16, u32)]) {
+    if done.is_empty() {
+        return;
+    }
+    let notify = {
+        let mut state = vring.get_mut();
+        for &(head, len) in done {
+            if let Err(e) = state.add_used(head, len) {
+                warn!("could not return descriptor {head}: {e}");
+            }
+        }
+        state.needs_notification()
+    };
+    match notify {
+        Ok(true) => {
+            if let Err(e) = vring.signal_used_queue() {
+                warn!("could not notify the guest: {e}");
+            }
+        }
+        Ok(false) => {}
+        Err(e) => warn!("used ring: {e}"),
+    }
+}
+
 /// Puts a finished request on the used ring and notifies the guest if it wants to be told.
 fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32) {
     if let Err(e) = vring.add_used(head, len) {
@@ -159,15 +197,24 @@ impl FsDevice {
             };
             match &self.pool {
                 Some(pool) => {
+                    // Everything but READ goes to the pool at once, so workers start on it
+                    // while this thread tries the reads (below).
+                    let mut reads = Vec::new();
                     for chain in chains {
-                        let job = Job {
-                            chain,
-                            vring: vring.clone(),
-                        };
-                        if pool.tx.send(job).is_err() {
-                            error!("worker pool is gone");
+                        if self.server.is_read(&mem, &chain) {
+                            reads.push(chain);
+                        } else {
+                            pool.send(chain, vring);
                         }
                     }
+                    let mut done = Vec::with_capacity(reads.len());
+                    for chain in reads {
+                        match self.server.try_handle_without_blocking(&mem, &chain) {
+                            Some(len) => done.push((chain.head_index(), len)),
+                            None => pool.send(chain, vring),
+                        }
+                    }
+                    complete_all(vring, &done);
                 }
                 None => {
                     for chain in chains {

@@ -13,6 +13,7 @@
 
 use std::io::{self, Write};
 use std::ops::Deref;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,15 +23,16 @@ use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use log::{debug, warn};
 use virtio_queue::DescriptorChain;
-use vm_memory::{ByteValued, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
-use crate::passthrough::PassthroughFs;
+use crate::passthrough::{nowait, PassthroughFs};
 use crate::stats::Stats;
 
 pub mod opcode {
     pub const FORGET: u32 = 2;
     pub const INIT: u32 = 26;
     pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
     pub const WRITE: u32 = 16;
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
@@ -78,18 +80,63 @@ impl FuseServer {
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
         let start = Instant::now();
+        let (len, op, bad) = self.serve(mem, chain);
+        self.stats.record(op, start.elapsed(), bad);
+        len
+    }
+
+    /// Whether `chain` holds a READ request (worth trying without blocking).
+    pub fn is_read<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> bool
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        peek_opcode(mem, chain) == Some(opcode::READ)
+    }
+
+    /// Serves `chain` on the calling thread if it is a READ that can be answered without
+    /// blocking (see `passthrough::nowait`); None leaves it unanswered for `handle`.
+    pub fn try_handle_without_blocking<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: &DescriptorChain<M>,
+    ) -> Option<u32>
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        if !self.is_read(mem, chain) {
+            return None;
+        }
+        let start = Instant::now();
+        let Some((len, op, bad)) = nowait::try_without_blocking(|| self.serve(mem, chain.clone()))
+        else {
+            self.stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        self.stats.record(op, start.elapsed(), bad);
+        self.stats
+            .reads_on_queue_thread
+            .fetch_add(1, Ordering::Relaxed);
+        Some(len)
+    }
+
+    /// One request: the reply's length, the opcode (0 if unreadable) and whether the request
+    /// was malformed.
+    fn serve<M>(&self, mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> (u32, u32, bool)
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
         let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
             Ok(r) => r,
             Err(e) => {
                 warn!("dropping request: bad readable descriptors: {e}");
-                return 0;
+                return (0, 0, true);
             }
         };
         let hdr: InHeader = match reader.clone().read_obj() {
             Ok(h) => h,
             Err(_) => {
                 warn!("dropping request shorter than a FUSE header");
-                return 0;
+                return (0, 0, true);
             }
         };
         let op = hdr.opcode;
@@ -146,8 +193,7 @@ impl FuseServer {
                 },
             },
         };
-        self.stats.record(op, start.elapsed(), bad);
-        len
+        (len, op, bad)
     }
 
     fn copy_file_range<M>(
@@ -188,6 +234,20 @@ impl FuseServer {
             });
         reply(mem, chain, hdr, result)
     }
+}
+
+/// The opcode of the request in `chain`, read from its first descriptor without walking
+/// the rest (the whole chain is checked when the request is served).
+fn peek_opcode<M>(mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> Option<u32>
+where
+    M: Deref<Target = GuestMemoryMmap> + Clone,
+{
+    let d = chain.clone().next()?;
+    if d.is_write_only() || (d.len() as usize) < std::mem::size_of::<InHeader>() {
+        return None;
+    }
+    let addr = d.addr().checked_add(4)?;
+    mem.read_obj::<u32>(addr).ok()
 }
 
 /// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.

@@ -23,6 +23,10 @@ struct OpStats {
 pub struct Stats {
     ops: Vec<OpStats>,
     started: Instant,
+    /// READs answered on a queue thread from the page cache, and those handed to the pool
+    /// after the attempt would have blocked (see `passthrough::nowait`).
+    pub reads_on_queue_thread: AtomicU64,
+    pub reads_handed_off: AtomicU64,
 }
 
 /// FUSE opcode names as in the kernel's `enum fuse_opcode`.
@@ -90,6 +94,8 @@ impl Default for Stats {
         Stats {
             ops: (0..SLOTS).map(|_| OpStats::default()).collect(),
             started: Instant::now(),
+            reads_on_queue_thread: AtomicU64::new(0),
+            reads_handed_off: AtomicU64::new(0),
         }
     }
 }
@@ -155,6 +161,8 @@ impl Stats {
             "opcodes": ops,
             "peak_writes_in_flight": peak,
             "exclusive_violations": violations,
+            "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
+            "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "live_inodes": fs.inodes.len(),
             "open_handles": fs.handles.len(),
             "inodes": inodes,

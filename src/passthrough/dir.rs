@@ -210,6 +210,7 @@ impl PassthroughFs {
             fd,
             flags: libc::O_RDONLY | libc::O_DIRECTORY,
             dir: Some(Default::default()),
+            nowait_reads: Default::default(),
         });
         let opts = if self.cfg.cache == CachePolicy::Always {
             OpenOptions::CACHE_DIR

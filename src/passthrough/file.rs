@@ -5,6 +5,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuse_backend_rs::api::filesystem::{
     Context, Entry, OpenOptions, ZeroCopyReader, ZeroCopyWriter,
@@ -13,6 +14,7 @@ use fuse_backend_rs::api::filesystem::{
 use super::handle::Handle;
 use super::inode::Inode;
 use super::lock::IoGuard;
+use super::nowait::{self, NoWaitFile};
 use super::PassthroughFs;
 use crate::sys::{self, cvt, errno};
 
@@ -61,6 +63,7 @@ impl PassthroughFs {
             fd,
             flags: hflags,
             dir: None,
+            nowait_reads: AtomicBool::new(true),
         });
         Ok((fh, self.file_open_options(flags)))
     }
@@ -100,6 +103,7 @@ impl PassthroughFs {
             fd,
             flags: hflags,
             dir: None,
+            nowait_reads: AtomicBool::new(true),
         });
         Ok((entry, fh, self.file_open_options(flags)))
     }
@@ -113,6 +117,9 @@ impl PassthroughFs {
         offset: u64,
     ) -> io::Result<usize> {
         let h = self.handles.get(handle, inode)?;
+        if nowait::active() {
+            return read_without_blocking(&h, w, size, offset);
+        }
         let _g = h.inode.io.shared();
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
     }
@@ -272,4 +279,30 @@ fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
     }
     drop(g);
     Ok(inode.io.exclusive())
+}
+
+/// A READ on a queue thread (see `nowait`): only a whole read straight from the page cache
+/// counts. A short one may be EOF or may be half cached, so it goes to the pool like a miss.
+fn read_without_blocking(
+    h: &Handle,
+    w: &mut dyn ZeroCopyWriter,
+    size: u32,
+    offset: u64,
+) -> io::Result<usize> {
+    // O_DIRECT reads always wait for the device, RWF_NOWAIT or not.
+    if h.flags & libc::O_DIRECT != 0 || !h.nowait_reads.load(Ordering::Relaxed) {
+        return Err(nowait::would_block());
+    }
+    let Some(_g) = h.inode.io.try_shared() else {
+        return Err(nowait::would_block());
+    };
+    match w.write_from(&mut NoWaitFile(h.fd.as_raw_fd()), size as usize, offset) {
+        Ok(n) if n == size as usize => Ok(n),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+            // This host filesystem has no RWF_NOWAIT: stop trying on this handle.
+            h.nowait_reads.store(false, Ordering::Relaxed);
+            Err(nowait::would_block())
+        }
+        _ => Err(nowait::would_block()),
+    }
 }

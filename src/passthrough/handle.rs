@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::inode::Inode;
@@ -26,6 +26,9 @@ pub struct Handle {
     /// Open flags as given to the host (after vfsd's adjustments).
     pub flags: i32,
     pub dir: Option<Mutex<DirState>>,
+    /// Whether reads on this handle may be tried with RWF_NOWAIT (`nowait`); cleared when
+    /// the host filesystem says it can't.
+    pub nowait_reads: AtomicBool,
 }
 
 impl Handle {

@@ -48,6 +48,15 @@ impl IoLock {
         IoGuard::Shared(self.lock.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The shared side if nobody holds (or waits for) the exclusive one; never blocks.
+    pub fn try_shared(&self) -> Option<IoGuard<'_>> {
+        match self.lock.try_read() {
+            Ok(g) => Some(IoGuard::Shared(g)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(IoGuard::Shared(e.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     pub fn exclusive(&self) -> IoGuard<'_> {
         IoGuard::Exclusive(self.lock.write().unwrap_or_else(|e| e.into_inner()))
     }
@@ -138,5 +147,20 @@ mod tests {
         let fake = IoGuard::Exclusive(OTHER.write().unwrap());
         let _w2 = l.write_started(&fake);
         assert_eq!(l.stats().exclusive_violations, 1);
+    }
+
+    #[test]
+    fn try_shared_never_waits_for_a_size_change() {
+        let l = IoLock::default();
+        let g = l.shared();
+        assert!(l.try_shared().is_some(), "readers share");
+        drop(g);
+        let x = l.exclusive();
+        assert!(
+            l.try_shared().is_none(),
+            "an exclusive holder must turn it away"
+        );
+        drop(x);
+        assert!(l.try_shared().is_some());
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Split by concern: `inode` (node ids ↔ O_PATH fds), `handle` (open files), `lock` (the
 //! per-inode I/O lock behind parallel direct writes), `dir` (names: lookup, create, rename,
-//! readdir), `file` (data: open, read, write, fallocate, copy), `attr` (getattr, setattr,
-//! statfs, access) and `xattr`. This file holds the configuration, shared helpers and the
+//! readdir), `file` (data: open, read, write, fallocate, copy), `nowait` (page-cache reads
+//! served without blocking), `attr` (getattr, setattr, statfs, access) and `xattr`. This
+//! file holds the configuration, shared helpers and the
 //! `FileSystem` trait implementation that routes each request to them.
 
 mod attr;
@@ -12,6 +13,7 @@ mod file;
 pub mod handle;
 pub mod inode;
 pub mod lock;
+pub mod nowait;
 mod xattr;
 
 use std::ffi::{CStr, CString};

@@ -1,0 +1,154 @@
+//! The READ fast path: cached reads are answered on the queue thread with RWF_NOWAIT; a
+//! miss, a short read or a host filesystem without RWF_NOWAIT goes to the worker pool.
+//! Either way the guest gets exactly the host's bytes, which these tests check along with
+//! the daemon's own count of where each read was served.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{is_root, pattern, Daemon};
+use vfsd::frontend::fuse::FuseClient;
+
+const ROOT: u64 = 1;
+
+/// (reads on the queue thread, reads handed off), once the stats file shows `total` reads.
+fn read_counts(d: &Daemon, total: u64) -> (u64, u64) {
+    let t = Instant::now();
+    loop {
+        let s = d.stats();
+        let on = s["reads_on_queue_thread"].as_u64().unwrap();
+        let off = s["reads_handed_off"].as_u64().unwrap();
+        let served = s["opcodes"]["READ"]["count"].as_u64().unwrap_or(0);
+        if served >= total {
+            return (on, off);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "stats never showed {total} reads"
+        );
+    }
+}
+
+fn open_file(c: &FuseClient, name: &str) -> (u64, u64) {
+    let e = c.lookup(ROOT, name).unwrap();
+    let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    (e.nodeid, o.fh)
+}
+
+#[test]
+fn cached_reads_are_served_on_the_queue_thread() {
+    let d = Daemon::start(&[]);
+    let data = pattern(1 << 20, 11);
+    std::fs::write(d.path("f"), &data).unwrap(); // now in the host's page cache
+    let c = d.client();
+    let (node, fh) = open_file(&c, "f");
+    for i in 0..64u64 {
+        let off = (i * 12_288) % ((1 << 20) - 65536);
+        let size = [4096u32, 512, 65536, 1][i as usize % 4];
+        let got = c.read(node, fh, off, size).unwrap();
+        assert_eq!(
+            got,
+            &data[off as usize..off as usize + size as usize],
+            "at {off}"
+        );
+    }
+    let (on, off) = read_counts(&d, 64);
+    assert_eq!((on, off), (64, 0));
+}
+
+#[test]
+fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
+    let d = Daemon::start(&[]);
+    let data = pattern(10_000, 12);
+    std::fs::write(d.path("short"), &data).unwrap();
+    let big = pattern(4 << 20, 13);
+    std::fs::write(d.path("cold"), &big).unwrap();
+    // Push "cold" out of the page cache: written back, then dropped.
+    let f = std::fs::File::open(d.path("cold")).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: fadvise on an fd we hold; it only drops clean cached pages.
+    assert_eq!(
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) },
+        0
+    );
+    let c = d.client();
+
+    // A read that ends past EOF is short: it may not be answered from a partial cache.
+    let (node, fh) = open_file(&c, "short");
+    assert_eq!(c.read(node, fh, 8192, 4096).unwrap(), &data[8192..]);
+    assert_eq!(c.read(node, fh, 20_000, 4096).unwrap(), b"");
+    assert_eq!(read_counts(&d, 2), (0, 2));
+
+    // Not cached: RWF_NOWAIT gives EAGAIN and a worker reads from the disk.
+    let (node, fh) = open_file(&c, "cold");
+    let off = 3 << 20;
+    assert_eq!(
+        c.read(node, fh, off, 65536).unwrap(),
+        &big[off as usize..off as usize + 65536]
+    );
+    let (on, off_pool) = read_counts(&d, 3);
+    assert_eq!(
+        (on, off_pool),
+        (0, 3),
+        "a cold read was answered on the queue thread"
+    );
+
+    // Now cached: the next read of the same range stays on the queue thread.
+    assert_eq!(
+        c.read(node, fh, off, 4096).unwrap(),
+        &big[off as usize..off as usize + 4096]
+    );
+    assert_eq!(read_counts(&d, 4), (1, 3));
+}
+
+#[test]
+fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    // tmpfs answers RWF_NOWAIT with EOPNOTSUPP.
+    let mnt = tempfile::tempdir().unwrap();
+    assert!(Command::new("mount")
+        .args(["-t", "tmpfs", "vfsd-test"])
+        .arg(mnt.path())
+        .status()
+        .unwrap()
+        .success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(mnt.path().to_path_buf());
+    let data = pattern(65536, 14);
+    std::fs::write(mnt.path().join("f"), &data).unwrap();
+    let d = Daemon::start_on(mnt.path(), &[]);
+    let c = d.client();
+    let (node, fh) = open_file(&c, "f");
+    for i in 0..8u64 {
+        let off = i * 4096;
+        assert_eq!(
+            c.read(node, fh, off, 4096).unwrap(),
+            &data[off as usize..off as usize + 4096]
+        );
+    }
+    assert_eq!(read_counts(&d, 8), (0, 8));
+}
+
+#[test]
+fn without_a_pool_every_read_is_served_in_place() {
+    let d = Daemon::start(&["--thread-pool-size", "0"]);
+    let data = pattern(8192, 15);
+    std::fs::write(d.path("f"), &data).unwrap();
+    let c = d.client();
+    let (node, fh) = open_file(&c, "f");
+    assert_eq!(c.read(node, fh, 100, 5000).unwrap(), &data[100..5100]);
+    assert_eq!(c.read(node, fh, 8000, 4096).unwrap(), &data[8000..]);
+    // No attempt and no hand-off: the queue thread serves everything the ordinary way.
+    assert_eq!(read_counts(&d, 2), (0, 0));
+}
