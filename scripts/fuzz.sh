@@ -34,20 +34,28 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked || exit 1
 fi
 
-# The fuzzed filesystem lives in temporary directories. As root, put them on a small tmpfs so
-# that nothing a guest request does (fallocate with KEEP_SIZE ignores RLIMIT_FSIZE) can fill
-# the host disk; otherwise the harness caps FALLOCATE lengths itself (see docs/fuzzing.md).
-MNT=""
+# The fuzzed filesystem lives in temporary directories. As root, put them on a small
+# filesystem so that nothing a guest request does (fallocate with KEEP_SIZE ignores
+# RLIMIT_FSIZE) can fill the host disk; otherwise the harness caps FALLOCATE lengths itself
+# (see docs/fuzzing.md). A 256 MiB ext4 loop mount is preferred over tmpfs: ext4 supports
+# RWF_NOWAIT, so READs also take the queue thread's no-wait path and its fallback.
+MNT="" IMG=""
 cleanup() {
     if [ -n "$MNT" ]; then
         umount "$MNT" 2>/dev/null
         rmdir "$MNT" 2>/dev/null
     fi
+    [ -n "$IMG" ] && rm -f "$IMG"
 }
 trap cleanup EXIT
 if [ "$(id -u)" = 0 ]; then
     MNT=$(mktemp -d /tmp/vfsd-fuzz-mnt.XXXXXX)
-    if mount -t tmpfs -o size=256m,mode=1777 vfsd-fuzz "$MNT" 2>/dev/null; then
+    IMG=$(mktemp /var/tmp/vfsd-fuzz-fs.XXXXXX)
+    if truncate -s 256m "$IMG" && mkfs.ext4 -q -F "$IMG" 2>/dev/null &&
+        mount -o loop "$IMG" "$MNT" 2>/dev/null; then
+        chmod 1777 "$MNT"
+        export VFSD_FUZZ_TMP=$MNT
+    elif mount -t tmpfs -o size=256m,mode=1777 vfsd-fuzz "$MNT" 2>/dev/null; then
         export VFSD_FUZZ_TMP=$MNT
     else
         rmdir "$MNT"

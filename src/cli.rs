@@ -44,8 +44,12 @@ impl LogLevel {
 #[command(name = "vfsd", version, about, long_about = None)]
 pub struct Opt {
     /// vhost-user socket path to listen on
-    #[arg(long, value_name = "PATH", required_unless_present_any = ["fd", "print_capabilities"], conflicts_with = "fd")]
+    #[arg(long, alias = "socket", value_name = "PATH", required_unless_present_any = ["fd", "print_capabilities"], conflicts_with = "fd")]
     pub socket_path: Option<PathBuf>,
+
+    /// Group (name or number) that owns the socket and may connect to it
+    #[arg(long, value_name = "GROUP", requires = "socket_path")]
+    pub socket_group: Option<String>,
 
     /// File descriptor of an already listening vhost-user socket
     #[arg(long, value_name = "FD")]
@@ -89,8 +93,26 @@ pub struct Opt {
     pub allow_direct_io: bool,
 
     /// Tell the guest about submounts (accepted for compatibility)
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_announce_submounts")]
     pub announce_submounts: bool,
+
+    /// Do not tell the guest about submounts (the default)
+    #[arg(long, hide = true, overrides_with = "announce_submounts")]
+    pub no_announce_submounts: bool,
+
+    /// Do not offer READDIRPLUS: the guest then looks entries up one by one
+    #[arg(long)]
+    pub no_readdirplus: bool,
+
+    /// Keep the guest's O_NOATIME on host opens (by default it is dropped: it gives EPERM on
+    /// files the daemon does not own)
+    #[arg(long)]
+    pub preserve_noatime: bool,
+
+    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2 (the default; the guest clears
+    /// set-user-ID and set-group-ID bits itself)
+    #[arg(long)]
+    pub no_killpriv_v2: bool,
 
     /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
     #[arg(long)]
@@ -116,6 +138,10 @@ pub struct Opt {
     /// Limit on open files (default: raise the soft limit to the hard limit)
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
+
+    /// Log to syslog (facility daemon) instead of stderr
+    #[arg(long)]
+    pub syslog: bool,
 
     /// Log level (RUST_LOG works too)
     #[arg(long, value_enum, default_value = "info")]
@@ -144,9 +170,76 @@ pub struct Opt {
     /// Stay in the foreground (always the case; accepted for compatibility)
     #[arg(short = 'f')]
     pub foreground: bool,
+
+    /// virtiofsd options vfsd does not implement: parsed so that using one gives a clear
+    /// error instead of an unknown-option message.
+    #[command(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// virtiofsd options without an implementation in vfsd (hidden from --help).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Unsupported {
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub uid_map: Vec<String>,
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub gid_map: Vec<String>,
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub translate_uid: Vec<String>,
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub translate_gid: Vec<String>,
+    #[arg(long, hide = true, value_name = "RULES")]
+    pub xattrmap: Option<String>,
+    #[arg(long, hide = true)]
+    pub killpriv_v2: bool,
+    #[arg(long, hide = true)]
+    pub security_label: bool,
+    #[arg(long, hide = true)]
+    pub posix_acl: bool,
+    #[arg(long, hide = true)]
+    pub allow_mmap: bool,
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_mode: Option<String>,
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_on_error: Option<String>,
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_verify_handles: Option<String>,
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_confirm_paths: Option<String>,
+}
+
+impl Unsupported {
+    /// The first unsupported option given, with what to do instead.
+    fn first(&self) -> Option<&'static str> {
+        let u = self;
+        [
+            (!u.uid_map.is_empty() || !u.gid_map.is_empty(),
+             "--uid-map/--gid-map (unprivileged user-namespace id maps) are not supported; run vfsd as root or with its own uid mapped"),
+            (!u.translate_uid.is_empty() || !u.translate_gid.is_empty(),
+             "--translate-uid/--translate-gid are not supported"),
+            (u.xattrmap.is_some(), "--xattrmap is not supported"),
+            (u.killpriv_v2, "--killpriv-v2 is not supported (the guest clears set-id bits itself)"),
+            (u.security_label, "--security-label is not supported"),
+            (u.posix_acl, "--posix-acl is not supported"),
+            (u.allow_mmap, "--allow-mmap is not supported (guests mmap files with --cache auto or always)"),
+            (u.migration_mode.is_some() || u.migration_on_error.is_some()
+                || u.migration_verify_handles.is_some() || u.migration_confirm_paths.is_some(),
+             "migration options are not supported: vfsd does not support migrating the device"),
+        ]
+        .into_iter()
+        .find_map(|(given, msg)| given.then_some(msg))
+    }
 }
 
 impl Opt {
+    /// Refuses virtiofsd options vfsd does not implement, with one line saying which.
+    pub fn check_supported(&self) -> Result<(), String> {
+        match self.unsupported.first() {
+            Some(msg) => Err(msg.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// Folds `-o key=value,…` options into the regular fields.
     pub fn apply_compat_options(&mut self) -> Result<(), String> {
         for group in std::mem::take(&mut self.compat_options) {
@@ -181,6 +274,8 @@ impl Opt {
                     "allow_direct_io" => self.allow_direct_io = true,
                     "no_allow_direct_io" => self.allow_direct_io = false,
                     "readonly" => self.readonly = true,
+                    "readdirplus" => self.no_readdirplus = false,
+                    "no_readdirplus" => self.no_readdirplus = true,
                     // POSIX and flock locks are handled inside the guest (not forwarded).
                     "posix_lock" | "no_posix_lock" | "flock" | "no_flock" => {}
                     _ => return Err(format!("unknown option '-o {opt}'")),
@@ -191,12 +286,13 @@ impl Opt {
     }
 }
 
-/// Enough workers that requests queued together on one queue run together, measured in
-/// docs/benchmarks.md: 4 beat 0, 2 and 8 on a 2-core host.
+/// Enough workers that requests queued together on one queue run together: max(8, 2 ×
+/// CPUs). On a 2-core host 8 beat 0, 2 and 4 for writes and metadata
+/// (docs/benchmarks/pool-sweep.txt); workers mostly wait on the host, so twice the CPUs.
 pub fn default_pool_size() -> usize {
     std::thread::available_parallelism()
-        .map_or(4, |n| n.get())
-        .max(4)
+        .map_or(8, |n| n.get() * 2)
+        .max(8)
 }
 
 /// Splits on commas, where ",," stands for a literal comma (libvirt's escaping).
@@ -251,6 +347,81 @@ mod tests {
         let mut o =
             Opt::try_parse_from(["vfsd", "--socket-path", "/s", "-o", "source=/a,bogus"]).unwrap();
         assert!(o.apply_compat_options().unwrap_err().contains("bogus"));
+    }
+
+    #[test]
+    fn libvirt_command_lines_parse() {
+        // What libvirt runs: the -o form (older) and the separate options.
+        let mut o = Opt::try_parse_from([
+            "vfsd",
+            "--syslog",
+            "--fd=3",
+            "-o",
+            "source=/a,cache=none,xattr,no_flock,no_posix_lock,no_readdirplus",
+        ])
+        .unwrap();
+        o.apply_compat_options().unwrap();
+        assert!(o.syslog && o.xattr && o.no_readdirplus);
+        // The C virtiofsd's spelling, which older libvirt writes.
+        assert_eq!(o.cache, CachePolicy::Never);
+        o.check_supported().unwrap();
+        let o = Opt::try_parse_from([
+            "vfsd",
+            "--fd=3",
+            "--shared-dir",
+            "/a",
+            "--cache",
+            "never",
+            "--sandbox",
+            "chroot",
+            "--xattr",
+            "--thread-pool-size=4",
+            "--rlimit-nofile=4096",
+            "--log-level",
+            "debug",
+        ])
+        .unwrap();
+        o.check_supported().unwrap();
+        assert_eq!(o.thread_pool_size, 4);
+    }
+
+    #[test]
+    fn unimplemented_virtiofsd_options_give_one_clear_error() {
+        let o = Opt::try_parse_from([
+            "vfsd",
+            "--fd=3",
+            "--shared-dir",
+            "/a",
+            "--uid-map=:0:1000:1:",
+            "--gid-map=:0:1000:1:",
+        ])
+        .unwrap();
+        assert!(o.check_supported().unwrap_err().contains("--uid-map"));
+        let o = Opt::try_parse_from([
+            "vfsd",
+            "--fd=3",
+            "--shared-dir",
+            "/a",
+            "--xattrmap",
+            ":ok:all:::",
+        ])
+        .unwrap();
+        assert!(o.check_supported().unwrap_err().contains("--xattrmap"));
+        // Negations of what vfsd does anyway are fine.
+        let o = Opt::try_parse_from([
+            "vfsd",
+            "--socket",
+            "/s",
+            "--shared-dir",
+            "/a",
+            "--no-killpriv-v2",
+            "--no-announce-submounts",
+            "--preserve-noatime",
+        ])
+        .unwrap();
+        o.check_supported().unwrap();
+        assert!(!o.announce_submounts && o.preserve_noatime);
+        assert_eq!(o.socket_path.as_deref(), Some(std::path::Path::new("/s")));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Start-up and shutdown: checks the options, builds the layers, serves one frontend.
 
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,11 @@ use crate::passthrough::{Config, PassthroughFs};
 use crate::sandbox::{self, DirEntryHandle};
 use crate::server::FuseServer;
 
-/// Sets up logging. fuse-backend-rs is never allowed trace level: its trace path transmutes
-/// guest opcodes into an enum (undefined behaviour for unknown ones).
-pub fn init_logging(opt: &Opt) {
+/// Sets up logging, to stderr or (`--syslog`) to syslog; gives the syslog socket's fd, which
+/// must survive the sandbox's fd clean-up. fuse-backend-rs is never allowed trace level:
+/// its trace path transmutes guest opcodes into an enum (undefined behaviour for unknown
+/// ones).
+pub fn init_logging(opt: &Opt) -> Option<RawFd> {
     let level = if opt.debug {
         log::LevelFilter::Debug
     } else {
@@ -38,8 +40,32 @@ pub fn init_logging(opt: &Opt) {
         log::LevelFilter::Off
     };
     b.filter_module("fuse_backend_rs", crate_level);
-    b.format_timestamp_millis();
+    let mut syslog_fd = None;
+    let mut syslog_err = None;
+    if opt.syslog {
+        match crate::syslog::SyslogWriter::connect() {
+            Ok(w) => {
+                syslog_fd = Some(w.fd());
+                let pid = std::process::id();
+                b.format(move |buf, r| {
+                    use std::io::Write;
+                    let pri = crate::syslog::priority(r.level());
+                    write!(buf, "<{pri}>vfsd[{pid}]: {}", r.args())
+                });
+                b.target(env_logger::Target::Pipe(Box::new(w)));
+            }
+            // No syslog here (a container, say): keep logging to stderr, and say so.
+            Err(e) => syslog_err = Some(e),
+        }
+    }
+    if syslog_fd.is_none() {
+        b.format_timestamp_millis();
+    }
     let _ = b.try_init();
+    if let Some(e) = syslog_err {
+        log::warn!("{e}; logging to stderr instead");
+    }
+    syslog_fd
 }
 
 fn check_shared_dir(dir: &Path) -> Result<(), String> {
@@ -82,6 +108,21 @@ fn bind(path: &Path) -> Result<Listener, String> {
     Listener::new(path, true).map_err(|e| format!("cannot listen on '{}': {e}", path.display()))
 }
 
+/// `--socket-group`: the socket belongs to GROUP (a name or a number), which may connect.
+fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
+    let gid = match group.parse::<libc::gid_t>() {
+        Ok(g) => g,
+        Err(_) => crate::sys::group_id(group)
+            .map_err(|e| format!("--socket-group '{group}': {e}"))?
+            .ok_or_else(|| format!("--socket-group '{group}': no such group"))?,
+    };
+    let fail = |e: std::io::Error| format!("--socket-group '{group}': {}: {e}", path.display());
+    std::os::unix::fs::chown(path, None, Some(gid)).map_err(fail)?;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).map_err(fail)?.permissions().mode();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o060)).map_err(fail)
+}
+
 fn write_stats(sink: &DirEntryHandle, server: &FuseServer) {
     let snap = server.stats.snapshot(server.fs());
     if let Err(e) = sink.replace(serde_json::to_string_pretty(&snap).unwrap().as_bytes()) {
@@ -115,7 +156,8 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
 
 pub fn run(mut opt: Opt) -> Result<(), String> {
     opt.apply_compat_options()?;
-    init_logging(&opt);
+    opt.check_supported()?;
+    let syslog_fd = init_logging(&opt);
     let shared_dir = opt.shared_dir.clone().ok_or("--shared-dir is required")?;
     check_shared_dir(&shared_dir)?;
     let shared_dir = std::fs::canonicalize(&shared_dir)
@@ -142,7 +184,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         .transpose()?;
 
     let mut listener = match (&opt.socket_path, opt.fd) {
-        (Some(p), _) => bind(p)?,
+        (Some(p), _) => {
+            let l = bind(p)?;
+            if let Some(g) = &opt.socket_group {
+                set_socket_group(p, g)?;
+            }
+            l
+        }
         (None, Some(fd)) => {
             // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -160,6 +208,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let mut keep = vec![listener.as_raw_fd()];
     keep.extend(stats_sink.iter().map(|s| s.dir_fd()));
     keep.extend(socket_entry.iter().map(|s| s.dir_fd()));
+    keep.extend(syslog_fd);
     sandbox::close_other_fds(&keep)?;
     let confined = sandbox::enter(opt.sandbox, &shared_dir)?;
     crate::caps::drop_to(&modcaps)?;
@@ -173,6 +222,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.parallel_direct_writes = !opt.no_parallel_direct_writes;
     cfg.announce_submounts = opt.announce_submounts;
     cfg.inode_file_handles = opt.inode_file_handles;
+    cfg.readdirplus = !opt.no_readdirplus;
+    cfg.preserve_noatime = opt.preserve_noatime;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -15,3 +15,4 @@ pub mod seccomp;
 pub mod server;
 pub mod stats;
 pub mod sys;
+pub mod syslog;

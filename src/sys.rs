@@ -3,7 +3,7 @@
 //! Every path taken from the guest is resolved with an `*at()` call relative to a
 //! directory fd, never from the daemon's working directory.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -222,4 +222,31 @@ pub fn open_by_handle(mount_fd: RawFd, h: &FileHandle, flags: i32) -> io::Result
     }
     // SAFETY: a new fd nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The gid of group `name` from the host's group database, or None if there is none.
+pub fn group_id(name: &str) -> io::Result<Option<libc::gid_t>> {
+    let cname = CString::new(name).map_err(|_| errno(libc::EINVAL))?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: all-zero is a valid `struct group`; getgrnam_r fills it.
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call and `buf` is as long as we say.
+        let r = unsafe {
+            libc::getgrnam_r(
+                cname.as_ptr(),
+                &mut grp,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut out,
+            )
+        };
+        match r {
+            0 if out.is_null() => return Ok(None),
+            0 => return Ok(Some(grp.gr_gid)),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            e => return Err(errno(e)),
+        }
+    }
 }

@@ -726,6 +726,11 @@ fn bad_options_fail_with_one_clear_line() {
         "--modcaps",
         "--rlimit-nofile",
         "--inode-file-handles",
+        "--syslog",
+        "--socket-group",
+        "--no-readdirplus",
+        "--preserve-noatime",
+        "--no-killpriv-v2",
     ] {
         assert!(help.contains(opt), "--help lacks {opt}");
     }

@@ -231,7 +231,7 @@ pub fn serve(f: &Fixture, data: &[u8]) {
             if readable.iter().all(|&(a, l)| in_one_region(a, l)) {
                 clamp_fallocate(m.deref(), &readable);
             }
-            let used = f.server.handle(m.deref(), chain);
+            let used = serve_chain(&f.server, m.deref(), chain);
 
             let reply = gather(m.deref(), &writable, OUT_HEADER_LEN);
             if disjoint {

@@ -355,21 +355,9 @@ pub fn no_fd_leak<R>(f: impl FnOnce() -> R) -> R {
 
 static UNIQUE: AtomicU64 = AtomicU64::new(1);
 
-/// An `InHeader` with a correct `len`, followed by `body`.
+/// An `InHeader` with a correct `len`, followed by `body` (the test frontend's layout).
 pub fn hdr(opcode: u32, nodeid: u64, unique: u64, body: &[u8]) -> Vec<u8> {
-    let h = InHeader {
-        len: (IN_HEADER_LEN + body.len()) as u32,
-        opcode,
-        unique,
-        nodeid,
-        uid: 0,
-        gid: 0,
-        pid: 1,
-        padding: 0,
-    };
-    let mut v = h.as_slice().to_vec();
-    v.extend_from_slice(body);
-    v
+    vfsd::frontend::fuse::request_bytes(opcode, nodeid, unique, &[body])
 }
 
 /// A fresh `unique` value (seed building only).
@@ -413,6 +401,22 @@ pub fn gather(mem: &GuestMemoryMmap, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
         out.extend_from_slice(&buf);
     }
     out
+}
+
+/// Serves one popped chain as `src/device.rs` does with a worker pool: a READ is first tried
+/// without blocking, and served normally if that attempt gives up.
+pub fn serve_chain<M>(
+    server: &FuseServer,
+    mem: &GuestMemoryMmap,
+    chain: virtio_queue::DescriptorChain<M>,
+) -> u32
+where
+    M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
+{
+    match server.try_handle_without_blocking(mem, &chain) {
+        Some(used) => used,
+        None => server.handle(mem, chain),
+    }
 }
 
 /// The reply checks shared by both targets. `hdr` is the request header as the device saw

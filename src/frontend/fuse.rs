@@ -196,25 +196,10 @@ impl FuseClient {
         }
     }
 
-    /// Builds a request: header (length filled in) followed by `parts`.
+    /// Builds a request with a fresh `unique`: header (length filled in) followed by `parts`.
     pub fn build(&self, op: u32, nodeid: u64, parts: &[&[u8]]) -> (u64, Vec<u8>) {
         let unique = self.unique.fetch_add(1, Ordering::Relaxed);
-        let body: usize = parts.iter().map(|p| p.len()).sum();
-        let hdr = InHeader {
-            len: (std::mem::size_of::<InHeader>() + body) as u32,
-            opcode: op,
-            unique,
-            nodeid,
-            uid: 0,
-            gid: 0,
-            pid: 1,
-            padding: 0,
-        };
-        let mut v = hdr.as_slice().to_vec();
-        for p in parts {
-            v.extend_from_slice(p);
-        }
-        (unique, v)
+        (unique, request_bytes(op, nodeid, unique, parts))
     }
 
     /// Places raw request bytes on `queue` and kicks; waits for a free slot if needed.
@@ -732,6 +717,27 @@ impl FuseClient {
     pub fn destroy(&self) -> FResult<()> {
         self.call(FUSE_DESTROY, 0, &[], 64).map(drop)
     }
+}
+
+/// A FUSE request as the guest driver lays it out: an `InHeader` whose `len` covers `parts`,
+/// then `parts` (sent by root, pid 1).
+pub fn request_bytes(op: u32, nodeid: u64, unique: u64, parts: &[&[u8]]) -> Vec<u8> {
+    let body: usize = parts.iter().map(|p| p.len()).sum();
+    let hdr = InHeader {
+        len: (std::mem::size_of::<InHeader>() + body) as u32,
+        opcode: op,
+        unique,
+        nodeid,
+        uid: 0,
+        gid: 0,
+        pid: 1,
+        padding: 0,
+    };
+    let mut v = hdr.as_slice().to_vec();
+    for p in parts {
+        v.extend_from_slice(p);
+    }
+    v
 }
 
 /// Checks a raw reply against its header and returns it decoded.

@@ -22,6 +22,9 @@ impl PassthroughFs {
     /// Host open flags for guest open flags.
     fn host_flags(&self, flags: u32) -> i32 {
         let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+        if !self.cfg.preserve_noatime {
+            f &= !libc::O_NOATIME;
+        }
         if !self.cfg.allow_direct_io {
             f &= !libc::O_DIRECT;
         }

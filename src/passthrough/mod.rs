@@ -45,6 +45,7 @@ pub enum CachePolicy {
     /// Cache everything for a long time; host-side changes may be missed.
     Always,
     /// No caching: every access goes to the host, file I/O is direct.
+    #[value(alias = "none")]
     Never,
     /// Cache metadata like `always`, but do file I/O directly.
     Metadata,
@@ -61,6 +62,11 @@ pub struct Config {
     pub parallel_direct_writes: bool,
     pub announce_submounts: bool,
     pub inode_file_handles: inode::FileHandleMode,
+    /// Offer READDIRPLUS (`--no-readdirplus` turns it off).
+    pub readdirplus: bool,
+    /// Pass the guest's O_NOATIME to host opens (`--preserve-noatime`). By default it is
+    /// dropped, as virtiofsd does: it fails with EPERM on files the daemon does not own.
+    pub preserve_noatime: bool,
 }
 
 impl Config {
@@ -75,6 +81,8 @@ impl Config {
             parallel_direct_writes: true,
             announce_submounts: false,
             inode_file_handles: inode::FileHandleMode::Never,
+            readdirplus: true,
+            preserve_noatime: false,
         }
     }
 
@@ -232,8 +240,6 @@ impl FileSystem for PassthroughFs {
             | FsOptions::MAX_PAGES
             | FsOptions::AUTO_INVAL_DATA
             | FsOptions::ASYNC_DIO
-            | FsOptions::DO_READDIRPLUS
-            | FsOptions::READDIRPLUS_AUTO
             | FsOptions::EXPORT_SUPPORT
             | FsOptions::ATOMIC_O_TRUNC
             | FsOptions::CACHE_SYMLINKS;
@@ -242,6 +248,9 @@ impl FileSystem for PassthroughFs {
         }
         if self.cfg.announce_submounts {
             want |= FsOptions::SUBMOUNTS;
+        }
+        if self.cfg.readdirplus {
+            want |= FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO;
         }
         let enabled = capable & want;
         self.writeback.store(

@@ -1,0 +1,235 @@
+//! The virtiofsd options that management tools pass, beyond the core ones in opcodes.rs:
+//! libvirt's command lines (`--syslog`, `-o cache=none,...`), `--socket-group`,
+//! `--no-readdirplus`, O_NOATIME handling, and a clear error for what vfsd lacks.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use common::{is_root, Daemon};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+
+const ROOT: u64 = 1;
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(common::vfsd_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+#[test]
+fn syslog_gets_every_record_even_inside_the_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_sock = dir.path().join("log");
+    let syslogd = UnixDatagram::bind(&log_sock).unwrap();
+    syslogd
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    std::fs::create_dir(dir.path().join("share")).unwrap();
+    let sock = dir.path().join("s");
+    // libvirt's older command line, with the default sandbox and seccomp.
+    let mut child = std::process::Command::new(common::vfsd_bin())
+        .env("VFSD_SYSLOG_SOCKET", &log_sock)
+        .arg("--syslog")
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("-o")
+        .arg(format!(
+            "source={},cache=none,xattr,no_flock,no_posix_lock",
+            dir.path().join("share").display()
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let c = FuseClient::new(
+        vfsd::frontend::Frontend::connect(&sock, FrontendConfig::default()).unwrap(),
+    );
+    let init = c.init().unwrap();
+    // cache=none is the C virtiofsd's name for never: opens are direct I/O.
+    let (_, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    assert_ne!(
+        o.open_flags & FOPEN_DIRECT_IO,
+        0,
+        "cache=none was not 'never'"
+    );
+    assert_ne!(init.flags & INIT_DO_READDIRPLUS, 0);
+    drop(c); // the daemon logs the disconnect (after sandbox and seccomp) and exits
+    assert!(child.wait().unwrap().success());
+
+    let mut records = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = syslogd.recv(&mut buf) {
+        let r = String::from_utf8_lossy(&buf[..n]).to_string();
+        let last = r.contains("disconnect");
+        records.push(r);
+        if last {
+            break;
+        }
+    }
+    let pid_tag = format!("vfsd[{}]: ", child.id());
+    assert!(!records.is_empty(), "nothing reached syslog");
+    for r in &records {
+        // <30> = facility daemon (3) * 8 + info (6); warnings would be <28>.
+        assert!(
+            (r.starts_with("<30>") || r.starts_with("<28>")) && r.contains(&pid_tag),
+            "not a syslog record: {r:?}"
+        );
+        assert!(!r.ends_with('\n'), "{r:?}");
+    }
+    assert!(
+        records.iter().any(|r| r.contains("disconnect")),
+        "the exit record is missing: {records:?}"
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.is_empty(), "with --syslog, stderr got: {stderr}");
+}
+
+#[test]
+fn syslog_without_a_syslog_daemon_falls_back_to_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("share")).unwrap();
+    let sock = dir.path().join("s");
+    let mut child = std::process::Command::new(common::vfsd_bin())
+        .env("VFSD_SYSLOG_SOCKET", dir.path().join("nobody-listens"))
+        .arg("--syslog")
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(dir.path().join("share"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("--syslog") && stderr.contains("logging to stderr instead"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn socket_group_owns_the_socket() {
+    if !is_root() {
+        eprintln!("skipped: changing a file's group to another one needs root");
+        return;
+    }
+    // A group that exists everywhere, by name and by number.
+    for group in ["daemon", "1"] {
+        let d = Daemon::start(&["--socket-group", group]);
+        let m = std::fs::metadata(&d.sock).unwrap();
+        assert_eq!(m.gid(), 1, "--socket-group {group}");
+        assert_eq!(m.mode() & 0o060, 0o060, "the group can't connect");
+        d.client().getattr(ROOT).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let (code, err) = run(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        "/",
+        "--socket-group",
+        "no-such-group-here",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no-such-group-here"), "{err}");
+}
+
+#[test]
+fn no_readdirplus_is_not_offered() {
+    let d = Daemon::start(&["--no-readdirplus"]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let init = c.init().unwrap();
+    assert_eq!(init.flags & INIT_DO_READDIRPLUS, 0);
+    // Plain READDIR still lists the directory.
+    std::fs::write(d.path("x"), b"").unwrap();
+    let names: Vec<_> = c
+        .readdir_all(ROOT, false)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.iter().any(|n| n == b"x"));
+}
+
+/// The open flags of the daemon's fd for `file`, from /proc/PID/fdinfo.
+fn host_open_flags(pid: i32, file: &std::path::Path) -> i32 {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let e = e.unwrap();
+        if std::fs::read_link(e.path()).ok().as_deref() == Some(file) {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .unwrap();
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap();
+            let f = i32::from_str_radix(flags.trim(), 8).unwrap();
+            // O_PATH fds name the file too; the handle is the one opened for I/O.
+            if f & libc::O_PATH == 0 {
+                return f;
+            }
+        }
+    }
+    panic!("the daemon holds no I/O fd for {}", file.display());
+}
+
+#[test]
+fn o_noatime_is_dropped_unless_preserved() {
+    for (extra, kept) in [(&[][..], false), (&["--preserve-noatime"][..], true)] {
+        let mut args = vec!["--sandbox", "none"];
+        args.extend_from_slice(extra);
+        let d = Daemon::start(&args);
+        std::fs::write(d.path("f"), b"x").unwrap();
+        let c = d.client();
+        let e = c.lookup(ROOT, "f").unwrap();
+        let _o = c
+            .open(e.nodeid, (libc::O_RDONLY | libc::O_NOATIME) as u32)
+            .unwrap();
+        let f = host_open_flags(d.pid(), &std::fs::canonicalize(d.path("f")).unwrap());
+        assert_eq!(f & libc::O_NOATIME != 0, kept, "{extra:?}: flags {f:o}");
+    }
+}
+
+#[test]
+fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let sock = sock.to_str().unwrap();
+    for (opt, what) in [
+        ("--uid-map=:0:1000:1:", "--uid-map"),
+        ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
+        ("--migration-mode=find-paths", "migration"),
+        ("--killpriv-v2", "--killpriv-v2"),
+    ] {
+        let (code, err) = run(&["--socket-path", sock, "--shared-dir", "/", opt]);
+        assert_eq!(code, Some(1), "{opt}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(what) && err.contains("not supported"), "{err}");
+    }
+    assert!(
+        !std::path::Path::new(sock).exists(),
+        "a socket was left behind"
+    );
+}
