@@ -109,6 +109,8 @@ fn bind(path: &Path) -> Result<Listener, String> {
 }
 
 /// `--socket-group`: the socket belongs to GROUP (a name or a number), which may connect.
+/// The socket is opened O_PATH|O_NOFOLLOW and changed through that fd, so a symlink put in
+/// its place (in a directory others can write) is never followed.
 fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
     let gid = match group.parse::<libc::gid_t>() {
         Ok(g) => g,
@@ -117,10 +119,36 @@ fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
             .ok_or_else(|| format!("--socket-group '{group}': no such group"))?,
     };
     let fail = |e: std::io::Error| format!("--socket-group '{group}': {}: {e}", path.display());
-    std::os::unix::fs::chown(path, None, Some(gid)).map_err(fail)?;
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| "--socket-group: the socket path contains a NUL byte".to_string())?;
+    let fd = crate::sys::openat(
+        libc::AT_FDCWD,
+        &cpath,
+        libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0,
+    )
+    .map_err(fail)?;
+    let st =
+        crate::sys::statx(fd.as_raw_fd(), crate::sys::EMPTY, libc::AT_EMPTY_PATH).map_err(fail)?;
+    if st.st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(fail(std::io::Error::other("not a socket")));
+    }
+    // SAFETY: fchownat on an fd we own, with an empty path (AT_EMPTY_PATH).
+    crate::sys::cvt(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            crate::sys::EMPTY.as_ptr(),
+            u32::MAX,
+            gid,
+            libc::AT_EMPTY_PATH,
+        )
+    })
+    .map_err(fail)?;
+    // chmod has no AT_EMPTY_PATH; /proc/self/fd/N names exactly the inode the fd holds.
+    let mode = (st.st.st_mode & 0o7777) | 0o060;
+    let via = format!("/proc/self/fd/{}", fd.as_raw_fd());
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path).map_err(fail)?.permissions().mode();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o060)).map_err(fail)
+    std::fs::set_permissions(&via, std::fs::Permissions::from_mode(mode)).map_err(fail)
 }
 
 fn write_stats(sink: &DirEntryHandle, server: &FuseServer) {

@@ -29,6 +29,12 @@ pub const MAX_QUEUE_SIZE: usize = 32768;
 /// Length of the tag field in `struct virtio_fs_config`.
 pub const TAG_LEN: usize = 36;
 
+/// READs answered on a queue thread are put on the used ring in groups of at most this
+/// many requests or bytes: one lock and one notification per group, without making the
+/// first reply wait for a long batch.
+const INLINE_BATCH: usize = 16;
+const INLINE_BATCH_BYTES: usize = 1 << 20;
+
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
 
@@ -207,11 +213,21 @@ impl FsDevice {
                             pool.send(chain, vring);
                         }
                     }
-                    let mut done = Vec::with_capacity(reads.len());
+                    let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
+                    let mut bytes = 0usize;
                     for chain in reads {
                         match self.server.try_handle_without_blocking(&mem, &chain) {
-                            Some(len) => done.push((chain.head_index(), len)),
+                            Some(len) => {
+                                done.push((chain.head_index(), len));
+                                bytes += len as usize;
+                            }
                             None => pool.send(chain, vring),
+                        }
+                        // Don't hold finished replies back behind a long run of copies.
+                        if done.len() >= INLINE_BATCH || bytes >= INLINE_BATCH_BYTES {
+                            complete_all(vring, &done);
+                            done.clear();
+                            bytes = 0;
                         }
                     }
                     complete_all(vring, &done);

@@ -140,6 +140,11 @@ impl FuseServer {
             }
         };
         let op = hdr.opcode;
+        if op != opcode::READ && nowait::active() {
+            // The guest changed the opcode after the peek: only READs run here.
+            nowait::would_block();
+            return (0, op, false);
+        }
         let (len, bad) = match op {
             opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, &chain, &hdr, reader), false),
             opcode::DESTROY => {

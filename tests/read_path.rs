@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{is_root, pattern, Daemon};
+use common::{is_root, pattern, Daemon, LoopFs};
 use vfsd::frontend::fuse::FuseClient;
 
 const ROOT: u64 = 1;
@@ -32,6 +32,37 @@ fn read_counts(d: &Daemon, total: u64) -> (u64, u64) {
     }
 }
 
+/// A daemon on a filesystem with RWF_NOWAIT: a fresh ext4 loop mount when root (the same
+/// everywhere), else the temporary directory if it has it (tmpfs does not).
+struct Share {
+    d: Daemon,
+    _fs: Option<LoopFs>,
+}
+
+fn nowait_share(extra: &[&str]) -> Option<Share> {
+    if is_root() {
+        let fs = LoopFs::new(64)?;
+        let d = Daemon::start_on(&fs.mnt, extra);
+        return Some(Share { d, _fs: Some(fs) });
+    }
+    let d = Daemon::start(extra);
+    std::fs::write(d.path("probe"), b"x").unwrap();
+    let f = std::fs::File::open(d.path("probe")).unwrap();
+    let mut b = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: one iovec over a live local buffer.
+    let r = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    if r < 0 {
+        eprintln!("skipped: the temporary directory has no RWF_NOWAIT (run as root for ext4)");
+        return None;
+    }
+    std::fs::remove_file(d.path("probe")).unwrap();
+    Some(Share { d, _fs: None })
+}
+
 fn open_file(c: &FuseClient, name: &str) -> (u64, u64) {
     let e = c.lookup(ROOT, name).unwrap();
     let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
@@ -40,7 +71,10 @@ fn open_file(c: &FuseClient, name: &str) -> (u64, u64) {
 
 #[test]
 fn cached_reads_are_served_on_the_queue_thread() {
-    let d = Daemon::start(&[]);
+    let Some(share) = nowait_share(&[]) else {
+        return;
+    };
+    let d = &share.d;
     let data = pattern(1 << 20, 11);
     std::fs::write(d.path("f"), &data).unwrap(); // now in the host's page cache
     let c = d.client();
@@ -55,13 +89,16 @@ fn cached_reads_are_served_on_the_queue_thread() {
             "at {off}"
         );
     }
-    let (on, off) = read_counts(&d, 64);
+    let (on, off) = read_counts(d, 64);
     assert_eq!((on, off), (64, 0));
 }
 
 #[test]
 fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
-    let d = Daemon::start(&[]);
+    let Some(share) = nowait_share(&[]) else {
+        return;
+    };
+    let d = &share.d;
     let data = pattern(10_000, 12);
     std::fs::write(d.path("short"), &data).unwrap();
     let big = pattern(4 << 20, 13);
@@ -80,7 +117,7 @@ fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
     let (node, fh) = open_file(&c, "short");
     assert_eq!(c.read(node, fh, 8192, 4096).unwrap(), &data[8192..]);
     assert_eq!(c.read(node, fh, 20_000, 4096).unwrap(), b"");
-    assert_eq!(read_counts(&d, 2), (0, 2));
+    assert_eq!(read_counts(d, 2), (0, 2));
 
     // Not cached: RWF_NOWAIT gives EAGAIN and a worker reads from the disk.
     let (node, fh) = open_file(&c, "cold");
@@ -89,7 +126,7 @@ fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
         c.read(node, fh, off, 65536).unwrap(),
         &big[off as usize..off as usize + 65536]
     );
-    let (on, off_pool) = read_counts(&d, 3);
+    let (on, off_pool) = read_counts(d, 3);
     assert_eq!(
         (on, off_pool),
         (0, 3),
@@ -101,7 +138,7 @@ fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
         c.read(node, fh, off, 4096).unwrap(),
         &big[off as usize..off as usize + 4096]
     );
-    assert_eq!(read_counts(&d, 4), (1, 3));
+    assert_eq!(read_counts(d, 4), (1, 3));
 }
 
 #[test]

@@ -31,8 +31,22 @@ fn syslog_gets_every_record_even_inside_the_sandbox() {
     let log_sock = dir.path().join("log");
     let syslogd = UnixDatagram::bind(&log_sock).unwrap();
     syslogd
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
+    // Read as the records come (a syslog daemon's queue is short; vfsd drops, never waits).
+    let collector = std::thread::spawn(move || {
+        let mut records = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = syslogd.recv(&mut buf) {
+            let r = String::from_utf8_lossy(&buf[..n]).to_string();
+            let last = r.contains("disconnect");
+            records.push(r);
+            if last {
+                break;
+            }
+        }
+        records
+    });
     std::fs::create_dir(dir.path().join("share")).unwrap();
     let sock = dir.path().join("s");
     // libvirt's older command line, with the default sandbox and seccomp.
@@ -69,16 +83,7 @@ fn syslog_gets_every_record_even_inside_the_sandbox() {
     drop(c); // the daemon logs the disconnect (after sandbox and seccomp) and exits
     assert!(child.wait().unwrap().success());
 
-    let mut records = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = syslogd.recv(&mut buf) {
-        let r = String::from_utf8_lossy(&buf[..n]).to_string();
-        let last = r.contains("disconnect");
-        records.push(r);
-        if last {
-            break;
-        }
-    }
+    let records = collector.join().unwrap();
     let pid_tag = format!("vfsd[{}]: ", child.id());
     assert!(!records.is_empty(), "nothing reached syslog");
     for r in &records {
@@ -134,11 +139,24 @@ fn socket_group_owns_the_socket() {
         eprintln!("skipped: changing a file's group to another one needs root");
         return;
     }
-    // A group that exists everywhere, by name and by number.
-    for group in ["daemon", "1"] {
-        let d = Daemon::start(&["--socket-group", group]);
-        let m = std::fs::metadata(&d.sock).unwrap();
-        assert_eq!(m.gid(), 1, "--socket-group {group}");
+    // A group that exists everywhere (its number differs between distributions), by name
+    // and by number.
+    let gid = vfsd::sys::group_id("daemon")
+        .unwrap()
+        .expect("group 'daemon'");
+    for group in ["daemon".to_string(), gid.to_string()] {
+        let d = Daemon::start(&["--socket-group", &group]);
+        // The group changes just after bind (the socket exists a moment before); the socket
+        // is removed once a frontend connects, so look before connecting.
+        let t = Instant::now();
+        let m = loop {
+            let m = std::fs::metadata(&d.sock).unwrap();
+            if m.gid() == gid || t.elapsed() > Duration::from_secs(5) {
+                break m;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(m.gid(), gid, "--socket-group {group}");
         assert_eq!(m.mode() & 0o060, 0o060, "the group can't connect");
         d.client().getattr(ROOT).unwrap();
     }

@@ -31,19 +31,28 @@ thread_local! {
 /// read in it would have blocked (its reply must then be discarded and the request served
 /// again by a thread that may block).
 pub fn try_without_blocking<R>(f: impl FnOnce() -> R) -> Option<R> {
+    /// Turns the mode off however `f` ends, a panic included, so a later blocking request
+    /// on this thread is never refused.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            STATE.with(|s| s.set(State::Off));
+        }
+    }
+    let _reset = Reset;
     STATE.with(|s| s.set(State::Trying));
     let r = f();
-    let blocked = STATE.with(|s| s.replace(State::Off)) == State::WouldBlock;
+    let blocked = STATE.with(|s| s.get()) == State::WouldBlock;
     (!blocked).then_some(r)
 }
 
 /// Whether the current request runs in non-blocking mode.
-pub(super) fn active() -> bool {
+pub fn active() -> bool {
     STATE.with(|s| s.get()) != State::Off
 }
 
 /// Abandons the current non-blocking attempt; the error only shapes the discarded reply.
-pub(super) fn would_block() -> io::Error {
+pub fn would_block() -> io::Error {
     STATE.with(|s| s.set(State::WouldBlock));
     io::Error::from_raw_os_error(libc::EAGAIN)
 }
@@ -109,5 +118,30 @@ impl FileReadWriteVolatile for NoWaitFile {
 
     fn write_at_volatile(&mut self, _slice: FileVolatileSlice, _offset: u64) -> io::Result<usize> {
         Err(not_for_writing())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_attempt_leaves_the_thread_in_blocking_mode() {
+        let r = std::panic::catch_unwind(|| try_without_blocking(|| panic!("in a read")));
+        assert!(r.is_err());
+        assert!(!active(), "later requests on this thread would be refused");
+    }
+
+    #[test]
+    fn would_block_discards_the_result() {
+        assert_eq!(try_without_blocking(|| 7), Some(7));
+        assert_eq!(
+            try_without_blocking(|| {
+                let _ = would_block();
+                7
+            }),
+            None
+        );
+        assert!(!active());
     }
 }

@@ -286,7 +286,10 @@ impl LoopFs {
 
     pub fn unmount(&mut self) {
         if std::mem::take(&mut self.mounted) {
-            let _ = Command::new("umount").arg(&self.mnt).status();
+            let ok = Command::new("umount").arg(&self.mnt).status();
+            if !ok.is_ok_and(|s| s.success()) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
         }
     }
 }
