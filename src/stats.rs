@@ -27,6 +27,8 @@ pub struct Stats {
     /// after the attempt would have blocked (see `passthrough::nowait`).
     pub reads_on_queue_thread: AtomicU64,
     pub reads_handed_off: AtomicU64,
+    /// Of the queue-thread READs, those decoded by vfsd itself (`server::fast_read`).
+    pub reads_direct: AtomicU64,
 }
 
 /// FUSE opcode names as in the kernel's `enum fuse_opcode`.
@@ -96,6 +98,7 @@ impl Default for Stats {
             started: Instant::now(),
             reads_on_queue_thread: AtomicU64::new(0),
             reads_handed_off: AtomicU64::new(0),
+            reads_direct: AtomicU64::new(0),
         }
     }
 }
@@ -163,6 +166,7 @@ impl Stats {
             "exclusive_violations": violations,
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
+            "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "live_inodes": fs.inodes.len(),
             "open_handles": fs.handles.len(),
             "inodes": inodes,

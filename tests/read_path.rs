@@ -189,3 +189,51 @@ fn without_a_pool_every_read_is_served_in_place() {
     // No attempt and no hand-off: the queue thread serves everything the ordinary way.
     assert_eq!(read_counts(&d, 2), (0, 0));
 }
+
+#[test]
+fn reads_in_every_descriptor_shape_return_the_host_bytes() {
+    use vfsd::frontend::virtq::Layout;
+    // (largest descriptor, indirect, read size, tried on the queue thread, decoded by vfsd's
+    // direct READ path rather than fuse-backend-rs): one descriptor
+    // each way; the Linux driver's shape (header and arguments apart, a separate reply
+    // header); more reply pieces than the direct READ path takes (the general path serves
+    // them, still on the queue thread); 7-byte pieces, where the opcode is not in the first
+    // descriptor, so the queue thread does not recognise a READ and the pool serves it;
+    // page-sized pieces.
+    let shapes = [
+        (0, false, 65536u32, true, true),
+        (40, true, 4096, true, true),
+        (40, true, 16384, true, false),
+        (7, true, 1000, false, false),
+        (4096, false, 65536, true, true),
+    ];
+    let Some(share) = nowait_share(&[]) else {
+        return;
+    };
+    let d = &share.d;
+    let data = pattern(1 << 20, 16);
+    std::fs::write(d.path("f"), &data).unwrap();
+    let mut c = FuseClient::new(d.frontend(vfsd::frontend::FrontendConfig {
+        descs_per_slot: 64,
+        ..Default::default()
+    }));
+    c.init().unwrap();
+    let (node, fh) = open_file(&c, "f");
+    let (mut reads, mut on_queue_thread, mut direct) = (0, 0, 0);
+    for (split, indirect, size, tried, decoded) in shapes {
+        c.layout = Layout { split, indirect };
+        for off in [0u64, 4095, 500_000] {
+            let got = c.read(node, fh, off, size).unwrap();
+            let want = &data[off as usize..off as usize + size as usize];
+            assert!(
+                got == want,
+                "split {split} indirect {indirect} size {size} at {off}"
+            );
+            reads += 1;
+            on_queue_thread += tried as u64;
+            direct += decoded as u64;
+        }
+    }
+    assert_eq!(read_counts(d, reads), (on_queue_thread, 0));
+    assert_eq!(d.stats()["reads_direct"].as_u64().unwrap(), direct);
+}

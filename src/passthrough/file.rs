@@ -292,20 +292,52 @@ fn read_without_blocking(
     size: u32,
     offset: u64,
 ) -> io::Result<usize> {
+    let r = nowait_read(h, size as usize, |fd| {
+        w.write_from(&mut NoWaitFile(fd), size as usize, offset)
+    });
+    r.ok_or_else(nowait::would_block)
+}
+
+/// The no-wait rules around one read of `size` bytes: Some only for a whole read done
+/// without waiting for the disk or for the inode's I/O lock.
+fn nowait_read(
+    h: &Handle,
+    size: usize,
+    read: impl FnOnce(std::os::fd::RawFd) -> io::Result<usize>,
+) -> Option<usize> {
     // O_DIRECT reads always wait for the device, RWF_NOWAIT or not.
     if h.flags & libc::O_DIRECT != 0 || !h.nowait_reads.load(Ordering::Relaxed) {
-        return Err(nowait::would_block());
+        return None;
     }
-    let Some(_g) = h.inode.io.try_shared() else {
-        return Err(nowait::would_block());
-    };
-    match w.write_from(&mut NoWaitFile(h.fd.as_raw_fd()), size as usize, offset) {
-        Ok(n) if n == size as usize => Ok(n),
+    let _g = h.inode.io.try_shared()?;
+    match read(h.fd.as_raw_fd()) {
+        Ok(n) if n == size => Some(n),
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
             // This host filesystem has no RWF_NOWAIT: stop trying on this handle.
             h.nowait_reads.store(false, Ordering::Relaxed);
-            Err(nowait::would_block())
+            None
         }
-        _ => Err(nowait::would_block()),
+        _ => None,
+    }
+}
+
+impl PassthroughFs {
+    /// A READ of handle `fh` of node `nodeid` into `iov` (the guest's reply buffers, as
+    /// many bytes as the request asked for) if it can be done without blocking; None if
+    /// not, having changed nothing the guest can see as a reply.
+    ///
+    /// # Safety
+    /// Every iovec must describe writable memory that stays mapped for the whole call.
+    pub unsafe fn read_nowait(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        iov: &[libc::iovec],
+    ) -> Option<usize> {
+        let h = self.handles.get(fh, nodeid).ok()?;
+        let size = iov.iter().map(|v| v.iov_len).sum();
+        // SAFETY: the caller vouches for the iovecs.
+        nowait_read(&h, size, |fd| unsafe { nowait::preadv2(fd, iov, offset) })
     }
 }

@@ -60,6 +60,24 @@ pub fn would_block() -> io::Error {
 /// A file read with RWF_NOWAIT: EAGAIN instead of waiting for the disk.
 pub(super) struct NoWaitFile(pub RawFd);
 
+/// `preadv2(fd, iov, offset, RWF_NOWAIT)`.
+///
+/// # Safety
+/// Every iovec must describe writable memory that stays mapped for the call.
+pub(super) unsafe fn preadv2(fd: RawFd, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
+    let off =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let cnt =
+        libc::c_int::try_from(iov.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: the caller vouches for the buffers; the kernel writes only inside them.
+    let n = unsafe { libc::preadv2(fd, iov.as_ptr(), cnt, off, libc::RWF_NOWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 impl NoWaitFile {
     fn preadv2(&self, bufs: &[FileVolatileSlice], offset: u64) -> io::Result<usize> {
         let iov: Vec<libc::iovec> = bufs
@@ -69,24 +87,9 @@ impl NoWaitFile {
                 iov_len: b.len(),
             })
             .collect();
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: every iovec spans a FileVolatileSlice of mapped guest memory that the
-        // caller's Writer keeps alive for this call; the kernel writes only inside them.
-        let n = unsafe {
-            libc::preadv2(
-                self.0,
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                off,
-                libc::RWF_NOWAIT,
-            )
-        };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        // caller's Writer keeps alive for this call.
+        unsafe { preadv2(self.0, &iov, offset) }
     }
 }
 
