@@ -92,7 +92,8 @@ pub struct Opt {
     #[arg(long)]
     pub allow_direct_io: bool,
 
-    /// Tell the guest about submounts (accepted for compatibility)
+    /// Tell the guest about submounts: a directory on another host mount becomes its own
+    /// mount in the guest, with its own st_dev
     #[arg(long, overrides_with = "no_announce_submounts")]
     pub announce_submounts: bool,
 

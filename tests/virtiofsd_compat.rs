@@ -251,3 +251,70 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
         "a socket was left behind"
     );
 }
+
+/// INIT flag SUBMOUNTS (bit 27) and entry attr flag FUSE_ATTR_SUBMOUNT.
+const INIT_SUBMOUNTS: u32 = 1 << 27;
+const FUSE_ATTR_SUBMOUNT: u32 = 1;
+
+#[test]
+fn announce_submounts_marks_directories_on_other_mounts() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs inside the share needs root");
+        return;
+    }
+    let host = tempfile::tempdir().unwrap();
+    let share = host.path().join("share");
+    std::fs::create_dir_all(share.join("mnt")).unwrap();
+    std::fs::create_dir_all(share.join("plain")).unwrap();
+    assert!(std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "vfsd-sub"])
+        .arg(share.join("mnt"))
+        .status()
+        .unwrap()
+        .success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _u = Unmount(share.join("mnt"));
+    std::fs::create_dir(share.join("mnt/inner")).unwrap();
+
+    for (extra, guest_flags, flagged) in [
+        (&["--announce-submounts"][..], INIT_SUBMOUNTS, true),
+        // The guest did not ask for submounts: nothing is flagged.
+        (&["--announce-submounts"][..], 0, false),
+        (&[][..], INIT_SUBMOUNTS, false),
+    ] {
+        let d = Daemon::start_on(&share, extra);
+        let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+        let init = c.init_with(INIT_BIG_WRITES | guest_flags).unwrap();
+        assert_eq!(init.flags & INIT_SUBMOUNTS != 0, flagged, "{extra:?}");
+        let m = c.lookup(ROOT, "mnt").unwrap();
+        assert_eq!(m.attr.flags & FUSE_ATTR_SUBMOUNT != 0, flagged, "{extra:?}");
+        // Only the mount's root is a submount, not what is inside it or beside it.
+        let inner = c.lookup(m.nodeid, "inner").unwrap();
+        assert_eq!(inner.attr.flags & FUSE_ATTR_SUBMOUNT, 0);
+        assert_eq!(
+            c.lookup(ROOT, "plain").unwrap().attr.flags & FUSE_ATTR_SUBMOUNT,
+            0
+        );
+        assert_eq!(
+            c.lookup(m.nodeid, "..").unwrap().attr.flags & FUSE_ATTR_SUBMOUNT,
+            0
+        );
+        // READDIRPLUS gives the same entry.
+        let ents = c.readdir_all(ROOT, true).unwrap();
+        let e = ents.iter().find(|e| e.name == b"mnt").unwrap();
+        let attr_flags = e.entry.as_ref().unwrap().attr.flags;
+        assert_eq!(
+            attr_flags & FUSE_ATTR_SUBMOUNT != 0,
+            flagged,
+            "readdirplus {extra:?}"
+        );
+    }
+}

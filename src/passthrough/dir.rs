@@ -7,16 +7,21 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
 
 use super::handle::Handle;
-use super::{CachePolicy, PassthroughFs};
+use super::{CachePolicy, Inode, PassthroughFs};
 use crate::sys::{self, cvt, errno};
+
+/// FUSE_ATTR_SUBMOUNT (FUSE 7.31): this directory is the root of another mount.
+const FUSE_ATTR_SUBMOUNT: u32 = 1;
 
 impl PassthroughFs {
     /// Resolves `name` in `parent` to an O_PATH fd without following symlinks.
-    fn open_child(&self, parent: u64, name: &CStr) -> io::Result<OwnedFd> {
+    fn open_child(&self, parent: u64, name: &CStr) -> io::Result<(Arc<Inode>, OwnedFd)> {
         sys::check_name(name)?;
         let p = self.inode(parent)?;
         if !p.is_dir() {
@@ -27,28 +32,35 @@ impl PassthroughFs {
         } else {
             name
         };
-        sys::openat(
+        let fd = sys::openat(
             p.path_fd()?.as_raw_fd(),
             name,
             libc::O_PATH | libc::O_NOFOLLOW,
             0,
-        )
+        )?;
+        Ok((p, fd))
     }
 
     pub(super) fn do_lookup(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
-        let fd = self.open_child(parent, name)?;
-        self.register(fd)
-    }
-
-    /// Registers one guest lookup of the file behind the O_PATH fd `fd`.
-    fn register(&self, fd: OwnedFd) -> io::Result<Entry> {
+        let (p, fd) = self.open_child(parent, name)?;
         let st = sys::statx(
             fd.as_raw_fd(),
             sys::EMPTY,
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )?;
         let inode = self.inodes.lookup_insert(fd, &st)?;
-        Ok(self.entry(&inode, st.st))
+        let mut e = self.entry(&inode, st.st);
+        // A directory on another mount than its parent: with --announce-submounts the guest
+        // mounts it separately, with its own st_dev, so inode numbers of different host
+        // filesystems never meet in one guest filesystem.
+        if self.submounts.load(Ordering::Relaxed)
+            && !sys::is_dot_or_dotdot(name)
+            && inode.is_dir()
+            && (inode.key.dev != p.key.dev || inode.key.mnt_id != p.key.mnt_id)
+        {
+            e.attr_flags |= FUSE_ATTR_SUBMOUNT;
+        }
+        Ok(e)
     }
 
     /// Parent inode for creating `name` in it, after the checks every create shares.

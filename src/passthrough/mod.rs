@@ -103,6 +103,8 @@ pub struct PassthroughFs {
     proc_self_fd: OwnedFd,
     /// Whether the guest accepted the writeback cache at INIT.
     writeback: std::sync::atomic::AtomicBool,
+    /// The guest takes FUSE_ATTR_SUBMOUNT (`--announce-submounts`, and it negotiated it).
+    pub(crate) submounts: std::sync::atomic::AtomicBool,
 }
 
 impl PassthroughFs {
@@ -138,6 +140,7 @@ impl PassthroughFs {
             handles: HandleTable::new(),
             proc_self_fd,
             writeback: std::sync::atomic::AtomicBool::new(false),
+            submounts: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -253,6 +256,10 @@ impl FileSystem for PassthroughFs {
             want |= FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO;
         }
         let enabled = capable & want;
+        self.submounts.store(
+            enabled.contains(FsOptions::SUBMOUNTS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.writeback.store(
             enabled.contains(FsOptions::WRITEBACK_CACHE),
             std::sync::atomic::Ordering::Relaxed,
