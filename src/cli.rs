@@ -136,6 +136,16 @@ pub struct Opt {
     #[arg(long, value_enum, default_value = "never")]
     pub inode_file_handles: crate::passthrough::inode::FileHandleMode,
 
+    /// Map namespace uids onto host uids in the namespace sandbox's user namespace, as
+    /// :namespace_uid:host_uid:count: (repeatable; must map uid 0; libvirt passes it when
+    /// unprivileged; ranges beyond your own uid need newuidmap and /etc/subuid)
+    #[arg(long, value_name = "MAP", value_parser = crate::idmap::parse)]
+    pub uid_map: Vec<crate::idmap::IdRange>,
+
+    /// Like --uid-map, for gids (/etc/subgid, newgidmap)
+    #[arg(long, value_name = "MAP", value_parser = crate::idmap::parse)]
+    pub gid_map: Vec<crate::idmap::IdRange>,
+
     /// Limit on open files (default: raise the soft limit to the hard limit)
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
@@ -182,10 +192,6 @@ pub struct Opt {
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Unsupported {
     #[arg(long, hide = true, value_name = "MAP")]
-    pub uid_map: Vec<String>,
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub gid_map: Vec<String>,
-    #[arg(long, hide = true, value_name = "MAP")]
     pub translate_uid: Vec<String>,
     #[arg(long, hide = true, value_name = "MAP")]
     pub translate_gid: Vec<String>,
@@ -214,18 +220,28 @@ impl Unsupported {
     fn first(&self) -> Option<&'static str> {
         let u = self;
         [
-            (!u.uid_map.is_empty() || !u.gid_map.is_empty(),
-             "--uid-map/--gid-map (unprivileged user-namespace id maps) are not supported; run vfsd as root or with its own uid mapped"),
-            (!u.translate_uid.is_empty() || !u.translate_gid.is_empty(),
-             "--translate-uid/--translate-gid are not supported"),
+            (
+                !u.translate_uid.is_empty() || !u.translate_gid.is_empty(),
+                "--translate-uid/--translate-gid are not supported",
+            ),
             (u.xattrmap.is_some(), "--xattrmap is not supported"),
-            (u.killpriv_v2, "--killpriv-v2 is not supported (the guest clears set-id bits itself)"),
+            (
+                u.killpriv_v2,
+                "--killpriv-v2 is not supported (the guest clears set-id bits itself)",
+            ),
             (u.security_label, "--security-label is not supported"),
             (u.posix_acl, "--posix-acl is not supported"),
-            (u.allow_mmap, "--allow-mmap is not supported (guests mmap files with --cache auto or always)"),
-            (u.migration_mode.is_some() || u.migration_on_error.is_some()
-                || u.migration_verify_handles.is_some() || u.migration_confirm_paths.is_some(),
-             "migration options are not supported: vfsd does not support migrating the device"),
+            (
+                u.allow_mmap,
+                "--allow-mmap is not supported (guests mmap files with --cache auto or always)",
+            ),
+            (
+                u.migration_mode.is_some()
+                    || u.migration_on_error.is_some()
+                    || u.migration_verify_handles.is_some()
+                    || u.migration_confirm_paths.is_some(),
+                "migration options are not supported: vfsd does not support migrating the device",
+            ),
         ]
         .into_iter()
         .find_map(|(given, msg)| given.then_some(msg))
@@ -235,10 +251,25 @@ impl Unsupported {
 impl Opt {
     /// Refuses virtiofsd options vfsd does not implement, with one line saying which.
     pub fn check_supported(&self) -> Result<(), String> {
-        match self.unsupported.first() {
-            Some(msg) => Err(msg.to_string()),
-            None => Ok(()),
+        if let Some(msg) = self.unsupported.first() {
+            return Err(msg.to_string());
         }
+        if self.uid_map.is_empty() != self.gid_map.is_empty() {
+            return Err("--uid-map and --gid-map go together".into());
+        }
+        let maps_zero = |m: &[crate::idmap::IdRange]| m.iter().any(|r| r.inside == 0);
+        let zero_mapped = maps_zero(&self.uid_map) && maps_zero(&self.gid_map);
+        if !self.uid_map.is_empty() && !zero_mapped {
+            return Err(
+                "--uid-map and --gid-map must map namespace id 0 (the daemon runs as it)".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The id maps for the namespace sandbox, if any were given.
+    pub fn id_maps(&self) -> Option<(Vec<crate::idmap::IdRange>, Vec<crate::idmap::IdRange>)> {
+        (!self.uid_map.is_empty()).then(|| (self.uid_map.clone(), self.gid_map.clone()))
     }
 
     /// Folds `-o key=value,…` options into the regular fields.
@@ -388,6 +419,7 @@ mod tests {
 
     #[test]
     fn unimplemented_virtiofsd_options_give_one_clear_error() {
+        // --uid-map/--gid-map are supported, in pairs that map namespace id 0.
         let o = Opt::try_parse_from([
             "vfsd",
             "--fd=3",
@@ -395,9 +427,26 @@ mod tests {
             "/a",
             "--uid-map=:0:1000:1:",
             "--gid-map=:0:1000:1:",
+            "--uid-map=:1:100000:65536:",
+            "--gid-map=:1:100000:65536:",
         ])
         .unwrap();
-        assert!(o.check_supported().unwrap_err().contains("--uid-map"));
+        o.check_supported().unwrap();
+        assert_eq!(o.id_maps().unwrap().0.len(), 2);
+        let o = Opt::try_parse_from(["vfsd", "--fd=3", "--shared-dir", "/a", "--uid-map=:0:1:1:"])
+            .unwrap();
+        assert!(o.check_supported().unwrap_err().contains("--gid-map"));
+        let o = Opt::try_parse_from([
+            "vfsd",
+            "--fd=3",
+            "--shared-dir",
+            "/a",
+            "--uid-map=:1:1:1:",
+            "--gid-map=:1:1:1:",
+        ])
+        .unwrap();
+        assert!(o.check_supported().unwrap_err().contains("id 0"));
+        assert!(Opt::try_parse_from(["vfsd", "--fd=3", "--uid-map=0:1000:1"]).is_err());
         let o = Opt::try_parse_from([
             "vfsd",
             "--fd=3",

@@ -238,7 +238,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     keep.extend(socket_entry.iter().map(|s| s.dir_fd()));
     keep.extend(syslog_fd);
     sandbox::close_other_fds(&keep)?;
-    let confined = sandbox::enter(opt.sandbox, &shared_dir)?;
+    let confined = sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps())?;
     crate::caps::drop_to(&modcaps)?;
 
     let mut cfg = Config::new(confined.root.clone());
@@ -270,6 +270,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let stats_sink = stats_sink.map(Arc::new);
     let socket_entry = socket_entry.map(Arc::new);
     spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())?;
+    if let Some(sig) = sandbox::early_signal() {
+        // SAFETY: raise has no preconditions; the handlers just installed take it.
+        unsafe { libc::raise(sig) };
+    }
     if let Some(sink) = stats_sink.clone() {
         let server = server.clone();
         let every = Duration::from_secs_f64(opt.stats_interval);

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod daemon;
 pub mod device;
 pub mod frontend;
+pub mod idmap;
 pub mod passthrough;
 pub mod sandbox;
 pub mod seccomp;

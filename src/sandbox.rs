@@ -1,5 +1,6 @@
 //! Confining the daemon before it serves a guest, with virtiofsd's modes:
-//! - `namespace`: new mount, pid and net namespaces (plus a user namespace when not root),
+//! - `namespace`: new mount, pid and net namespaces (plus a user namespace when not root, or
+//!   with `--uid-map`/`--gid-map`, see `idmap`),
 //!   a fresh /proc for the pid namespace, then pivot_root into the shared directory, so
 //!   nothing outside the share is even nameable. The process forks: the parent waits for
 //!   the sandboxed child and relays signals to it.
@@ -14,6 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use crate::cli::Sandbox;
+use crate::idmap::IdRange;
 use crate::sys::{self, cvt};
 
 /// What the filesystem needs from the sandbox: where the share is now, and /proc/self/fd.
@@ -58,7 +60,14 @@ fn open_proc_self_fd() -> Result<OwnedFd, String> {
 }
 
 /// Enters the sandbox. Must run before any thread is started (namespace mode forks).
-pub fn enter(mode: Sandbox, shared_dir: &Path) -> Result<Confined, String> {
+pub fn enter(
+    mode: Sandbox,
+    shared_dir: &Path,
+    id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
+) -> Result<Confined, String> {
+    if id_maps.is_some() && mode != Sandbox::Namespace {
+        return Err("--uid-map/--gid-map need --sandbox namespace".into());
+    }
     match mode {
         Sandbox::None => Ok(Confined {
             root: shared_dir.to_path_buf(),
@@ -79,7 +88,7 @@ pub fn enter(mode: Sandbox, shared_dir: &Path) -> Result<Confined, String> {
                 proc_self_fd,
             })
         }
-        Sandbox::Namespace => namespace(shared_dir),
+        Sandbox::Namespace => namespace(shared_dir, id_maps),
     }
 }
 
@@ -87,13 +96,19 @@ fn write_file(path: &str, data: &str) -> Result<(), String> {
     std::fs::write(path, data).map_err(|e| err(&format!("write {path}"), e))
 }
 
-fn namespace(shared_dir: &Path) -> Result<Confined, String> {
+fn namespace(
+    shared_dir: &Path,
+    id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
+) -> Result<Confined, String> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
-    if uid != 0 {
+    if uid != 0 || id_maps.is_some() {
         flags |= libc::CLONE_NEWUSER;
     }
+    let helper = id_maps
+        .map(|(u, g)| crate::idmap::MapHelper::fork(u, g))
+        .transpose()?;
     // SAFETY: unshare only changes this (single-threaded) process's namespaces.
     cvt(unsafe { libc::unshare(flags) }).map_err(|e| {
         err(
@@ -101,21 +116,45 @@ fn namespace(shared_dir: &Path) -> Result<Confined, String> {
             e,
         )
     })?;
-    if uid != 0 {
+    if let Some(h) = helper {
+        h.map()?;
+        // Become the namespace's root (its uid and gid 0 are mapped, see cli), so files the
+        // daemon creates belong to what 0 maps to on the host.
+        // SAFETY: plain id syscalls; we hold CAP_SETUID/CAP_SETGID in our new namespace.
+        unsafe {
+            cvt(libc::setresgid(0, 0, 0)).map_err(|e| err("setresgid in the user namespace", e))?;
+            // Fails (EPERM) where setgroups was denied for an unprivileged gid map.
+            libc::setgroups(0, std::ptr::null());
+            cvt(libc::setresuid(0, 0, 0)).map_err(|e| err("setresuid in the user namespace", e))?;
+        }
+    } else if uid != 0 {
         // Be root inside the user namespace (for mount and pivot_root), the caller outside.
         write_file("/proc/self/setgroups", "deny")?;
         write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
         write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
     }
-    // The new pid namespace applies to children: fork, and let the parent wait.
+    // The new pid namespace applies to children: fork, and let the parent wait. The
+    // termination signals stay blocked across the fork: one arriving before the parent's
+    // relay is in place waits for it instead of killing the parent alone.
+    // (So the parent can't die of one before the child below has set its death signal;
+    // getppid can't tell, as the parent is outside the child's pid namespace.)
+    let blocked = block_relayed_signals();
     // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
     let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
     if pid > 0 {
-        supervise(pid);
+        supervise(pid, blocked);
     }
     // Child: die with the parent.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    // The child is its pid namespace's init, which the kernel spares every signal it has
+    // no handler for, even from outside: a SIGTERM relayed before the daemon's own handlers
+    // exist would be dropped. Remember it instead (see `early_signal`).
+    for sig in RELAYED {
+        // SAFETY: installs an async-signal-safe handler (one atomic store).
+        unsafe { libc::signal(sig, remember_signal as *const () as libc::sighandler_t) };
+    }
+    restore_signal_mask(&blocked);
 
     let mount = |src: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64| {
         // SAFETY: all pointers are NUL-terminated strings or null.
@@ -161,6 +200,47 @@ fn namespace(shared_dir: &Path) -> Result<Confined, String> {
     })
 }
 
+/// What the namespace sandbox's parent passes on to the daemon.
+const RELAYED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
+
+/// Blocks the relayed signals; gives the previous mask.
+fn block_relayed_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, set up by sigemptyset/sigaddset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in RELAYED {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+fn restore_signal_mask(old: &libc::sigset_t) {
+    // SAFETY: `old` came from sigprocmask.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
+/// A termination signal that reached the sandboxed daemon before its handlers existed.
+static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn remember_signal(sig: libc::c_int) {
+    if sig == libc::SIGTERM || sig == libc::SIGINT {
+        EARLY_SIGNAL.store(sig, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// SIGTERM or SIGINT if one came during start-up (namespace sandbox); the daemon acts on it
+/// once its own handlers are in place.
+pub fn early_signal() -> Option<libc::c_int> {
+    match EARLY_SIGNAL.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
 static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn relay_signal(sig: libc::c_int) {
@@ -174,12 +254,14 @@ extern "C" fn relay_signal(sig: libc::c_int) {
 /// The parent of a namespace sandbox: relays termination signals to the child and exits
 /// with its status. (It can't start threads: after unshare(CLONE_NEWPID) clone of a
 /// thread fails, so a plain signal handler does the relaying.)
-fn supervise(child: libc::pid_t) -> ! {
+fn supervise(child: libc::pid_t, blocked: libc::sigset_t) -> ! {
     CHILD.store(child, std::sync::atomic::Ordering::Relaxed);
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+    for sig in RELAYED {
         // SAFETY: installs an async-signal-safe handler (it only calls kill).
         unsafe { libc::signal(sig, relay_signal as *const () as libc::sighandler_t) };
     }
+    // Signals that came meanwhile are delivered (and relayed) now.
+    restore_signal_mask(&blocked);
     let mut status = 0;
     loop {
         // SAFETY: waits for our own child; `status` is a valid out pointer.

@@ -144,3 +144,164 @@ fn bad_sandbox_options_fail_with_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("unknown capability"), "{err}");
 }
+
+fn chown(p: &std::path::Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+}
+
+#[test]
+fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !is_root() {
+        eprintln!("skipped: mapping other ids than one's own needs root (or newuidmap)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The namespace's root (host uid 100000) must reach the share.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    chown(&share, 100_000, 100_000);
+    std::fs::write(share.join("theirs"), b"x").unwrap();
+    chown(&share.join("theirs"), 100_005, 100_007);
+    std::fs::write(share.join("hosts"), b"x").unwrap(); // root's: not mapped
+    let d = Daemon::start_on(
+        &share,
+        &["--uid-map=:0:100000:65536:", "--gid-map=:0:100000:65536:"],
+    );
+    let c = d.client();
+    let t = c.lookup(ROOT, "theirs").unwrap();
+    assert_eq!(
+        (t.attr.uid, t.attr.gid),
+        (5, 7),
+        "host ids seen through the map"
+    );
+    let h = c.lookup(ROOT, "hosts").unwrap();
+    assert_eq!(
+        (h.attr.uid, h.attr.gid),
+        (65534, 65534),
+        "unmapped ids are the overflow id"
+    );
+    // What the guest's root creates belongs to what 0 maps to.
+    let (e, o) = c.create(ROOT, "new", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(e.nodeid, o.fh, 0, b"mapped").unwrap();
+    let m = std::fs::metadata(share.join("new")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (100_000, 100_000));
+    assert_eq!(e.attr.uid, 0);
+}
+
+#[test]
+fn an_unprivileged_daemon_maps_its_own_ids() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        eprintln!("skipped: dropping to another user for the test needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    chown(dir.path(), 65534, 65534);
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    chown(&share, 65534, 65534);
+    std::fs::write(share.join("own"), b"x").unwrap();
+    chown(&share.join("own"), 65534, 65534);
+    let sock = dir.path().join("s");
+    // libvirt's unprivileged command line, for a user without /etc/subuid ranges.
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::vfsd_bin())
+        .arg("--fd=3")
+        .args(["--log-level", "warn"])
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--uid-map=:0:65534:1:", "--gid-map=:0:65534:1:"])
+        .stdin(std::process::Stdio::null())
+        .spawn_with_listener(&sock);
+    let c = vfsd::frontend::fuse::FuseClient::new(
+        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
+            .unwrap(),
+    );
+    c.init().unwrap();
+    assert_eq!(
+        c.lookup(ROOT, "own").unwrap().attr.uid,
+        0,
+        "own uid is the namespace's 0"
+    );
+    let (e, _o) = c.create(ROOT, "new", libc::O_RDWR as u32, 0o644).unwrap();
+    assert_eq!(e.attr.uid, 0);
+    assert_eq!(std::fs::metadata(share.join("new")).unwrap().uid(), 65534);
+    drop(c);
+    assert!(child.wait().unwrap().success());
+}
+
+/// Spawns with a listening socket at `path` as fd 3, as libvirt hands one over.
+trait SpawnWithListener {
+    fn spawn_with_listener(&mut self, path: &std::path::Path) -> std::process::Child;
+}
+
+impl SpawnWithListener for std::process::Command {
+    fn spawn_with_listener(&mut self, path: &std::path::Path) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let fd = listener.as_raw_fd();
+        // SAFETY: dup2 in the child between fork and exec, onto fd 3, from an fd it has.
+        unsafe {
+            self.pre_exec(move || {
+                // dup2 onto itself would keep close-on-exec: clear it instead.
+                let r = if fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, 3)
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = self.spawn().unwrap();
+        drop(listener);
+        child
+    }
+}
+
+#[test]
+fn sigterm_at_any_moment_of_start_up_leaves_no_daemon_behind() {
+    if !is_root() {
+        eprintln!("skipped: needs root for the namespace sandbox without a user namespace");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let tag = dir.path().to_str().unwrap().to_string();
+    for delay_us in (0..40).map(|i| i * 250) {
+        let sock = dir.path().join(format!("s{delay_us}"));
+        let mut child = std::process::Command::new(common::vfsd_bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(&share)
+            .args(["--log-level", "error"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_micros(delay_us));
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "SIGTERM after {delay_us} µs ignored"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // No sandboxed child outlived its parent.
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&tag) && c.contains("--socket-path"))
+        .collect();
+    assert!(left.is_empty(), "daemons left running: {left:?}");
+}
