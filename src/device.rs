@@ -81,18 +81,20 @@ impl Pool {
     }
 }
 
-/// Puts several finished requests on the used ring under one lock and notifies the guest
-/// once for all of them.
+/// Puts finished requests on the used ring under one lock and notifies the guest once for
+/// all of them, if it wants to be told.
 fn complete_all(vring: &VringRwLock<Mem>, done: &[(u16, u32)]) {
-    if done.is_empty() {
-        return;
-    }
     let notify = {
         let mut state = vring.get_mut();
+        let mut added = false;
         for &(head, len) in done {
-            if let Err(e) = state.add_used(head, len) {
-                warn!("could not return descriptor {head}: {e}");
+            match state.add_used(head, len) {
+                Ok(()) => added = true,
+                Err(e) => warn!("could not return descriptor {head}: {e}"),
             }
+        }
+        if !added {
+            return;
         }
         state.needs_notification()
     };
@@ -107,21 +109,9 @@ fn complete_all(vring: &VringRwLock<Mem>, done: &[(u16, u32)]) {
     }
 }
 
-/// Puts a finished request on the used ring and notifies the guest if it wants to be told.
+/// Puts one finished request on the used ring.
 fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32) {
-    if let Err(e) = vring.add_used(head, len) {
-        warn!("could not return descriptor {head}: {e}");
-        return;
-    }
-    match vring.needs_notification() {
-        Ok(true) => {
-            if let Err(e) = vring.signal_used_queue() {
-                warn!("could not notify the guest: {e}");
-            }
-        }
-        Ok(false) => {}
-        Err(e) => warn!("used ring: {e}"),
-    }
+    complete_all(vring, &[(head, len)]);
 }
 
 pub struct DeviceConfig {

@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    errno, is_root, pattern, read, Daemon, LoopFs, SHUTDOWN_LOGFLUSH, SHUTDOWN_NOLOGFLUSH,
+    errno, is_root, pattern, read, Daemon, LoopFs, Tmpfs, SHUTDOWN_LOGFLUSH, SHUTDOWN_NOLOGFLUSH,
 };
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -80,19 +79,7 @@ fn full_host_filesystem_gives_enospc_and_keeps_serving() {
         return;
     }
     let mnt = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "vfsd-test"])
-        .arg(mnt.path())
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _u = Unmount(mnt.path().to_path_buf());
+    let _tmpfs = Tmpfs::mount(mnt.path(), Some("size=1m"));
     // Share the small tmpfs itself.
     let d = Daemon::start_on(mnt.path(), &["--sandbox", "none"]);
     let c = d.client();

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{errno, pattern, read, Daemon};
+use common::{errno, pattern, read, run_vfsd, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::{FrontendConfig, Layout};
 
@@ -648,26 +648,16 @@ fn serves_a_listening_socket_passed_with_fd() {
 #[test]
 fn bad_options_fail_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(common::vfsd_bin())
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        )
-    };
     let sock = dir.path().join("s");
     let sock = sock.to_str().unwrap();
-    let (code, err) = run(&["--socket-path", sock, "--shared-dir", "/does/not/exist"]);
+    let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/does/not/exist"]);
     assert_eq!(code, Some(1));
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.contains("/does/not/exist") && err.contains("No such file"),
         "{err}"
     );
-    let (code, err) = run(&[
+    let (code, err) = run_vfsd(&[
         "--socket-path",
         sock,
         "--shared-dir",
@@ -677,12 +667,12 @@ fn bad_options_fail_with_one_clear_line() {
     ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("sometimes"), "{err}");
-    let (code, err) = run(&["--shared-dir", "/"]);
+    let (code, err) = run_vfsd(&["--shared-dir", "/"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--socket-path"), "{err}");
     // A socket path another daemon is listening on.
     let d = Daemon::start(&[]);
-    let (code, err) = run(&[
+    let (code, err) = run_vfsd(&[
         "--socket-path",
         d.sock.to_str().unwrap(),
         "--shared-dir",

@@ -6,10 +6,9 @@
 mod common;
 
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{is_root, pattern, Daemon, LoopFs};
+use common::{is_root, pattern, Daemon, LoopFs, Tmpfs};
 use vfsd::frontend::fuse::FuseClient;
 
 const ROOT: u64 = 1;
@@ -149,19 +148,7 @@ fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
     }
     // tmpfs answers RWF_NOWAIT with EOPNOTSUPP.
     let mnt = tempfile::tempdir().unwrap();
-    assert!(Command::new("mount")
-        .args(["-t", "tmpfs", "vfsd-test"])
-        .arg(mnt.path())
-        .status()
-        .unwrap()
-        .success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _u = Unmount(mnt.path().to_path_buf());
+    let _tmpfs = Tmpfs::mount(mnt.path(), None);
     let data = pattern(65536, 14);
     std::fs::write(mnt.path().join("f"), &data).unwrap();
     let d = Daemon::start_on(mnt.path(), &[]);

@@ -8,22 +8,11 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use common::{is_root, Daemon};
+use common::{is_root, run_vfsd, wait_for_socket, Daemon, Tmpfs};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
 const ROOT: u64 = 1;
-
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(common::vfsd_bin())
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    )
-}
 
 #[test]
 fn syslog_gets_every_record_even_inside_the_sandbox() {
@@ -63,11 +52,7 @@ fn syslog_gets_every_record_even_inside_the_sandbox() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_socket(&sock);
     let c = FuseClient::new(
         vfsd::frontend::Frontend::connect(&sock, FrontendConfig::default()).unwrap(),
     );
@@ -118,11 +103,7 @@ fn syslog_without_a_syslog_daemon_falls_back_to_stderr() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_socket(&sock);
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
     let mut stderr = String::new();
@@ -162,7 +143,7 @@ fn socket_group_owns_the_socket() {
     }
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s");
-    let (code, err) = run(&[
+    let (code, err) = run_vfsd(&[
         "--socket-path",
         sock.to_str().unwrap(),
         "--shared-dir",
@@ -241,7 +222,7 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
         ("--migration-mode=find-paths", "migration"),
         ("--killpriv-v2", "--killpriv-v2"),
     ] {
-        let (code, err) = run(&["--socket-path", sock, "--shared-dir", "/", opt]);
+        let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);
         assert_eq!(code, Some(1), "{opt}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(what) && err.contains("not supported"), "{err}");
@@ -266,22 +247,7 @@ fn announce_submounts_marks_directories_on_other_mounts() {
     let share = host.path().join("share");
     std::fs::create_dir_all(share.join("mnt")).unwrap();
     std::fs::create_dir_all(share.join("plain")).unwrap();
-    assert!(std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "vfsd-sub"])
-        .arg(share.join("mnt"))
-        .status()
-        .unwrap()
-        .success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _u = Unmount(share.join("mnt"));
+    let _tmpfs = Tmpfs::mount(&share.join("mnt"), None);
     std::fs::create_dir(share.join("mnt/inner")).unwrap();
 
     for (extra, guest_flags, flagged) in [

@@ -413,10 +413,12 @@ pub fn serve_chain<M>(
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
 {
-    match server.try_handle_without_blocking(mem, &chain) {
-        Some(used) => used,
-        None => server.handle(mem, chain),
+    if server.is_read(mem, &chain) {
+        if let Some(used) = server.try_handle_without_blocking(mem, &chain) {
+            return used;
+        }
     }
+    server.handle(mem, chain)
 }
 
 /// The reply checks shared by both targets. `hdr` is the request header as the device saw

@@ -96,8 +96,10 @@ impl FuseServer {
         peek_opcode(mem, chain) == Some(opcode::READ)
     }
 
-    /// Serves `chain` on the calling thread if it is a READ that can be answered without
-    /// blocking (see `passthrough::nowait`); None leaves it unanswered for `handle`.
+    /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
+    /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
+    /// None leaves it unanswered for `handle`. Whatever the chain turns out to hold (the
+    /// guest may rewrite it), only a READ is ever served here.
     pub fn try_handle_without_blocking<M>(
         &self,
         mem: &GuestMemoryMmap,
@@ -106,9 +108,6 @@ impl FuseServer {
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
-        if !self.is_read(mem, chain) {
-            return None;
-        }
         let start = Instant::now();
         let served = match fast_read::read(&self.fs, mem, chain) {
             FastRead::Served(len) => {

@@ -78,19 +78,8 @@ impl Daemon {
             sock,
             stats,
         };
-        d.wait_for_socket();
+        wait_for_socket(&d.sock);
         d
-    }
-
-    fn wait_for_socket(&self) {
-        let t = Instant::now();
-        while !self.sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "vfsd did not create its socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -300,5 +289,52 @@ impl Drop for LoopFs {
             // Lazy: a sandboxed daemon's mount namespace may still hold the mount.
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
+    }
+}
+
+/// Waits (up to 20 s) for a daemon to create its socket at `sock`.
+pub fn wait_for_socket(sock: &Path) {
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "vfsd did not create its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs vfsd with `args` to completion: its exit code and its stderr, trimmed.
+pub fn run_vfsd(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(vfsd_bin()).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+/// A tmpfs mounted at `at` for the life of the value (lazily unmounted on drop).
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `options` go to `mount -o` (e.g. "size=1m"); the caller checked for root.
+    pub fn mount(at: &Path, options: Option<&str>) -> Tmpfs {
+        let mut c = Command::new("mount");
+        c.args(["-t", "tmpfs"]);
+        if let Some(o) = options {
+            c.args(["-o", o]);
+        }
+        assert!(
+            c.arg("vfsd-test").arg(at).status().unwrap().success(),
+            "mount -t tmpfs {}",
+            at.display()
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
