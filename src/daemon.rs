@@ -183,6 +183,7 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
 }
 
 pub fn run(mut opt: Opt) -> Result<(), String> {
+    sandbox::remember_early_signals();
     opt.apply_compat_options()?;
     opt.check_supported()?;
     let syslog_fd = init_logging(&opt);

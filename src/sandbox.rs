@@ -149,11 +149,8 @@ fn namespace(
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
     // The child is its pid namespace's init, which the kernel spares every signal it has
     // no handler for, even from outside: a SIGTERM relayed before the daemon's own handlers
-    // exist would be dropped. Remember it instead (see `early_signal`).
-    for sig in RELAYED {
-        // SAFETY: installs an async-signal-safe handler (one atomic store).
-        unsafe { libc::signal(sig, remember_signal as *const () as libc::sighandler_t) };
-    }
+    // exist would be dropped. It inherited `remember_early_signals`'s handler, which
+    // catches it instead (and the flag, if one came before the fork).
     restore_signal_mask(&blocked);
 
     let mount = |src: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64| {
@@ -203,6 +200,15 @@ fn namespace(
 /// What the namespace sandbox's parent passes on to the daemon.
 const RELAYED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
 
+/// Installs `handler` for `signals`. It must be async-signal-safe (both used here only
+/// store an atomic or call kill).
+fn install_handler(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) {
+    for &sig in signals {
+        // SAFETY: `handler` is async-signal-safe, as required above.
+        unsafe { libc::signal(sig, handler as *const () as libc::sighandler_t) };
+    }
+}
+
 /// Blocks the relayed signals; gives the previous mask.
 fn block_relayed_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, set up by sigemptyset/sigaddset before use.
@@ -232,8 +238,20 @@ extern "C" fn remember_signal(sig: libc::c_int) {
     }
 }
 
-/// SIGTERM or SIGINT if one came during start-up (namespace sandbox); the daemon acts on it
-/// once its own handlers are in place.
+/// From the start of start-up until the daemon's own handlers exist, SIGTERM and SIGINT
+/// are only noted (`early_signal`), whatever the sandbox mode: the daemon then exits the
+/// way it always does on them, removing its socket, instead of dying half set up (or, as
+/// a pid namespace's init, ignoring them).
+pub fn remember_early_signals() {
+    // SIGUSR1 (a statistics dump) is noted and dropped; SIGHUP keeps its default.
+    install_handler(
+        &[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1],
+        remember_signal,
+    );
+}
+
+/// SIGTERM or SIGINT if one came during start-up; the daemon acts on it once its own
+/// handlers are in place.
 pub fn early_signal() -> Option<libc::c_int> {
     match EARLY_SIGNAL.load(std::sync::atomic::Ordering::Relaxed) {
         0 => None,
@@ -256,10 +274,7 @@ extern "C" fn relay_signal(sig: libc::c_int) {
 /// thread fails, so a plain signal handler does the relaying.)
 fn supervise(child: libc::pid_t, blocked: libc::sigset_t) -> ! {
     CHILD.store(child, std::sync::atomic::Ordering::Relaxed);
-    for sig in RELAYED {
-        // SAFETY: installs an async-signal-safe handler (it only calls kill).
-        unsafe { libc::signal(sig, relay_signal as *const () as libc::sighandler_t) };
-    }
+    install_handler(&RELAYED, relay_signal);
     // Signals that came meanwhile are delivered (and relayed) now.
     restore_signal_mask(&blocked);
     let mut status = 0;
