@@ -110,9 +110,15 @@ pub struct Opt {
     #[arg(long)]
     pub preserve_noatime: bool,
 
-    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2 (the default; the guest clears
-    /// set-user-ID and set-group-ID bits itself)
-    #[arg(long)]
+    /// Negotiate FUSE_HANDLE_KILLPRIV_V2 (the default): vfsd clears set-user-ID and
+    /// set-group-ID bits and file capabilities on writes, truncates and O_TRUNC opens by
+    /// callers without CAP_FSETID, as the host kernel would
+    #[arg(long, overrides_with = "no_killpriv_v2")]
+    pub killpriv_v2: bool,
+
+    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2: the guest's cached writes then clear the
+    /// bits with a SETATTR. vfsd still clears them for non-root writers on every path
+    #[arg(long, overrides_with = "killpriv_v2")]
     pub no_killpriv_v2: bool,
 
     /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
@@ -198,8 +204,6 @@ pub struct Unsupported {
     #[arg(long, hide = true, value_name = "RULES")]
     pub xattrmap: Option<String>,
     #[arg(long, hide = true)]
-    pub killpriv_v2: bool,
-    #[arg(long, hide = true)]
     pub security_label: bool,
     #[arg(long, hide = true)]
     pub posix_acl: bool,
@@ -225,10 +229,6 @@ impl Unsupported {
                 "--translate-uid/--translate-gid are not supported",
             ),
             (u.xattrmap.is_some(), "--xattrmap is not supported"),
-            (
-                u.killpriv_v2,
-                "--killpriv-v2 is not supported (the guest clears set-id bits itself)",
-            ),
             (u.security_label, "--security-label is not supported"),
             (u.posix_acl, "--posix-acl is not supported"),
             (
@@ -308,8 +308,24 @@ impl Opt {
                     "readonly" => self.readonly = true,
                     "readdirplus" => self.no_readdirplus = false,
                     "no_readdirplus" => self.no_readdirplus = true,
-                    // POSIX and flock locks are handled inside the guest (not forwarded).
-                    "posix_lock" | "no_posix_lock" | "flock" | "no_flock" => {}
+                    "killpriv_v2" => {
+                        self.killpriv_v2 = true;
+                        self.no_killpriv_v2 = false;
+                    }
+                    "no_killpriv_v2" => {
+                        self.killpriv_v2 = false;
+                        self.no_killpriv_v2 = true;
+                    }
+                    // Locks are not forwarded to the host yet: a guest lock excludes only
+                    // that guest's own processes. Asking for host locks is refused rather
+                    // than let anyone believe they hold one; turning them off is the truth.
+                    "no_posix_lock" | "no_flock" => {}
+                    "posix_lock" | "flock" => {
+                        return Err(format!(
+                            "-o {key} is not supported: vfsd does not forward locks to the host \
+                             (guest locks exclude only that guest's processes)"
+                        ))
+                    }
                     _ => return Err(format!("unknown option '-o {opt}'")),
                 }
             }

@@ -253,6 +253,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.inode_file_handles = opt.inode_file_handles;
     cfg.readdirplus = !opt.no_readdirplus;
     cfg.preserve_noatime = opt.preserve_noatime;
+    cfg.killpriv_v2 = !opt.no_killpriv_v2;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -181,6 +181,9 @@ fn namespace(
     let dir = cpath(shared_dir)?;
     mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC)
         .map_err(|e| err("bind-mount the shared dir", e))?;
+    // The daemon never opens a device node for the guest; with nodev on the whole share a
+    // bug that tried would get EACCES from the host instead of a host device.
+    set_nodev_recursive(&dir).map_err(|e| err("mount the shared dir nodev", e))?;
     // SAFETY: plain syscalls with NUL-terminated paths. pivot_root(".", ".") stacks the old
     // root on top of the new one, and the detach unmounts it.
     unsafe {
@@ -195,6 +198,29 @@ fn namespace(
         root: PathBuf::from("/"),
         proc_self_fd,
     })
+}
+
+/// Adds MS_NODEV to the mount at `dir` and every mount below it, keeping their other
+/// flags (which a user namespace may have locked).
+fn set_nodev_recursive(dir: &CString) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `dir` is NUL-terminated and `attr` a live mount_attr of the size passed.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            dir.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        ) as i32
+    })
+    .map(drop)
 }
 
 /// What the namespace sandbox's parent passes on to the daemon.

@@ -169,7 +169,7 @@ pub fn with_file<R>(fd: &impl AsRawFd, f: impl FnOnce(&mut std::fs::File) -> R) 
 const MAX_HANDLE_SZ: usize = 128;
 
 /// A `struct file_handle` from name_to_handle_at: names a file without holding it open.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FileHandle {
     /// handle_bytes (u32), handle_type (i32), then f_handle: the kernel's layout.
     raw: Box<[u8]>,

@@ -260,3 +260,75 @@ fn file_handles_bound_the_fds_a_guest_can_pin() {
         }
     }
 }
+
+/// Issue 10, item 3: CREATE of a name that is a device node or a FIFO must never open it on
+/// the host (a host disk as root; a worker blocked forever on a FIFO).
+#[test]
+fn create_never_opens_a_device_node_or_fifo() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    c.timeout = std::time::Duration::from_secs(5);
+    let fifo = c.mknod(ROOT, "fifo", libc::S_IFIFO | 0o666, 0).unwrap();
+    // /dev/null's numbers: harmless to open, but a guest must not get a host fd for it.
+    let dev = c
+        .mknod(
+            ROOT,
+            "null",
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 3) as u32,
+        )
+        .unwrap();
+    for (name, flags) in [
+        ("fifo", libc::O_RDONLY),
+        ("fifo", libc::O_WRONLY),
+        ("fifo", libc::O_RDWR | libc::O_TRUNC),
+        ("null", libc::O_RDWR),
+        ("null", libc::O_WRONLY | libc::O_TRUNC),
+    ] {
+        let e = errno(c.create(ROOT, name, flags as u32, 0o644));
+        assert!(
+            e == libc::ENXIO || e == libc::EACCES,
+            "CREATE {name} {flags:#o}: errno {e}"
+        );
+        // With O_EXCL the guest asked for a new file: the name exists.
+        assert_eq!(
+            errno(c.create(ROOT, name, (flags | libc::O_EXCL) as u32, 0o644)),
+            libc::EEXIST
+        );
+    }
+    // OPEN refuses them as before, and the daemon still answers.
+    assert_eq!(
+        errno(c.open(fifo.nodeid, libc::O_RDONLY as u32)),
+        libc::ENXIO
+    );
+    assert_eq!(errno(c.open(dev.nodeid, libc::O_RDWR as u32)), libc::ENXIO);
+    c.getattr(ROOT).unwrap();
+    // An existing regular file is still opened (and truncated) by CREATE without O_EXCL.
+    std::fs::write(d.path("reg"), b"old contents").unwrap();
+    let (e, o) = c
+        .create(ROOT, "reg", (libc::O_RDWR | libc::O_TRUNC) as u32, 0o644)
+        .unwrap();
+    assert_eq!(e.attr.size, 0);
+    assert_eq!(c.write(e.nodeid, o.fh, 0, b"new").unwrap(), 3);
+    assert_eq!(read(&d.path("reg")), b"new");
+}
+
+/// Defence in depth for item 3: the sandbox mounts the share with MS_NODEV, so even a bug
+/// that opened a device node would get EACCES from the host.
+#[test]
+fn the_namespace_sandbox_mounts_the_share_nodev() {
+    let d = Daemon::start(&[]);
+    let _c = d.client();
+    let server = common::serving_pid(d.pid());
+    let info = std::fs::read_to_string(format!("/proc/{server}/mountinfo")).unwrap();
+    // The share is the sandbox's root after pivot_root.
+    let root = info
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap_or_else(|| panic!("no / in the sandbox's mountinfo:\n{info}"));
+    let opts = root.split_whitespace().nth(5).unwrap();
+    assert!(
+        opts.split(',').any(|o| o == "nodev"),
+        "share mounted without nodev: {root}"
+    );
+}

@@ -241,3 +241,144 @@ fn stress_random_writers_with_tail_truncates_match_the_model() {
     assert!(st["shared_writes"].as_u64().unwrap() > 0);
     assert!(st["exclusive_writes"].as_u64().unwrap() > 0);
 }
+
+/// Submits `size_change` (a request that takes the inode's exclusive lock and then opens
+/// the file for writing, so a host read lease holds it inside the kernel), then a READ
+/// through `(read_node, read_fh)`. The READ must wait for the size change: both run on one
+/// host file, so they share one I/O lock.
+fn read_waits_behind(
+    d: &Daemon,
+    c: &FuseClient,
+    size_change: (u64, Vec<u8>),
+    read_node: u64,
+    read_fh: u64,
+) {
+    let lease = common::HostLease::take(&d.path("f"));
+    let (u, req) = size_change;
+    let t1 = c.submit_bytes(1, &req, 4096, u).unwrap();
+    lease.wait_broken();
+    let (u, req) = c.read_req(read_node, read_fh, 0, 4096);
+    let t2 = c.submit_bytes(2, &req, 8192, u).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let early: Vec<usize> = c
+        .poll_done(2)
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert!(
+        !early.contains(&t2.slot),
+        "a READ ran beside an O_TRUNC open of the same host file"
+    );
+    drop(lease);
+    assert_eq!(c.wait(t1).unwrap().error, 0);
+    assert_eq!(c.wait(t2).unwrap().error, 0);
+}
+
+fn two_queue_client(d: &Daemon) -> FuseClient {
+    d.client_with(FrontendConfig {
+        request_queues: 2,
+        ..Default::default()
+    })
+}
+
+/// Issue 10, item 4: CREATE with O_TRUNC of an existing file changes its size, so it takes
+/// the exclusive lock (and the statistics count it), as OPEN with O_TRUNC does.
+#[test]
+fn create_with_o_trunc_of_an_existing_file_is_exclusive() {
+    let d = Daemon::start(&["--cache", "never", "--thread-pool-size", "4"]);
+    let c = two_queue_client(&d);
+    std::fs::write(d.path("f"), vec![1u8; 65536]).unwrap();
+    let ino = std::fs::metadata(d.path("f")).unwrap().ino();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    let create = {
+        let ci = fuse_backend_rs::abi::fuse_abi::CreateIn {
+            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
+            mode: 0o644,
+            umask: 0,
+            fuse_flags: 0,
+        };
+        let mut name = b"f".to_vec();
+        name.push(0);
+        c.build(
+            FUSE_CREATE,
+            ROOT,
+            &[vm_memory::ByteValued::as_slice(&ci), &name],
+        )
+    };
+    read_waits_behind(&d, &c, create, e.nodeid, o.fh);
+    let st = inode_stats(&d, ino);
+    assert_eq!(
+        st["exclusive_writes"], 1,
+        "the create-truncate is counted: {st}"
+    );
+    assert_eq!(st["exclusive_violations"], 0, "{st}");
+}
+
+/// Issue 10, item 5: the I/O lock belongs to the host file, not to a node. A node
+/// forgotten while a handle still holds it, and the new node a later lookup makes, must
+/// share one lock.
+#[test]
+fn a_forgotten_node_and_its_successor_share_one_lock() {
+    let d = Daemon::start(&["--cache", "never", "--thread-pool-size", "4"]);
+    let c = two_queue_client(&d);
+    std::fs::write(d.path("f"), vec![1u8; 65536]).unwrap();
+    let old = c.lookup(ROOT, "f").unwrap();
+    let o = c.open(old.nodeid, libc::O_RDONLY as u32).unwrap();
+    c.forget(old.nodeid, 1).unwrap();
+    let new = c.lookup(ROOT, "f").unwrap();
+    assert_ne!(new.nodeid, old.nodeid, "a new node after the forget");
+    let open_trunc = {
+        let oi = fuse_backend_rs::abi::fuse_abi::OpenIn {
+            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
+            fuse_flags: 0,
+        };
+        c.build(
+            FUSE_OPEN,
+            new.nodeid,
+            &[vm_memory::ByteValued::as_slice(&oi)],
+        )
+    };
+    read_waits_behind(&d, &c, open_trunc, old.nodeid, o.fh);
+}
+
+/// Item 5 again: one host file seen through two mounts inside the share (a bind mount)
+/// has two node ids, but one lock.
+#[test]
+fn one_file_through_a_bind_mount_has_one_lock() {
+    if !common::is_root() {
+        eprintln!("skipped: bind mounts need root");
+        return;
+    }
+    let share = tempfile::tempdir().unwrap();
+    std::fs::create_dir(share.path().join("a")).unwrap();
+    std::fs::create_dir(share.path().join("b")).unwrap();
+    std::fs::write(share.path().join("a/f"), vec![1u8; 65536]).unwrap();
+    let _bind = common::BindMount::new(&share.path().join("a"), &share.path().join("b"));
+    let d = Daemon::start_on(
+        share.path(),
+        &["--cache", "never", "--thread-pool-size", "4"],
+    );
+    let c = two_queue_client(&d);
+    let a = c.lookup(ROOT, "a").unwrap();
+    let b = c.lookup(ROOT, "b").unwrap();
+    let fa = c.lookup(a.nodeid, "f").unwrap();
+    let fb = c.lookup(b.nodeid, "f").unwrap();
+    assert_ne!(fa.nodeid, fb.nodeid, "two mounts: two nodes");
+    let o = c.open(fa.nodeid, libc::O_RDONLY as u32).unwrap();
+    let open_trunc = {
+        let oi = fuse_backend_rs::abi::fuse_abi::OpenIn {
+            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
+            fuse_flags: 0,
+        };
+        c.build(
+            FUSE_OPEN,
+            fb.nodeid,
+            &[vm_memory::ByteValued::as_slice(&oi)],
+        )
+    };
+    // The lease is taken on the share's own name of the file.
+    std::fs::hard_link(share.path().join("a/f"), share.path().join("f")).unwrap();
+    read_waits_behind(&d, &c, open_trunc, fa.nodeid, o.fh);
+}

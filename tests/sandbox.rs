@@ -13,19 +13,7 @@ const ROOT: u64 = 1;
 
 /// The process actually serving: the spawned one, or its child in namespace mode.
 fn serving_pid(d: &Daemon) -> i32 {
-    let pid = d.pid();
-    let t = Instant::now();
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(c) = children.split_whitespace().next() {
-            return c.parse().unwrap();
-        }
-        if t.elapsed() > Duration::from_secs(2) {
-            return pid;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::serving_pid(d.pid())
 }
 
 fn fd_targets(pid: i32) -> Vec<PathBuf> {

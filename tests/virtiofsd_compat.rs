@@ -220,7 +220,8 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
         ("--translate-uid=squash-host:0:1000:1", "--translate-uid"),
         ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
         ("--migration-mode=find-paths", "migration"),
-        ("--killpriv-v2", "--killpriv-v2"),
+        ("-oflock", "-o flock"),
+        ("-oposix_lock", "-o posix_lock"),
     ] {
         let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);
         assert_eq!(code, Some(1), "{opt}");

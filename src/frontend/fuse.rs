@@ -72,6 +72,11 @@ pub const FATTR_MTIME: u32 = 32;
 pub const FATTR_FH: u32 = 64;
 pub const FATTR_ATIME_NOW: u32 = 128;
 pub const FATTR_MTIME_NOW: u32 = 256;
+pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
+/// WRITE's `write_flags`: the writer lacks CAP_FSETID (FUSE_WRITE_KILL_SUIDGID).
+pub const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// OPEN/CREATE `open_flags`: an O_TRUNC open by a caller without CAP_FSETID.
+pub const FUSE_OPEN_KILL_SUIDGID: u32 = 1;
 
 #[derive(Debug)]
 pub enum FuseError {
@@ -174,6 +179,8 @@ pub struct DirEnt {
 pub struct FuseClient {
     pub fe: Frontend,
     unique: AtomicU64,
+    /// Who the requests are sent for; root unless `set_caller` changed it.
+    caller: std::sync::Mutex<Caller>,
     pub layout: Layout,
     pub timeout: Duration,
 }
@@ -191,6 +198,7 @@ impl FuseClient {
         FuseClient {
             fe,
             unique: AtomicU64::new(1),
+            caller: std::sync::Mutex::new(Caller::ROOT),
             layout: Layout::default(),
             timeout: Duration::from_secs(20),
         }
@@ -199,7 +207,21 @@ impl FuseClient {
     /// Builds a request with a fresh `unique`: header (length filled in) followed by `parts`.
     pub fn build(&self, op: u32, nodeid: u64, parts: &[&[u8]]) -> (u64, Vec<u8>) {
         let unique = self.unique.fetch_add(1, Ordering::Relaxed);
-        (unique, request_bytes(op, nodeid, unique, parts))
+        let caller = *self.caller.lock().unwrap();
+        (unique, request_bytes_as(caller, op, nodeid, unique, parts))
+    }
+
+    /// Sends the following requests for `caller` (a non-root guest user, say).
+    pub fn set_caller(&self, caller: Caller) {
+        *self.caller.lock().unwrap() = caller;
+    }
+
+    /// Runs `f` with requests sent for `caller`, then goes back to the previous caller.
+    pub fn as_caller<R>(&self, caller: Caller, f: impl FnOnce(&Self) -> R) -> R {
+        let old = std::mem::replace(&mut *self.caller.lock().unwrap(), caller);
+        let r = f(self);
+        *self.caller.lock().unwrap() = old;
+        r
     }
 
     /// Places raw request bytes on `queue` and kicks; waits for a free slot if needed.
@@ -447,9 +469,14 @@ impl FuseClient {
     }
 
     pub fn open(&self, nodeid: u64, flags: u32) -> FResult<OpenOut> {
+        self.open_with(nodeid, flags, 0)
+    }
+
+    /// OPEN with the FUSE `open_flags` (FUSE_OPEN_KILL_SUIDGID, ...).
+    pub fn open_with(&self, nodeid: u64, flags: u32, open_flags: u32) -> FResult<OpenOut> {
         let o = OpenIn {
             flags,
-            fuse_flags: 0,
+            fuse_flags: open_flags,
         };
         exact(self.call(FUSE_OPEN, nodeid, &[o.as_slice()], 4096)?)
     }
@@ -461,11 +488,23 @@ impl FuseClient {
         flags: u32,
         mode: u32,
     ) -> FResult<(EntryOut, OpenOut)> {
+        self.create_with(parent, name, flags, mode, 0)
+    }
+
+    /// CREATE with the FUSE `open_flags` (FUSE_OPEN_KILL_SUIDGID, ...).
+    pub fn create_with(
+        &self,
+        parent: u64,
+        name: &str,
+        flags: u32,
+        mode: u32,
+        open_flags: u32,
+    ) -> FResult<(EntryOut, OpenOut)> {
         let c = CreateIn {
             flags,
             mode,
             umask: 0,
-            fuse_flags: 0,
+            fuse_flags: open_flags,
         };
         let b = self.call(FUSE_CREATE, parent, &[c.as_slice(), &cstr(name)], 4096)?;
         let e = std::mem::size_of::<EntryOut>();
@@ -506,6 +545,26 @@ impl FuseClient {
 
     pub fn write(&self, nodeid: u64, fh: u64, offset: u64, data: &[u8]) -> FResult<u32> {
         self.write_on(1, nodeid, fh, offset, data)
+    }
+
+    /// WRITE with the FUSE `write_flags` (FUSE_WRITE_KILL_SUIDGID, ...).
+    pub fn write_with(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        write_flags: u32,
+    ) -> FResult<u32> {
+        let w = WriteIn {
+            fh,
+            offset,
+            size: data.len() as u32,
+            fuse_flags: write_flags,
+            ..Default::default()
+        };
+        let o: WriteOut = exact(self.call(FUSE_WRITE, nodeid, &[w.as_slice(), data], 64)?)?;
+        Ok(o.size)
     }
 
     pub fn write_on(
@@ -719,18 +778,45 @@ impl FuseClient {
     }
 }
 
+/// The guest caller a request is sent for (the header's uid, gid and pid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+}
+
 /// A FUSE request as the guest driver lays it out: an `InHeader` whose `len` covers `parts`,
 /// then `parts` (sent by root, pid 1).
 pub fn request_bytes(op: u32, nodeid: u64, unique: u64, parts: &[&[u8]]) -> Vec<u8> {
+    request_bytes_as(Caller::ROOT, op, nodeid, unique, parts)
+}
+
+/// As `request_bytes`, sent by `caller`.
+pub fn request_bytes_as(
+    caller: Caller,
+    op: u32,
+    nodeid: u64,
+    unique: u64,
+    parts: &[&[u8]],
+) -> Vec<u8> {
     let body: usize = parts.iter().map(|p| p.len()).sum();
     let hdr = InHeader {
         len: (std::mem::size_of::<InHeader>() + body) as u32,
         opcode: op,
         unique,
         nodeid,
-        uid: 0,
-        gid: 0,
-        pid: 1,
+        uid: caller.uid,
+        gid: caller.gid,
+        pid: caller.pid,
         padding: 0,
     };
     let mut v = hdr.as_slice().to_vec();

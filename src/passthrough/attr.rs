@@ -31,8 +31,11 @@ impl PassthroughFs {
         attr: libc::stat64,
         handle: Option<u64>,
         valid: SetattrValid,
+        kill: bool,
     ) -> io::Result<(libc::stat64, Duration)> {
         self.check_writable()?;
+        // An explicit new mode in the same request wins over the privilege drop.
+        let kill = kill && !valid.contains(SetattrValid::MODE);
         let i = self.inode(inode)?;
         let h = match handle {
             Some(fh) => Some(self.handles.get(fh, inode)?),
@@ -94,17 +97,19 @@ impl PassthroughFs {
             let g = i.io.exclusive();
             let _w = i.io.write_started(&g);
             let size = attr.st_size;
-            match &h {
-                Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => {
-                    // SAFETY: plain syscall on an fd we own.
-                    cvt(unsafe { libc::ftruncate64(h.fd.as_raw_fd(), size) })?;
-                }
+            let reopened;
+            let fd = match &h {
+                Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => h.fd.as_raw_fd(),
                 _ => {
-                    let fd = self.reopen(&i, libc::O_WRONLY | libc::O_NONBLOCK)?;
-                    // SAFETY: plain syscall on an fd we own.
-                    cvt(unsafe { libc::ftruncate64(fd.as_raw_fd(), size) })?;
+                    reopened = self.reopen(&i, libc::O_WRONLY | libc::O_NONBLOCK)?;
+                    reopened.as_raw_fd()
                 }
+            };
+            if kill {
+                super::killpriv::kill_suidgid(fd)?;
             }
+            // SAFETY: plain syscall on an fd we own.
+            cvt(unsafe { libc::ftruncate64(fd, size) })?;
         }
 
         if valid.intersects(

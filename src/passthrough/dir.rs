@@ -64,6 +64,10 @@ impl PassthroughFs {
     }
 
     /// Parent inode for creating `name` in it, after the checks every create shares.
+    ///
+    /// Callers take the parent's `path_fd` before switching to the guest caller's
+    /// credentials: reopening a file handle needs CAP_DAC_READ_SEARCH, which setfsuid to a
+    /// non-root user drops.
     pub(super) fn create_parent(
         &self,
         parent: u64,
@@ -89,12 +93,11 @@ impl PassthroughFs {
         name: &CStr,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
+        let pfd = p.path_fd()?;
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
-            cvt(unsafe {
-                libc::symlinkat(linkname.as_ptr(), p.path_fd()?.as_raw_fd(), name.as_ptr())
-            })?;
+            cvt(unsafe { libc::symlinkat(linkname.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) })?;
         }
         self.do_lookup(parent, name)
     }
@@ -108,16 +111,12 @@ impl PassthroughFs {
         rdev: u32,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
+        let pfd = p.path_fd()?;
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe {
-                libc::mknodat(
-                    p.path_fd()?.as_raw_fd(),
-                    name.as_ptr(),
-                    mode,
-                    rdev as libc::dev_t,
-                )
+                libc::mknodat(pfd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
             })?;
         }
         self.do_lookup(parent, name)
@@ -131,10 +130,11 @@ impl PassthroughFs {
         mode: u32,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
+        let pfd = p.path_fd()?;
         {
             let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-            cvt(unsafe { libc::mkdirat(p.path_fd()?.as_raw_fd(), name.as_ptr(), mode) })?;
+            cvt(unsafe { libc::mkdirat(pfd.as_raw_fd(), name.as_ptr(), mode) })?;
         }
         self.do_lookup(parent, name)
     }

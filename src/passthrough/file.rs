@@ -13,6 +13,7 @@ use fuse_backend_rs::api::filesystem::{
 
 use super::handle::Handle;
 use super::inode::Inode;
+use super::killpriv;
 use super::lock::IoGuard;
 use super::nowait::{self, NoWaitFile};
 use super::PassthroughFs;
@@ -47,7 +48,14 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub(super) fn do_open(&self, inode: u64, flags: u32) -> io::Result<(u64, OpenOptions)> {
+    /// OPEN, and CREATE of a name that exists. `kill`: an O_TRUNC drops privileges too
+    /// (see `killpriv`).
+    pub(super) fn do_open(
+        &self,
+        inode: u64,
+        flags: u32,
+        kill: bool,
+    ) -> io::Result<(u64, OpenOptions)> {
         let i = self.inode(inode)?;
         let hflags = self.host_flags(flags);
         self.check_open_flags(hflags)?;
@@ -56,8 +64,13 @@ impl PassthroughFs {
         }
         let fd = if hflags & libc::O_TRUNC != 0 {
             // O_TRUNC changes the size: exclusive, like a truncating setattr.
-            let _g = i.io.exclusive();
-            self.reopen(&i, hflags)?
+            let g = i.io.exclusive();
+            let _w = i.io.write_started(&g);
+            let fd = self.reopen(&i, hflags)?;
+            if kill {
+                killpriv::kill_suidgid(fd.as_raw_fd())?;
+            }
+            fd
         } else {
             self.reopen(&i, hflags)?
         };
@@ -71,6 +84,9 @@ impl PassthroughFs {
         Ok((fh, self.file_open_options(flags)))
     }
 
+    /// CREATE. The host file is created with O_EXCL, always: an existing name goes through
+    /// OPEN's path instead, whose file-type check keeps FIFOs and device nodes closed and
+    /// whose O_TRUNC takes the inode's exclusive lock.
     pub(super) fn do_create(
         &self,
         ctx: &Context,
@@ -78,18 +94,68 @@ impl PassthroughFs {
         name: &CStr,
         flags: u32,
         mode: u32,
+        kill: bool,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
-        let hflags = self.host_flags(flags);
-        let fd = {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
-            sys::openat(
-                p.path_fd()?.as_raw_fd(),
-                name,
-                hflags | libc::O_CREAT | libc::O_NOFOLLOW | (flags as i32 & libc::O_EXCL),
-                mode & 0o7777,
-            )?
-        };
+        let hflags = self.host_flags(flags) & !libc::O_TRUNC;
+        // The name may vanish between a failed exclusive create and the lookup, or appear
+        // between the lookup and the create: a few rounds settle it.
+        for _ in 0..4 {
+            // Taken before the credentials change: reopening a file handle needs
+            // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
+            let pfd = p.path_fd()?;
+            let created = {
+                let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+                sys::openat(
+                    pfd.as_raw_fd(),
+                    name,
+                    hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    mode & 0o7777,
+                )
+            };
+            match created {
+                Ok(fd) => return self.created(fd, hflags, flags),
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && flags as i32 & libc::O_EXCL == 0 =>
+                {
+                    let mut entry = match self.do_lookup(parent, name) {
+                        Ok(e) => e,
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    // The reply's entry owns the lookup just taken, unless the open fails.
+                    return match self.do_open(entry.inode, flags, kill) {
+                        Ok((fh, opts)) => {
+                            // The attributes after any O_TRUNC and privilege drop.
+                            if let Ok(st) = self
+                                .handles
+                                .get(fh, entry.inode)
+                                .and_then(|h| sys::fstat(&h.fd))
+                            {
+                                entry.attr = st;
+                            }
+                            Ok((entry, fh, opts))
+                        }
+                        Err(e) => {
+                            self.inodes.forget(entry.inode, 1);
+                            Err(e)
+                        }
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(errno(libc::EAGAIN))
+    }
+
+    /// The node and handle of a file CREATE just made, open as `fd`.
+    fn created(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        hflags: i32,
+        flags: u32,
+    ) -> io::Result<(Entry, u64, OpenOptions)> {
         // Take the O_PATH fd from the opened file itself, so the entry is exactly the file
         // created even if the name changes meanwhile.
         let path_fd = sys::openat(
@@ -134,9 +200,13 @@ impl PassthroughFs {
         r: &mut dyn ZeroCopyReader,
         size: u32,
         offset: u64,
+        kill: bool,
     ) -> io::Result<usize> {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
+        if kill {
+            killpriv::kill_suidgid(h.fd.as_raw_fd())?;
+        }
         let end = offset
             .checked_add(size as u64)
             .ok_or_else(|| errno(libc::EFBIG))?;
@@ -177,9 +247,13 @@ impl PassthroughFs {
         mode: u32,
         offset: u64,
         length: u64,
+        kill: bool,
     ) -> io::Result<()> {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
+        if kill {
+            killpriv::kill_suidgid(h.fd.as_raw_fd())?;
+        }
         let g = h.inode.io.exclusive();
         let _w = h.inode.io.write_started(&g);
         // SAFETY: plain syscall on an fd we own; the kernel validates mode and range.
@@ -204,10 +278,12 @@ impl PassthroughFs {
         Ok(r as u64)
     }
 
-    /// COPY_FILE_RANGE: the source under its shared lock, the destination exclusive.
+    /// COPY_FILE_RANGE for guest user `uid`: the source under its shared lock, the
+    /// destination exclusive.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_file_range(
         &self,
+        uid: u32,
         inode_in: u64,
         fh_in: u64,
         off_in: u64,
@@ -223,6 +299,12 @@ impl PassthroughFs {
         }
         let hin = self.handles.get(fh_in, inode_in)?;
         let hout = self.handles.get(fh_out, inode_out)?;
+        if hout.flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Err(errno(libc::EBADF));
+        }
+        if killpriv::needed(uid, false) {
+            killpriv::kill_suidgid(hout.fd.as_raw_fd())?;
+        }
         // Two inodes' locks: always taken lower node id first, so copies in opposite
         // directions can't deadlock (found by the fuzz harness).
         let (gout, _gin) = if hin.inode.nodeid == hout.inode.nodeid {

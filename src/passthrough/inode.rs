@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::lock::IoLock;
+use super::lock::{FileId, FileLock, LockTable};
 use crate::sys;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -80,8 +80,9 @@ pub struct Inode {
     pub file_type: u32,
     /// Guest lookup count (FUSE "nlookup").
     lookups: AtomicU64,
-    /// Serialises size-changing I/O against in-EOF I/O on this inode.
-    pub io: IoLock,
+    /// Serialises size-changing I/O against in-EOF I/O on this host file; shared with
+    /// every other node of the same file (see `lock`).
+    pub io: Arc<FileLock>,
 }
 
 impl Inode {
@@ -137,6 +138,7 @@ struct Maps {
 pub struct InodeTable {
     maps: RwLock<Maps>,
     handles: FileHandleMode,
+    locks: LockTable,
     /// Write-concurrency figures of inodes already forgotten, so statistics outlive them.
     retired_peak: std::sync::atomic::AtomicU32,
     retired_violations: AtomicU64,
@@ -150,6 +152,7 @@ impl InodeTable {
     pub fn with_file_handles(handles: FileHandleMode) -> Self {
         InodeTable {
             handles,
+            locks: LockTable::new(),
             maps: RwLock::new(Maps {
                 by_id: HashMap::new(),
                 by_key: HashMap::new(),
@@ -170,6 +173,11 @@ impl InodeTable {
     pub fn insert_root(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<()> {
         let nodeid = fuse_backend_rs::api::filesystem::ROOT_ID;
         let key = InodeKey::of(st);
+        let handle = match self.handles {
+            FileHandleMode::Never => None,
+            _ => sys::name_to_handle(fd.as_raw_fd()).ok().map(|(h, _)| h),
+        };
+        let io = self.locks.get(file_id(st, handle));
         if self.handles != FileHandleMode::Never {
             let anchor = Arc::new(Self::anchor(&fd)?);
             self.maps
@@ -184,7 +192,7 @@ impl InodeTable {
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(u64::MAX / 2),
-            io: IoLock::default(),
+            io,
         });
         let mut m = self.maps.write().unwrap();
         m.by_id.insert(nodeid, inode);
@@ -206,16 +214,6 @@ impl InodeTable {
     /// new fd is dropped and the existing node's count goes up.
     pub fn lookup_insert(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
-        {
-            let m = self.maps.read().unwrap();
-            if let Some(id) = m.by_key.get(&key) {
-                let inode = m.by_id[id].clone();
-                // A count raised under the read lock can't race a removal: forget takes
-                // the write lock.
-                inode.lookups.fetch_add(1, Ordering::Relaxed);
-                return Ok(inode);
-            }
-        }
         let handle = match self.handles {
             FileHandleMode::Never => None,
             mode => match sys::name_to_handle(fd.as_raw_fd()) {
@@ -224,9 +222,27 @@ impl InodeTable {
                 Err(e) => return Err(e),
             },
         };
+        // A known node of this file, if any. A node named by a file handle holds no fd, so
+        // its file may be gone and the inode number reused: a different handle means a
+        // different file, which gets a node of its own (the old one answers ESTALE).
+        let known = |m: &Maps| {
+            let inode = m.by_id.get(m.by_key.get(&key)?)?;
+            match (&inode.file, &handle) {
+                (InodeFile::Handle { handle: old, .. }, Some((new, _))) if old != new => None,
+                _ => Some(inode.clone()),
+            }
+        };
+        if let Some(inode) = known(&self.maps.read().unwrap()) {
+            // A count raised under the read lock can't race a removal: forget takes the
+            // write lock.
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+            return Ok(inode);
+        }
+        let io = self
+            .locks
+            .get(file_id(st, handle.as_ref().map(|(h, _)| h.clone())));
         let mut m = self.maps.write().unwrap();
-        if let Some(id) = m.by_key.get(&key) {
-            let inode = m.by_id[id].clone();
+        if let Some(inode) = known(&m) {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
             return Ok(inode);
         }
@@ -257,7 +273,7 @@ impl InodeTable {
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
-            io: IoLock::default(),
+            io,
         });
         m.by_id.insert(nodeid, inode.clone());
         m.by_key.insert(key, nodeid);
@@ -307,6 +323,15 @@ impl InodeTable {
     /// A snapshot of all known inodes (for statistics).
     pub fn snapshot(&self) -> Vec<Arc<Inode>> {
         self.maps.read().unwrap().by_id.values().cloned().collect()
+    }
+}
+
+/// The identity `lock` keys a host file's I/O lock by.
+fn file_id(st: &sys::StatX, handle: Option<sys::FileHandle>) -> FileId {
+    FileId {
+        dev: st.st.st_dev,
+        ino: st.st.st_ino,
+        handle,
     }
 }
 

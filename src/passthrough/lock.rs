@@ -13,10 +13,106 @@
 //!
 //! - An operation on two inodes (copy_file_range) takes the lower node id's lock first.
 //!
-//! No global lock is taken here; counters are per inode and lock-free.
+//! - One host file has exactly one lock for as long as anything refers to it: the lock
+//!   belongs to the host file (`FileId`), not to a node, so two node ids for one file (a
+//!   bind mount inside the share, or a node forgotten while a handle still holds it) share
+//!   it. `LockTable` hands them out.
+//!
+//! No global lock is taken on the I/O path; counters are per inode and lock-free. The
+//! table is only touched when a node is made or its last reference goes.
 
+use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+
+use crate::sys::FileHandle;
+
+/// A host file's identity: (st_dev, st_ino), plus its file handle where nodes use them
+/// (the handle carries the inode's generation, so a reused inode number is another file).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub handle: Option<FileHandle>,
+}
+
+const SHARDS: usize = 16;
+type Shard = Mutex<HashMap<FileId, Weak<FileLock>>>;
+
+/// The I/O locks of all host files some node or handle refers to.
+pub struct LockTable {
+    shards: Arc<Vec<Shard>>,
+}
+
+/// A host file's `IoLock`; leaves the table when its last holder drops it.
+pub struct FileLock {
+    io: IoLock,
+    id: FileId,
+    shards: Weak<Vec<Shard>>,
+}
+
+impl Deref for FileLock {
+    type Target = IoLock;
+    fn deref(&self) -> &IoLock {
+        &self.io
+    }
+}
+
+fn shard_of(id: &FileId) -> usize {
+    (id.ino as usize ^ id.dev as usize) % SHARDS
+}
+
+impl LockTable {
+    pub fn new() -> Self {
+        LockTable {
+            shards: Arc::new((0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect()),
+        }
+    }
+
+    /// The lock of the host file `id`: the one already in use, or a new one.
+    pub fn get(&self, id: FileId) -> Arc<FileLock> {
+        let mut m = self.shards[shard_of(&id)].lock().unwrap();
+        if let Some(l) = m.get(&id).and_then(Weak::upgrade) {
+            return l;
+        }
+        let l = Arc::new(FileLock {
+            io: IoLock::default(),
+            id: id.clone(),
+            shards: Arc::downgrade(&self.shards),
+        });
+        m.insert(id, Arc::downgrade(&l));
+        l
+    }
+
+    /// Host files with a lock (for tests and statistics).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let Some(shards) = self.shards.upgrade() else {
+            return;
+        };
+        let mut m = shards[shard_of(&self.id)].lock().unwrap();
+        // A lookup may have replaced the entry since this lock's last holder went.
+        if m.get(&self.id).is_some_and(|w| w.strong_count() == 0) {
+            m.remove(&self.id);
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct IoLock {
@@ -147,6 +243,26 @@ mod tests {
         let fake = IoGuard::Exclusive(OTHER.write().unwrap());
         let _w2 = l.write_started(&fake);
         assert_eq!(l.stats().exclusive_violations, 1);
+    }
+
+    #[test]
+    fn one_host_file_has_one_lock_while_anything_holds_it() {
+        let t = LockTable::new();
+        let id = |ino| FileId {
+            dev: 1,
+            ino,
+            handle: None,
+        };
+        let a = t.get(id(5));
+        let b = t.get(id(5));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &t.get(id(6))));
+        drop(a);
+        assert_eq!(t.len(), 1, "b still holds it");
+        let c = t.get(id(5));
+        assert!(Arc::ptr_eq(&b, &c));
+        drop((b, c));
+        assert!(t.is_empty(), "the entry goes with its last holder");
     }
 
     #[test]

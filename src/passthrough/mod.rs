@@ -12,6 +12,7 @@ mod dir;
 mod file;
 pub mod handle;
 pub mod inode;
+mod killpriv;
 pub mod lock;
 pub mod nowait;
 mod xattr;
@@ -23,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::CreateIn;
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, FOPEN_IN_KILL_SUIDGID, WRITE_KILL_PRIV};
 use fuse_backend_rs::api::filesystem::{
     Context, DirEntry, Entry, FileSystem, FsOptions, GetxattrReply, ListxattrReply, OpenOptions,
     SetattrValid, ZeroCopyReader, ZeroCopyWriter, ROOT_ID,
@@ -67,6 +68,9 @@ pub struct Config {
     /// Pass the guest's O_NOATIME to host opens (`--preserve-noatime`). By default it is
     /// dropped, as virtiofsd does: it fails with EPERM on files the daemon does not own.
     pub preserve_noatime: bool,
+    /// Offer FUSE_HANDLE_KILLPRIV_V2 (`--no-killpriv-v2` turns it off). vfsd drops
+    /// privileges on data changes by non-root callers either way (see `killpriv`).
+    pub killpriv_v2: bool,
 }
 
 impl Config {
@@ -83,6 +87,7 @@ impl Config {
             inode_file_handles: inode::FileHandleMode::Never,
             readdirplus: true,
             preserve_noatime: false,
+            killpriv_v2: true,
         }
     }
 
@@ -252,6 +257,9 @@ impl FileSystem for PassthroughFs {
         if self.cfg.announce_submounts {
             want |= FsOptions::SUBMOUNTS;
         }
+        if self.cfg.killpriv_v2 {
+            want |= FsOptions::HANDLE_KILLPRIV_V2;
+        }
         if self.cfg.readdirplus {
             want |= FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO;
         }
@@ -298,13 +306,14 @@ impl FileSystem for PassthroughFs {
 
     fn setattr(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         attr: libc::stat64,
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(libc::stat64, Duration)> {
-        self.do_setattr(inode, attr, handle, valid)
+        let kill = killpriv::needed(ctx.uid, valid.contains(SetattrValid::KILL_SUIDGID));
+        self.do_setattr(inode, attr, handle, valid, kill)
     }
 
     fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -376,12 +385,13 @@ impl FileSystem for PassthroughFs {
 
     fn open(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         flags: u32,
-        _fuse_flags: u32,
+        fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        let (fh, opts) = self.do_open(inode, flags)?;
+        let kill = killpriv::needed(ctx.uid, fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
+        let (fh, opts) = self.do_open(inode, flags, kill)?;
         Ok((Some(fh), opts, None))
     }
 
@@ -392,7 +402,8 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, args.mode)?;
+        let kill = killpriv::needed(ctx.uid, args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
+        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, args.mode, kill)?;
         Ok((entry, Some(fh), opts, None))
     }
 
@@ -412,7 +423,7 @@ impl FileSystem for PassthroughFs {
 
     fn write(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         r: &mut dyn ZeroCopyReader,
@@ -421,9 +432,10 @@ impl FileSystem for PassthroughFs {
         _lock_owner: Option<u64>,
         _delayed_write: bool,
         _flags: u32,
-        _fuse_flags: u32,
+        fuse_flags: u32,
     ) -> io::Result<usize> {
-        self.do_write(inode, handle, r, size, offset)
+        let kill = killpriv::needed(ctx.uid, fuse_flags & WRITE_KILL_PRIV != 0);
+        self.do_write(inode, handle, r, size, offset, kill)
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
@@ -436,14 +448,15 @@ impl FileSystem for PassthroughFs {
 
     fn fallocate(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         mode: u32,
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        self.do_fallocate(inode, handle, mode, offset, length)
+        let kill = killpriv::needed(ctx.uid, false);
+        self.do_fallocate(inode, handle, mode, offset, length, kill)
     }
 
     fn release(

@@ -338,3 +338,94 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// A read lease a host process holds on a file: a daemon's open of it for writing then
+/// blocks until the lease is dropped (or the kernel's lease-break-time passes). Tests use
+/// it to hold a request inside the host kernel for as long as they like.
+pub struct HostLease(std::fs::File);
+
+impl HostLease {
+    pub fn take(path: &Path) -> HostLease {
+        use std::os::fd::AsRawFd;
+        // The lease break is announced with SIGIO, whose default action ends the process.
+        // SAFETY: installing SIG_IGN has no preconditions.
+        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+        let f = std::fs::File::open(path).unwrap();
+        // SAFETY: plain fcntl on an fd we own.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+        assert_eq!(r, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+        HostLease(f)
+    }
+
+    /// Whether someone is waiting for the lease to go (the kernel started breaking it).
+    pub fn broken(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain fcntl on an fd we own.
+        let r = unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_GETLEASE) };
+        r == libc::F_UNLCK
+    }
+
+    /// Waits until an opener is blocked on the lease.
+    pub fn wait_broken(&self) {
+        let t = Instant::now();
+        while !self.broken() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "nobody opened the leased file"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for HostLease {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain fcntl on an fd we own.
+        unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+}
+
+/// The process actually serving for the daemon spawned as `pid`: itself, or its child in
+/// the namespace sandbox.
+pub fn serving_pid(pid: i32) -> i32 {
+    let t = Instant::now();
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = children.split_whitespace().next() {
+            return c.parse().unwrap();
+        }
+        if t.elapsed() > Duration::from_secs(2) {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A bind mount, undone when dropped.
+pub struct BindMount(PathBuf);
+
+impl BindMount {
+    pub fn new(src: &Path, at: &Path) -> BindMount {
+        let st = Command::new("mount")
+            .arg("--bind")
+            .arg(src)
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(
+            st.success(),
+            "mount --bind {} {}",
+            src.display(),
+            at.display()
+        );
+        BindMount(at.to_path_buf())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}

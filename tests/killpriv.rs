@@ -1,0 +1,238 @@
+//! Set-id bits and file capabilities on data changes (issue 10, item 1).
+//!
+//! On a local filesystem a write, truncate, fallocate or O_TRUNC open by a caller without
+//! CAP_FSETID clears S_ISUID, clears S_ISGID when group-exec is set, and drops
+//! `security.capability`. The guest kernel's direct-I/O path leaves that to the daemon,
+//! and a non-root guest user never has CAP_FSETID: vfsd must do it whether or not the
+//! guest sets the KILL_SUIDGID flags, and must keep the bits for root without them.
+
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::Daemon;
+use fuse_backend_rs::abi::fuse_abi::SetattrIn;
+use vfsd::frontend::fuse::*;
+
+const ROOT: u64 = 1;
+const NOBODY: Caller = Caller {
+    uid: 65534,
+    gid: 65534,
+    pid: 4242,
+};
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().mode() & 0o7777
+}
+
+/// A root-owned file of `mode` in the share, with a file capability when `cap` is set.
+fn privileged_file(d: &Daemon, name: &str, mode: u32, cap: bool) -> std::path::PathBuf {
+    let p = d.path(name);
+    std::fs::write(&p, vec![7u8; 8192]).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    if cap {
+        // VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
+        let mut v = Vec::new();
+        v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
+        v.extend_from_slice(&(1u32 << 13).to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        set_xattr(&p, "security.capability", &v);
+    }
+    assert_eq!(mode_of(&p), mode);
+    p
+}
+
+fn set_xattr(p: &Path, name: &str, v: &[u8]) {
+    let path = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = CString::new(name).unwrap();
+    // SAFETY: NUL-terminated strings and a live buffer.
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn has_cap(p: &Path) -> bool {
+    let path = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings; size 0 only asks for the length.
+    let r = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    r > 0
+}
+
+fn open_rw(c: &FuseClient, name: &str) -> (u64, u64) {
+    let e = c.lookup(ROOT, name).unwrap();
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    (e.nodeid, o.fh)
+}
+
+fn start() -> Daemon {
+    let d = Daemon::start(&["--cache", "never"]);
+    std::fs::set_permissions(d.share.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    d
+}
+
+#[test]
+fn a_non_root_write_clears_setid_bits_and_the_file_capability_without_being_asked() {
+    let d = start();
+    let p = privileged_file(&d, "f", 0o6777, true);
+    let c = d.client();
+    let (n, fh) = open_rw(&c, "f");
+    // No FUSE_WRITE_KILL_SUIDGID: a hostile or old guest kernel doesn't ask.
+    c.as_caller(NOBODY, |c| c.write(n, fh, 0, &[1u8; 4096]))
+        .unwrap();
+    assert_eq!(
+        mode_of(&p),
+        0o777,
+        "S_ISUID and S_ISGID (group-exec set) go"
+    );
+    assert!(!has_cap(&p), "security.capability goes");
+}
+
+#[test]
+fn setgid_without_group_exec_survives_as_on_a_local_filesystem() {
+    let d = start();
+    let p = privileged_file(&d, "f", 0o6764, false);
+    let c = d.client();
+    let (n, fh) = open_rw(&c, "f");
+    c.as_caller(NOBODY, |c| c.write(n, fh, 0, b"x")).unwrap();
+    assert_eq!(mode_of(&p), 0o2764);
+}
+
+#[test]
+fn root_keeps_the_bits_unless_the_guest_says_it_lacks_cap_fsetid() {
+    let d = start();
+    let p = privileged_file(&d, "f", 0o6777, true);
+    let c = d.client();
+    let (n, fh) = open_rw(&c, "f");
+    c.write(n, fh, 0, b"root").unwrap();
+    assert_eq!(
+        mode_of(&p),
+        0o6777,
+        "root with CAP_FSETID keeps them, as on ext4"
+    );
+    // Any write drops a file capability on Linux, root's too (cap_inode_need_killpriv).
+    assert!(!has_cap(&p));
+    c.write_with(n, fh, 0, b"root", FUSE_WRITE_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(mode_of(&p), 0o777);
+}
+
+#[test]
+fn truncate_fallocate_and_copy_into_the_file_clear_them_too() {
+    let d = start();
+    let c = d.client();
+
+    let p = privileged_file(&d, "trunc", 0o6777, true);
+    let (n, fh) = open_rw(&c, "trunc");
+    let s = SetattrIn {
+        valid: FATTR_SIZE | FATTR_FH,
+        fh,
+        size: 100,
+        ..Default::default()
+    };
+    c.as_caller(NOBODY, |c| c.setattr(n, &s)).unwrap();
+    assert_eq!((mode_of(&p), has_cap(&p)), (0o777, false), "truncate by fh");
+
+    let p = privileged_file(&d, "trunc-path", 0o6777, false);
+    let n = c.lookup(ROOT, "trunc-path").unwrap().nodeid;
+    let s = SetattrIn {
+        valid: FATTR_SIZE,
+        size: 10,
+        ..Default::default()
+    };
+    c.as_caller(NOBODY, |c| c.setattr(n, &s)).unwrap();
+    assert_eq!(mode_of(&p), 0o777, "truncate by path");
+
+    let p = privileged_file(&d, "trunc-root", 0o6777, false);
+    let n = c.lookup(ROOT, "trunc-root").unwrap().nodeid;
+    let mut s = SetattrIn {
+        valid: FATTR_SIZE,
+        size: 10,
+        ..Default::default()
+    };
+    c.setattr(n, &s).unwrap();
+    assert_eq!(mode_of(&p), 0o6777, "root's truncate keeps them");
+    s.valid |= FATTR_KILL_SUIDGID;
+    c.setattr(n, &s).unwrap();
+    assert_eq!(mode_of(&p), 0o777, "FATTR_KILL_SUIDGID is honoured");
+
+    let p = privileged_file(&d, "falloc", 0o6777, true);
+    let (n, fh) = open_rw(&c, "falloc");
+    c.as_caller(NOBODY, |c| c.fallocate(n, fh, 0, 0, 65536))
+        .unwrap();
+    assert_eq!((mode_of(&p), has_cap(&p)), (0o777, false), "fallocate");
+
+    let p = privileged_file(&d, "copy-dst", 0o6777, true);
+    std::fs::write(d.path("copy-src"), b"source").unwrap();
+    let (si, sfh) = open_rw(&c, "copy-src");
+    let (di, dfh) = open_rw(&c, "copy-dst");
+    c.as_caller(NOBODY, |c| c.copy_file_range(si, sfh, 0, di, dfh, 0, 6))
+        .unwrap();
+    assert_eq!(
+        (mode_of(&p), has_cap(&p)),
+        (0o777, false),
+        "copy_file_range"
+    );
+}
+
+#[test]
+fn o_trunc_opens_and_creates_clear_them() {
+    let d = start();
+    let c = d.client();
+    let trunc = (libc::O_WRONLY | libc::O_TRUNC) as u32;
+
+    let p = privileged_file(&d, "open", 0o6777, true);
+    let n = c.lookup(ROOT, "open").unwrap().nodeid;
+    c.as_caller(NOBODY, |c| c.open(n, trunc)).unwrap();
+    assert_eq!((mode_of(&p), has_cap(&p)), (0o777, false), "OPEN O_TRUNC");
+
+    let p = privileged_file(&d, "open-root", 0o6777, false);
+    let n = c.lookup(ROOT, "open-root").unwrap().nodeid;
+    c.open(n, trunc).unwrap();
+    assert_eq!(mode_of(&p), 0o6777, "root's O_TRUNC keeps them");
+    c.open_with(n, trunc, FUSE_OPEN_KILL_SUIDGID).unwrap();
+    assert_eq!(mode_of(&p), 0o777, "FUSE_OPEN_KILL_SUIDGID is honoured");
+
+    let p = privileged_file(&d, "create", 0o6777, true);
+    c.as_caller(NOBODY, |c| c.create(ROOT, "create", trunc, 0o644))
+        .unwrap();
+    assert_eq!((mode_of(&p), has_cap(&p)), (0o777, false), "CREATE O_TRUNC");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+
+    let p = privileged_file(&d, "create-root", 0o6777, false);
+    c.create_with(ROOT, "create-root", trunc, 0o644, FUSE_OPEN_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(mode_of(&p), 0o777, "CREATE with FUSE_OPEN_KILL_SUIDGID");
+}
+
+#[test]
+fn handle_killpriv_v2_is_negotiated_unless_turned_off() {
+    const HANDLE_KILLPRIV_V2: u32 = 1 << 28;
+    let d = Daemon::start(&[]);
+    let c = FuseClient::new(d.frontend(Default::default()));
+    let i = c.init_with(HANDLE_KILLPRIV_V2 | INIT_BIG_WRITES).unwrap();
+    assert_ne!(i.flags & HANDLE_KILLPRIV_V2, 0);
+    let d = Daemon::start(&["--no-killpriv-v2"]);
+    let c = FuseClient::new(d.frontend(Default::default()));
+    let i = c.init_with(HANDLE_KILLPRIV_V2 | INIT_BIG_WRITES).unwrap();
+    assert_eq!(i.flags & HANDLE_KILLPRIV_V2, 0);
+    // --no-killpriv-v2 still strips for non-root writers: the guest may not.
+    let p = privileged_file(&d, "f", 0o6777, false);
+    std::fs::set_permissions(d.share.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (n, fh) = open_rw(&c, "f");
+    c.as_caller(NOBODY, |c| c.write(n, fh, 0, b"x")).unwrap();
+    assert_eq!(mode_of(&p), 0o777);
+    let d = Daemon::start(&["--killpriv-v2"]);
+    let c = FuseClient::new(d.frontend(Default::default()));
+    let i = c.init_with(HANDLE_KILLPRIV_V2 | INIT_BIG_WRITES).unwrap();
+    assert_ne!(i.flags & HANDLE_KILLPRIV_V2, 0);
+}
