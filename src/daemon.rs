@@ -18,9 +18,9 @@ use crate::sandbox::{self, DirEntryHandle};
 use crate::server::FuseServer;
 
 /// Sets up logging, to stderr or (`--syslog`) to syslog; gives the syslog socket's fd, which
-/// must survive the sandbox's fd clean-up. fuse-backend-rs is never allowed trace level:
-/// its trace path transmutes guest opcodes into an enum (undefined behaviour for unknown
-/// ones).
+/// must survive the sandbox's fd clean-up. Nothing is ever logged at trace level:
+/// fuse-backend-rs's trace path transmutes guest opcodes into an enum (undefined behaviour
+/// for unknown ones; vfsd keeps those from the crate, but doesn't rely on it alone).
 pub fn init_logging(opt: &Opt) -> Option<RawFd> {
     let level = if opt.debug {
         log::LevelFilter::Debug
@@ -61,7 +61,13 @@ pub fn init_logging(opt: &Opt) -> Option<RawFd> {
     if syslog_fd.is_none() {
         b.format_timestamp_millis();
     }
-    let _ = b.try_init();
+    if b.try_init().is_ok() {
+        // The per-module cap above loses to a more specific RUST_LOG directive (say
+        // `fuse_backend_rs::api::server=trace`), and a trace level anywhere makes every
+        // `trace!` evaluate its arguments, the crate's included. vfsd logs nothing at trace
+        // level, so the cap holds for every spelling by never letting trace on at all.
+        log::set_max_level(log::max_level().min(log::LevelFilter::Debug));
+    }
     if let Some(e) = syslog_err {
         log::warn!("{e}; logging to stderr instead");
     }
@@ -187,6 +193,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     opt.apply_compat_options()?;
     opt.check_supported()?;
     let syslog_fd = init_logging(&opt);
+    // A request that panics is answered EIO and the worker goes on (server::handle); the
+    // panic itself goes to the log. The default hook would also look for a backtrace
+    // setting and the working directory, which the seccomp filter rightly forbids.
+    std::panic::set_hook(Box::new(|info| log::error!("{info}")));
     let shared_dir = opt.shared_dir.clone().ok_or("--shared-dir is required")?;
     check_shared_dir(&shared_dir)?;
     let shared_dir = std::fs::canonicalize(&shared_dir)

@@ -29,6 +29,8 @@ pub struct Stats {
     pub reads_handed_off: AtomicU64,
     /// Of the queue-thread READs, those decoded by vfsd itself (`server::fast_read`).
     pub reads_direct: AtomicU64,
+    /// Requests whose handler panicked (answered EIO; the worker lives on).
+    pub panics: AtomicU64,
 }
 
 /// FUSE opcode names as in the kernel's `enum fuse_opcode`.
@@ -99,6 +101,7 @@ impl Default for Stats {
             reads_on_queue_thread: AtomicU64::new(0),
             reads_handed_off: AtomicU64::new(0),
             reads_direct: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
         }
     }
 }
@@ -167,6 +170,7 @@ impl Stats {
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
+            "panics": self.panics.load(Ordering::Relaxed),
             "live_inodes": fs.inodes.len(),
             "open_handles": fs.handles.len(),
             "inodes": inodes,

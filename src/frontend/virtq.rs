@@ -76,7 +76,19 @@ impl VirtQueue {
         buf_size: usize,
         event_idx: bool,
     ) -> io::Result<(VirtQueue, u64)> {
-        let size = slots as u16 * descs_per_slot;
+        // A split virtqueue's size is a power of two up to 32768; a device handed another
+        // size wraps ring indices differently from this driver.
+        let size = u16::try_from(slots * descs_per_slot as usize)
+            .ok()
+            .filter(|s| s.is_power_of_two())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{slots} slots of {descs_per_slot} descriptors: the queue size must be a power of two up to 32768"
+                    ),
+                )
+            })?;
         let q = size as u64;
         let desc = base;
         let avail = desc + 16 * q;

@@ -253,11 +253,17 @@ impl PassthroughFs {
         // SAFETY: lseek on an fd we own.
         cvt(unsafe { libc::lseek64(fd, offset as i64, libc::SEEK_SET) })?;
         let mut buf = vec![0u8; (size as usize).clamp(1024, 1 << 17)];
+        let mut added = false;
         loop {
             // SAFETY: the kernel writes at most buf.len() bytes into buf.
-            let n = cvt(unsafe {
+            let n = match cvt(unsafe {
                 libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len())
-            })? as usize;
+            }) {
+                Ok(n) => n as usize,
+                // As below: keep what was already added.
+                Err(_) if added => return Ok(()),
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 return Ok(());
             }
@@ -285,12 +291,12 @@ impl PassthroughFs {
                     name,
                 };
                 let entry = if plus && name != b"." && name != b".." {
-                    let cname = std::ffi::CString::new(name).map_err(|_| errno(libc::EIO))?;
-                    match self.do_lookup(inode, &cname) {
-                        Ok(e) => Some(e),
-                        // Gone since getdents: skip it.
-                        Err(_) => continue,
-                    }
+                    // A name whose lookup fails (gone since getdents, a mount without file
+                    // handles, ...) stays in the listing as a plain entry (node id 0): the
+                    // guest looks it up itself and gets the error then.
+                    std::ffi::CString::new(name)
+                        .ok()
+                        .and_then(|n| self.do_lookup(inode, &n).ok())
                 } else {
                     None
                 };
@@ -304,12 +310,14 @@ impl PassthroughFs {
                         }
                         return Ok(());
                     }
-                    Ok(_) => {}
+                    Ok(_) => added = true,
                     Err(e) => {
                         if let Some(id) = looked_up {
                             self.inodes.forget(id, 1);
                         }
-                        return Err(e);
+                        // An error reply would drop the entries already added, and the
+                        // lookup counts they carry: send those instead.
+                        return if added { Ok(()) } else { Err(e) };
                     }
                 }
             }

@@ -15,7 +15,7 @@ use super::handle::Handle;
 use super::inode::Inode;
 use super::killpriv;
 use super::lock::IoGuard;
-use super::nowait::{self, NoWaitFile};
+use super::nowait;
 use super::PassthroughFs;
 use crate::sys::{self, cvt, errno};
 
@@ -186,9 +186,6 @@ impl PassthroughFs {
         offset: u64,
     ) -> io::Result<usize> {
         let h = self.handles.get(handle, inode)?;
-        if nowait::active() {
-            return read_without_blocking(&h, w, size, offset);
-        }
         let _g = h.inode.io.shared();
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
     }
@@ -202,6 +199,22 @@ impl PassthroughFs {
         offset: u64,
         kill: bool,
     ) -> io::Result<usize> {
+        self.write_locked(inode, handle, offset, size as usize, kill, |h| {
+            sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset))
+        })
+    }
+
+    /// The rules around every write of `size` bytes at `offset`: the privilege drop, then
+    /// the I/O lock (shared inside EOF, exclusive when extending or appending).
+    fn write_locked(
+        &self,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        size: usize,
+        kill: bool,
+        write: impl FnOnce(&Handle) -> io::Result<usize>,
+    ) -> io::Result<usize> {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
         if kill {
@@ -212,7 +225,30 @@ impl PassthroughFs {
             .ok_or_else(|| errno(libc::EFBIG))?;
         let guard = write_guard(&h, end)?;
         let _in_flight = h.inode.io.write_started(&guard);
-        sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset))
+        write(&h)
+    }
+
+    /// A WRITE of the guest's buffers `iov` to handle `fh` of node `nodeid` (vfsd's own
+    /// WRITE path, `server::write`). `kill`: see `killpriv`.
+    ///
+    /// # Safety
+    /// Every iovec must describe readable memory that stays mapped for the whole call.
+    pub unsafe fn write_iov(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        iov: &[libc::iovec],
+        kill: bool,
+    ) -> io::Result<usize> {
+        let size = iov.iter().map(|v| v.iov_len).sum();
+        self.write_locked(nodeid, fh, offset, size, kill, |h| {
+            let off = libc::off64_t::try_from(offset).map_err(|_| errno(libc::EFBIG))?;
+            let cnt = libc::c_int::try_from(iov.len()).map_err(|_| errno(libc::EINVAL))?;
+            // SAFETY: the caller vouches for the buffers; pwritev only reads them.
+            let n = cvt(unsafe { libc::pwritev64(h.fd.as_raw_fd(), iov.as_ptr(), cnt, off) })?;
+            Ok(n as usize)
+        })
     }
 
     pub(super) fn do_flush(&self, inode: u64, handle: u64) -> io::Result<()> {
@@ -364,20 +400,6 @@ fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
     }
     drop(g);
     Ok(inode.io.exclusive())
-}
-
-/// A READ on a queue thread (see `nowait`): only a whole read straight from the page cache
-/// counts. A short one may be EOF or may be half cached, so it goes to the pool like a miss.
-fn read_without_blocking(
-    h: &Handle,
-    w: &mut dyn ZeroCopyWriter,
-    size: u32,
-    offset: u64,
-) -> io::Result<usize> {
-    let r = nowait_read(h, size as usize, |fd| {
-        w.write_from(&mut NoWaitFile(fd), size as usize, offset)
-    });
-    r.ok_or_else(nowait::would_block)
 }
 
 /// The no-wait rules around one read of `size` bytes: Some only for a whole read done

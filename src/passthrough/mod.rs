@@ -33,6 +33,7 @@ use fuse_backend_rs::api::filesystem::{
 use crate::sys;
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
+pub use killpriv::needed as killpriv_needed;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.

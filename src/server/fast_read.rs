@@ -33,11 +33,16 @@ pub enum FastRead {
     NotHandled,
 }
 
-pub fn read<M>(fs: &PassthroughFs, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> FastRead
+pub fn read<M>(
+    fs: &PassthroughFs,
+    mem: &GuestMemoryMmap,
+    chain: &DescriptorChain<M>,
+    panic_nodeid: Option<u64>,
+) -> FastRead
 where
     M: Deref<Target = GuestMemoryMmap> + Clone,
 {
-    match try_read(fs, mem, chain) {
+    match try_read(fs, mem, chain, panic_nodeid) {
         Some(r) => r,
         None => FastRead::NotHandled,
     }
@@ -47,6 +52,7 @@ fn try_read<M>(
     fs: &PassthroughFs,
     mem: &GuestMemoryMmap,
     chain: &DescriptorChain<M>,
+    panic_nodeid: Option<u64>,
 ) -> Option<FastRead>
 where
     M: Deref<Target = GuestMemoryMmap> + Clone,
@@ -76,6 +82,9 @@ where
     let size = args.size as usize;
     if hdr.opcode != opcode::READ || hdr.len as usize != IN_LEN || size > MAX_READ {
         return None;
+    }
+    if Some(hdr.nodeid) == panic_nodeid {
+        panic!("VFSD_TEST_PANIC_NODEID: READ of node {}", hdr.nodeid);
     }
 
     // The reply: OutHeader in the first writable descriptor, then `size` bytes of data.

@@ -8,11 +8,19 @@
 //!   ones above): its trace logging would transmute them into the enum (undefined
 //!   behaviour), so they never reach it and get ENOSYS here.
 //!
+//! The readable part of each request is copied out of guest memory once (`request`), and
+//! everything is decided on that copy: the crate decodes header and arguments from it, so a
+//! guest rewriting its buffers mid-request can't change the opcode or arguments between
+//! vfsd's checks and the crate's dispatch. WRITE is served by vfsd (`write`), so that its
+//! data still goes straight from guest memory to the host file; READ's usual shape is
+//! served on the queue thread (`fast_read`).
+//!
 //! A request the crate rejects without replying still gets an errno reply, so a malformed
-//! request never leaves the guest waiting.
+//! request never leaves the guest waiting. A panic while serving one is answered with EIO.
 
 use std::io::{self, Write};
 use std::ops::Deref;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,14 +28,16 @@ use std::time::Instant;
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
-use log::{debug, warn};
+use fuse_backend_rs::transport::{FuseBuf, Reader, VirtioFsWriter, Writer};
+use log::{debug, error, warn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
-use crate::passthrough::{nowait, PassthroughFs};
+use crate::passthrough::PassthroughFs;
 
 mod fast_read;
+mod request;
+mod write;
 use crate::stats::Stats;
 use fast_read::FastRead;
 
@@ -61,6 +71,9 @@ pub struct FuseServer {
     server: Server<Arc<PassthroughFs>>,
     fs: Arc<PassthroughFs>,
     pub stats: Stats,
+    /// Fault injection for the tests (`VFSD_TEST_PANIC_NODEID`): requests for this node
+    /// panic, so the panic handling is exercised through the real socket.
+    panic_nodeid: Option<u64>,
 }
 
 impl FuseServer {
@@ -69,6 +82,9 @@ impl FuseServer {
             server: Server::new(fs.clone()),
             fs,
             stats: Stats::default(),
+            panic_nodeid: std::env::var("VFSD_TEST_PANIC_NODEID")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         }
     }
 
@@ -77,18 +93,61 @@ impl FuseServer {
     }
 
     /// Serves the request in `chain`; returns the number of bytes written to the guest
-    /// (the used-ring length).
+    /// (the used-ring length). A request that panics is answered with EIO and counted;
+    /// the calling worker lives on.
     pub fn handle<M>(&self, mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> u32
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
         let start = Instant::now();
-        let (len, op, bad) = self.serve(mem, chain);
+        let (len, op, bad) = match request::copy(mem, &chain) {
+            Err(e) => {
+                warn!("dropping request: {e}");
+                (0, 0, true)
+            }
+            Ok(mut req) => {
+                let op = req.hdr.opcode;
+                let served =
+                    panic::catch_unwind(AssertUnwindSafe(|| self.serve(mem, &chain, &mut req)));
+                match served {
+                    Ok((len, bad)) => (len, op, bad),
+                    Err(_) => (self.answer_panic(mem, &chain, &req.hdr), op, true),
+                }
+            }
+        };
         self.stats.record(op, start.elapsed(), bad);
         len
     }
 
-    /// Whether `chain` holds a READ request (worth trying without blocking).
+    /// The reply to a request whose handler panicked: EIO, unless the opcode takes none.
+    fn answer_panic<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: &DescriptorChain<M>,
+        hdr: &InHeader,
+    ) -> u32
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        self.stats.panics.fetch_add(1, Ordering::Relaxed);
+        error!(
+            "{} request {} panicked; answered EIO",
+            crate::stats::opcode_name(hdr.opcode),
+            hdr.unique
+        );
+        if no_reply(hdr.opcode) {
+            return 0;
+        }
+        reply(
+            mem,
+            chain,
+            hdr,
+            Err(io::Error::from_raw_os_error(libc::EIO)),
+        )
+    }
+
+    /// Whether `chain` holds a READ request (worth trying without blocking). Only a hint
+    /// for sorting: what runs is decided on the request's one copy.
     pub fn is_read<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> bool
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
@@ -98,8 +157,8 @@ impl FuseServer {
 
     /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
     /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
-    /// None leaves it unanswered for `handle`. Whatever the chain turns out to hold (the
-    /// guest may rewrite it), only a READ is ever served here.
+    /// None leaves it unanswered for `handle`. This is the one no-wait entry point: only
+    /// the usual READ shape is tried, anything else goes to the pool.
     pub fn try_handle_without_blocking<M>(
         &self,
         mem: &GuestMemoryMmap,
@@ -109,105 +168,130 @@ impl FuseServer {
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
         let start = Instant::now();
-        let served = match fast_read::read(&self.fs, mem, chain) {
-            FastRead::Served(len) => {
-                self.stats.reads_direct.fetch_add(1, Ordering::Relaxed);
-                Some((len, opcode::READ, false))
+        let tried = panic::catch_unwind(AssertUnwindSafe(|| {
+            fast_read::read(&self.fs, mem, chain, self.panic_nodeid)
+        }));
+        let len = match tried {
+            Ok(FastRead::Served(len)) => len,
+            Ok(FastRead::WouldBlock | FastRead::NotHandled) => {
+                self.stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
+                return None;
             }
-            FastRead::WouldBlock => None,
-            FastRead::NotHandled => nowait::try_without_blocking(|| self.serve(mem, chain.clone())),
+            Err(_) => {
+                // The pool serves it again from a fresh copy, and answers EIO if it panics
+                // there too.
+                self.stats.panics.fetch_add(1, Ordering::Relaxed);
+                error!("a READ panicked on a queue thread; handing it to the pool");
+                return None;
+            }
         };
-        let Some((len, op, bad)) = served else {
-            self.stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        self.stats.record(op, start.elapsed(), bad);
+        self.stats.record(opcode::READ, start.elapsed(), false);
+        self.stats.reads_direct.fetch_add(1, Ordering::Relaxed);
         self.stats
             .reads_on_queue_thread
             .fetch_add(1, Ordering::Relaxed);
         Some(len)
     }
 
-    /// One request: the reply's length, the opcode (0 if unreadable) and whether the request
-    /// was malformed.
-    fn serve<M>(&self, mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> (u32, u32, bool)
+    /// One request, from its copy `req`: the reply's length and whether the request was
+    /// malformed.
+    fn serve<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: &DescriptorChain<M>,
+        req: &mut request::Request,
+    ) -> (u32, bool)
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
-        let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!("dropping request: bad readable descriptors: {e}");
-                return (0, 0, true);
-            }
-        };
-        let hdr: InHeader = match reader.clone().read_obj() {
-            Ok(h) => h,
-            Err(_) => {
-                warn!("dropping request shorter than a FUSE header");
-                return (0, 0, true);
-            }
-        };
-        let op = hdr.opcode;
-        if op != opcode::READ && nowait::active() {
-            // The guest changed the opcode after the peek: only READs run here.
-            nowait::would_block();
-            return (0, op, false);
+        let hdr = req.hdr;
+        if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != opcode::INIT {
+            panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
         }
-        let (len, bad) = match op {
-            opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, &chain, &hdr, reader), false),
+        match hdr.opcode {
+            opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
+            opcode::WRITE => match write::write(&self.fs, mem, chain, req) {
+                Ok(r) => (reply(mem, chain, &hdr, r), false),
+                Err(bad) => (
+                    reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(bad))),
+                    true,
+                ),
+            },
             opcode::DESTROY => {
                 // The crate replies to DESTROY but reports 0 bytes written, which would
                 // leave the guest without a reply: answer it here.
                 self.fs.destroy();
-                (reply(mem, &chain, &hdr, Ok(Vec::new())), false)
+                (reply(mem, chain, &hdr, Ok(Vec::new())), false)
             }
             opcode::SYNCFS => {
                 let r = self.fs.syncfs(hdr.nodeid);
-                (reply(mem, &chain, &hdr, r.map(|_| Vec::new())), false)
+                (reply(mem, chain, &hdr, r.map(|_| Vec::new())), false)
             }
             op if !crate_handles(op) => {
                 debug!("opcode {op} not supported");
                 (
                     reply(
                         mem,
-                        &chain,
+                        chain,
                         &hdr,
                         Err(io::Error::from_raw_os_error(libc::ENOSYS)),
                     ),
                     false,
                 )
             }
-            _ => match VirtioFsWriter::new(mem, chain.clone()) {
-                Err(e) => {
-                    warn!("dropping request: bad writable descriptors: {e}");
-                    (0, true)
-                }
-                Ok(w) => match self
-                    .server
-                    .handle_message(reader, Writer::VirtioFs(w), None, None)
-                {
-                    Ok(n) => (n as u32, false),
-                    Err(e) if no_reply(op) => {
-                        debug!("bad {} request: {e}", crate::stats::opcode_name(op));
-                        (0, true)
-                    }
-                    Err(e) => {
-                        debug!("bad {} request: {e}", crate::stats::opcode_name(op));
-                        (
-                            reply(
-                                mem,
-                                &chain,
-                                &hdr,
-                                Err(io::Error::from_raw_os_error(libc::EINVAL)),
-                            ),
-                            true,
-                        )
-                    }
-                },
-            },
+            op => self.serve_by_crate(mem, chain, req, op),
+        }
+    }
+
+    /// Hands the request's copy to fuse-backend-rs: it decodes the header and arguments
+    /// from memory the guest can't change, and writes its reply into the chain.
+    fn serve_by_crate<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: &DescriptorChain<M>,
+        req: &mut request::Request,
+        op: u32,
+    ) -> (u32, bool)
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        let hdr = req.hdr;
+        let w = match VirtioFsWriter::new(mem, chain.clone()) {
+            Ok(w) => w,
+            Err(e) => {
+                warn!("dropping request: bad writable descriptors: {e}");
+                return (0, true);
+            }
         };
-        (len, op, bad)
+        let reader = match Reader::<()>::from_fuse_buffer(FuseBuf::new(&mut req.bytes)) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("dropping request: {e}");
+                return (0, true);
+            }
+        };
+        match self
+            .server
+            .handle_message(reader, Writer::VirtioFs(w), None, None)
+        {
+            Ok(n) => (n as u32, false),
+            Err(e) if no_reply(op) => {
+                debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+                (0, true)
+            }
+            Err(e) => {
+                debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+                (
+                    reply(
+                        mem,
+                        chain,
+                        &hdr,
+                        Err(io::Error::from_raw_os_error(libc::EINVAL)),
+                    ),
+                    true,
+                )
+            }
+        }
     }
 
     fn copy_file_range<M>(
@@ -215,15 +299,13 @@ impl FuseServer {
         mem: &GuestMemoryMmap,
         chain: &DescriptorChain<M>,
         hdr: &InHeader,
-        mut reader: Reader<'_, ()>,
+        args: &[u8],
     ) -> u32
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
-        let result = reader
-            .read_obj::<InHeader>()
-            .and_then(|_| reader.read_obj::<CopyFileRangeIn>())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+        let result = request::decode::<CopyFileRangeIn>(args)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
             .and_then(|a| {
                 // The reply carries a u32 count; keep within it (as the kernel does).
                 let len = a.len.min(u32::MAX as u64 & !0xfff);

@@ -424,6 +424,13 @@ impl BindMount {
     }
 }
 
+impl BindMount {
+    /// Unmounts `at` (mounted by the caller) when dropped.
+    pub fn adopt(at: &Path) -> BindMount {
+        BindMount(at.to_path_buf())
+    }
+}
+
 impl Drop for BindMount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();

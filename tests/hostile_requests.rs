@@ -1,0 +1,199 @@
+//! A hostile guest's requests, round two (issue 10, items 7 to 9): a header rewritten
+//! while the daemon serves it, a request that makes a worker panic, and READDIRPLUS entries
+//! whose lookup fails.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use vfsd::frontend::fuse::*;
+use vm_memory::{Bytes, GuestAddress};
+
+const ROOT: u64 = 1;
+
+/// Item 7: the guest flips the opcode of its pending requests between GETATTR and
+/// COPY_FILE_RANGE as fast as it can. Each request must be served as one or the other,
+/// decided once: GETATTR's reply or COPY_FILE_RANGE's EINVAL (its arguments are too short).
+/// A daemon that reads the header twice lets fuse-backend-rs see COPY_FILE_RANGE after vfsd
+/// decided on GETATTR, and the crate (FUSE 7.33) answers ENOSYS.
+#[test]
+fn a_header_rewritten_mid_request_is_served_as_one_opcode() {
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let c = Arc::new(d.client());
+    let slots: Vec<u64> = {
+        let q = c.fe.queues[1].lock().unwrap();
+        (0..q.slots()).map(|s| q.slot_addrs(s).0).collect()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (c, stop) = (c.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut op = FUSE_GETATTR;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                op = if op == FUSE_GETATTR {
+                    FUSE_COPY_FILE_RANGE
+                } else {
+                    FUSE_GETATTR
+                };
+                for &a in &slots {
+                    c.fe.mem.write_obj(op, GuestAddress(a + 4)).unwrap();
+                }
+                n += 1;
+                if n.is_multiple_of(64) {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    };
+    let (mut getattr, mut einval, mut enosys, mut other) = (0, 0, 0, 0);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        let tickets: Vec<Ticket> = (0..8)
+            .map(|_| {
+                c.submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 4096)
+                    .unwrap()
+            })
+            .collect();
+        for tk in tickets {
+            match c.wait(tk).unwrap().error {
+                0 => getattr += 1,
+                e if e == -libc::EINVAL => einval += 1,
+                e if e == -libc::ENOSYS => enosys += 1,
+                _ => other += 1,
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    flipper.join().unwrap();
+    eprintln!("getattr {getattr}, einval {einval}, enosys {enosys}, other {other}");
+    assert!(
+        getattr > 0 && einval > 0,
+        "the flips must have raced the daemon"
+    );
+    assert_eq!(
+        enosys, 0,
+        "a request was dispatched on two different opcodes"
+    );
+    assert_eq!(other, 0);
+    c.getattr(ROOT).unwrap();
+}
+
+/// Item 8: a request whose handler panics is answered with EIO and counted, and its worker
+/// goes on serving. VFSD_TEST_PANIC_NODEID makes every request for one node panic.
+#[test]
+fn a_panicking_request_gets_eio_and_the_workers_live_on() {
+    std::env::set_var("VFSD_TEST_PANIC_NODEID", "2");
+    let d = Daemon::start(&["--thread-pool-size", "2"]);
+    std::env::remove_var("VFSD_TEST_PANIC_NODEID");
+    std::fs::write(d.path("victim"), b"x").unwrap();
+    std::fs::write(d.path("other"), b"fine").unwrap();
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(5);
+    let v = c.lookup(ROOT, "victim").unwrap();
+    assert_eq!(v.nodeid, 2, "the first node looked up is node 2");
+    // More panics than workers: a pool that lost its threads would stop answering.
+    for _ in 0..6 {
+        assert_eq!(common::errno(c.getattr(v.nodeid)), libc::EIO);
+    }
+    let o = c.lookup(ROOT, "other").unwrap();
+    let h = c.open(o.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(c.read(o.nodeid, h.fh, 0, 4).unwrap(), b"fine");
+    // A READ of the panicking node (queue thread first, then the pool) gets EIO too.
+    let (u, req) = c.read_req(v.nodeid, 1, 0, 4);
+    let t = c.submit_bytes(1, &req, 4096, u).unwrap();
+    assert_eq!(c.wait(t).unwrap().error, -libc::EIO);
+    assert_eq!(c.getattr(o.nodeid).unwrap().attr.size, 4);
+    assert!(d.stats()["panics"].as_u64().unwrap() >= 7);
+}
+
+/// Item 9: a READDIRPLUS entry whose lookup fails keeps its name (a plain entry, node id 0,
+/// which the guest looks up itself later), and the entries around it keep theirs.
+#[test]
+fn readdirplus_never_loses_a_name_whose_lookup_fails() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root to mount");
+        return;
+    }
+    let share = tempfile::tempdir().unwrap();
+    for n in ["a", "b", "mnt", "y", "z"] {
+        std::fs::create_dir(share.path().join(n)).unwrap();
+    }
+    // ramfs has no file handles: with --inode-file-handles mandatory its root can't be
+    // looked up.
+    let st = std::process::Command::new("mount")
+        .args(["-t", "ramfs", "none"])
+        .arg(share.path().join("mnt"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _umount = common::BindMount::adopt(&share.path().join("mnt"));
+    let d = Daemon::start_on(share.path(), &["--inode-file-handles", "mandatory"]);
+    let c = d.client();
+    assert_eq!(common::errno(c.lookup(ROOT, "mnt")), libc::EOPNOTSUPP);
+    let plain: Vec<Vec<u8>> = c
+        .readdir_all(ROOT, false)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    let plus = c.readdir_all(ROOT, true).unwrap();
+    let names: Vec<Vec<u8>> = plus.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(names, plain, "READDIRPLUS lists what READDIR lists");
+    for e in &plus {
+        let id = e.entry.as_ref().map_or(0, |x| x.nodeid);
+        match e.name.as_slice() {
+            b"mnt" => assert_eq!(id, 0, "no entry for the name that failed"),
+            b"." | b".." => {}
+            n => {
+                assert_ne!(id, 0, "{}", String::from_utf8_lossy(n));
+                // Its lookup count is real: one FORGET drops it, and the node is gone.
+                c.forget(id, 1).unwrap();
+                assert_eq!(common::errno(c.getattr(id)), libc::EBADF);
+            }
+        }
+    }
+}
+
+/// Item 7, the logger: no RUST_LOG spelling turns fuse-backend-rs's trace path on (it
+/// transmutes guest opcodes into an enum).
+#[test]
+fn no_rust_log_spelling_enables_the_crates_trace_path() {
+    for spec in [
+        "trace",
+        "fuse_backend_rs=trace",
+        "fuse_backend_rs::api::server=trace",
+        "vfsd=trace",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s");
+        let log = dir.path().join("log");
+        let mut child = std::process::Command::new(common::vfsd_bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(dir.path())
+            .env("RUST_LOG", spec)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        common::wait_for_socket(&sock);
+        {
+            let c = FuseClient::new(
+                vfsd::frontend::Frontend::connect(&sock, Default::default()).unwrap(),
+            );
+            c.init().unwrap();
+            c.getattr(ROOT).unwrap();
+            c.lookup(ROOT, "nothing").unwrap_err();
+        }
+        let _ = child.wait();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            !text.lines().any(|l| l.contains("TRACE")),
+            "RUST_LOG={spec} let trace lines through:\n{text}"
+        );
+    }
+}
