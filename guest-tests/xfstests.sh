@@ -1,32 +1,56 @@
 #!/bin/sh
-# Run xfstests (fstests) against virtio-fs.  Runs inside the guest, chrooted
-# into a read-only export of the host's root file system (see
-# scripts/run-xfstests.sh), so xfstests finds its full userland (bash, perl,
-# xfs_io, ...) there.
-# Usage: xfstests.sh XFSTESTS_DIR [check arguments, e.g. -g quick or generic/001]
-# Environment (defaults): TEST_DEV=test TEST_DIR=/mnt/test
-#   SCRATCH_DEV=scratch SCRATCH_MNT=/mnt/scratch RESULT_BASE=/mnt/results/results
-XFSTESTS=${1:?usage: xfstests.sh XFSTESTS_DIR [check args]}
-shift
-[ -x "$XFSTESTS/check" ] || { echo "xfstests.sh: $XFSTESTS/check not found: build xfstests on the host first (make)"; exit 2; }
+# Guest side of scripts/run-xfstests.sh, first stage (busybox, in the initramfs).
+#
+# Usage: xfstests.sh XFSTESTS_DIR MODULES_DIR [PER_TEST_TIMEOUT]
+#   XFSTESTS_DIR  the built fstests tree, a host path (the host's root is the
+#                 share "hostroot", mounted read-only at /mnt/hostroot)
+#   MODULES_DIR   the guest kernel's modules, a host path (.../lib/modules/<abi>)
+# The tests to run are in /mnt/results/tests.list (one name a line).
+#
+# Builds a writable root for fstests: an overlay of the host's root (read-only,
+# lower) and a tmpfs (upper), so the fstests tree, /etc and /var are writable
+# and the guest kernel's modules appear under /lib/modules.  Then runs
+# xfstests-check.sh chrooted into it.  Exit status: that of xfstests-check.sh
+# (0 list done, 3 the watchdog stopped a hung test), 2 set-up failed.
+XFSTESTS=${1:?usage: xfstests.sh XFSTESTS_DIR MODULES_DIR [PER_TEST_TIMEOUT]}
+MODULES=${2:?usage: xfstests.sh XFSTESTS_DIR MODULES_DIR [PER_TEST_TIMEOUT]}
+PER_TEST=${3:-600}
+HOST=/mnt/hostroot
+NEW=/xfsroot
+fail() { echo "xfstests.sh: error: $*"; exit 2; }
 
-export FSTYP=virtiofs
-export TEST_DEV=${TEST_DEV:-test}
-export TEST_DIR=${TEST_DIR:-/mnt/test}
-export SCRATCH_DEV=${SCRATCH_DEV:-scratch}
-export SCRATCH_MNT=${SCRATCH_MNT:-/mnt/scratch}
-# The xfstests tree is read-only here; results go to the writable results share.
-export RESULT_BASE=${RESULT_BASE:-/mnt/results/results}
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-mkdir -p "$TEST_DIR" "$SCRATCH_MNT" "$RESULT_BASE"
+[ -d "$HOST/usr" ] || fail "the host root is not mounted at $HOST"
+[ -d /mnt/results ] || fail "the results share is not mounted at /mnt/results"
+[ -x "$HOST$XFSTESTS/check" ] || fail "$XFSTESTS/check not found: run scripts/build-xfstests.sh on the host"
+KVER=$(uname -r)
+[ "$(basename "$MODULES")" = "$KVER" ] || fail "modules $MODULES are not for the running kernel $KVER"
+[ -f "$HOST$MODULES/modules.dep" ] || fail "$MODULES/modules.dep missing: run scripts/fetch-kernel.sh --modules"
 
-# xfstests expects TEST_DEV mounted on TEST_DIR before it starts.
-mount -t virtiofs "$TEST_DEV" "$TEST_DIR" || { echo "xfstests.sh: cannot mount tag $TEST_DEV"; exit 2; }
-id fsgqa >/dev/null 2>&1 || echo "xfstests.sh: note: no user fsgqa on the host; tests that need it will be skipped"
+# overlayfs is a module itself: load it with the host's insmod (it reads .ko.xz).
+ovl=$(find "$HOST$MODULES/kernel/fs/overlayfs" -name 'overlay.ko*' 2>/dev/null | head -n1)
+if ! grep -qw overlay /proc/filesystems; then
+    [ -n "$ovl" ] || fail "overlay.ko not found under $MODULES"
+    chroot "$HOST" /usr/sbin/insmod "${ovl#"$HOST"}" || fail "insmod overlay failed"
+fi
+mkdir -p /tmp/ovl/upper /tmp/ovl/work "$NEW"
+mount -t overlay overlay -o "lowerdir=$HOST,upperdir=/tmp/ovl/upper,workdir=/tmp/ovl/work" "$NEW" ||
+    fail "cannot mount the overlay root (see dmesg)"
+for d in proc sys dev dev/pts dev/shm; do
+    mkdir -p "$NEW/$d" && mount --bind "/$d" "$NEW/$d" || fail "bind /$d"
+done
+mount -t tmpfs -o size=40% tmpfs "$NEW/tmp" || fail "tmpfs /tmp"
+mount -t tmpfs tmpfs "$NEW/run" || fail "tmpfs /run"
+mount -t tmpfs tmpfs "$NEW/mnt" || fail "tmpfs /mnt"
+mkdir -p "$NEW/mnt/results" "$NEW/mnt/test" "$NEW/mnt/scratch" "$NEW/mnt/guest-tests"
+mount --bind /mnt/results "$NEW/mnt/results" || fail "bind the results share"
+mount --bind /guest-tests "$NEW/mnt/guest-tests" || fail "bind /guest-tests"
+mkdir -p "$NEW/usr/lib/modules/$KVER"
+mount --bind "$HOST$MODULES" "$NEW/usr/lib/modules/$KVER" || fail "bind the modules"
+mount -t fusectl fusectl "$NEW/sys/fs/fuse/connections" 2>/dev/null
+mount -t debugfs debugfs "$NEW/sys/kernel/debug" 2>/dev/null
+ip link set lo up 2>/dev/null || fail "cannot bring lo up"
 
-cd "$XFSTESTS" || exit 2
-echo "xfstests.sh: FSTYP=$FSTYP TEST_DEV=$TEST_DEV SCRATCH_DEV=$SCRATCH_DEV; ./check $*"
-./check "$@"
+chroot "$NEW" /bin/bash /mnt/guest-tests/xfstests-check.sh "$XFSTESTS" "$PER_TEST"
 rc=$?
-umount "$TEST_DIR" 2>/dev/null
+sync
 exit $rc

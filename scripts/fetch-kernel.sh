@@ -6,11 +6,14 @@
 # with a private state directory under the cache, so the host's own apt
 # configuration is never modified.
 #
-# Usage: scripts/fetch-kernel.sh [--version VER] [--refresh] [--print-config]
+# Usage: scripts/fetch-kernel.sh [--version VER] [--refresh] [--print-config] [--modules]
 #   --version VER   kernel ABI to fetch, e.g. 7.3.4+deb13 (default: newest)
 #   --refresh       look for a newer kernel even if one is cached
 #   --suite NAME    suite to use (default: trixie-backports)
 #   --print-config  print the path of the cached kernel config instead
+#   --modules       also fetch the kernel's modules (linux-modules-<abi>, with
+#                   modules.dep made by depmod) and print their directory
+#                   (.../modules/lib/modules/<abi>) instead
 #
 # Prints the path of the kernel image (vmlinuz) on stdout; progress goes to
 # stderr.  Cache: ${VFSD_CACHE:-~/.cache/vfsd}/kernel/<version>/.
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
         --refresh) REFRESH=1; shift ;;
         --suite) SUITE=${2:?--suite needs a value}; shift 2 ;;
         --print-config) PRINT=config; shift ;;
+        --modules) PRINT=modules; shift ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
@@ -58,13 +62,23 @@ check_config() {
 
 emit() {
     local dir=$1
-    if [ "$PRINT" = config ]; then echo "$dir/config"; else echo "$dir/vmlinuz"; fi
+    case $PRINT in
+        config) echo "$dir/config" ;;
+        modules) echo "$dir/modules/lib/modules/$(basename "$dir")" ;;
+        *) echo "$dir/vmlinuz" ;;
+    esac
+}
+
+# With --modules: the kernel directory has its modules too.
+have_modules() {
+    [ "$PRINT" != modules ] || [ -f "$1/modules/lib/modules/$(basename "$1")/modules.dep" ]
 }
 
 # Fast path: something usable is cached and no refresh was asked for.
 if [ "$REFRESH" = 0 ]; then
     if [ -n "$WANT_VERSION" ]; then cand=$KDIR/$WANT_VERSION-$FLAVOUR; else cand=$KDIR/current; fi
-    if [ -f "$cand/vmlinuz" ] && [ -f "$cand/config" ] && check_config "$cand/config"; then
+    if [ -f "$cand/vmlinuz" ] && [ -f "$cand/config" ] && check_config "$cand/config" &&
+       have_modules "$(cd "$cand" 2>/dev/null && pwd -P)"; then
         cand=$(cd "$cand" && pwd -P)
         log "using cached kernel $(basename "$cand")"
         emit "$cand"
@@ -192,6 +206,27 @@ else
     rm -rf "$DEST"
     mv "$TMP/out" "$DEST"
     log "cached $ABI in $DEST ($(du -h "$DEST/vmlinuz" | cut -f1) vmlinuz)"
+fi
+if [ "$PRINT" = modules ] && ! have_modules "$DEST"; then
+    # The modules are a package of their own; modules.order and modules.builtin
+    # come with linux-base-<abi>.
+    command -v depmod >/dev/null || die "depmod not found: apt-get install kmod"
+    MTMP=$(mktemp -d "$KDIR/.modules.XXXXXX")
+    trap 'rm -rf "$MTMP"' EXIT
+    chmod 755 "$MTMP"
+    log "downloading linux-modules-$ABI linux-base-$ABI"
+    ( cd "$MTMP" && apt-get "${APT_OPTS[@]}" -q download "linux-modules-$ABI" "linux-base-$ABI" ) >"$MTMP/download.log" 2>&1 || {
+        cat "$MTMP/download.log" >&2; die "apt-get download of linux-modules-$ABI failed (see above)"; }
+    mkdir -p "$MTMP/root"
+    for deb in "$MTMP"/*.deb; do dpkg-deb -x "$deb" "$MTMP/root"; done
+    mdir=$(find "$MTMP/root" -type d -path "*/modules/$ABI" | head -n1)
+    [ -n "$mdir" ] && [ -d "$mdir/kernel" ] || die "no modules for $ABI in linux-modules-$ABI"
+    mkdir -p "$MTMP/out/lib/modules"
+    mv "$mdir" "$MTMP/out/lib/modules/$ABI"
+    depmod -b "$MTMP/out" "$ABI" || die "depmod for $ABI failed"
+    rm -rf "$DEST/modules"
+    mv "$MTMP/out" "$DEST/modules"
+    log "cached the modules of $ABI in $DEST/modules ($(du -sh "$DEST/modules" | cut -f1))"
 fi
 if [ "$PINNED" = 0 ]; then
     ln -sfn "$ABI" "$KDIR/current.new" && mv -T "$KDIR/current.new" "$KDIR/current"

@@ -18,6 +18,7 @@
 #                   template with {socket} {dir} {tag} placeholders, e.g.
 #                   'target/release/vfsd --socket-path={socket} --shared-dir={dir}'
 #   --daemon-args A extra arguments appended to every daemon command
+#   --share-args TAG A  extra arguments for the daemon of share TAG only (repeatable)
 #   --queues N      num-request-queues per device (default 1)
 #   --queue-size N  virtqueue size (default 1024)
 #   --mem SIZE      guest memory, e.g. 2G (default 2G)
@@ -45,6 +46,7 @@ CACHE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}
 QEMU=${QEMU:-qemu-system-x86_64}
 
 SHARES=()
+declare -A SHARE_ARGS=()
 NO_SHARE=0
 DAEMON=${VFSD_DAEMON:-vfsd}
 DAEMON_ARGS=${VFSD_DAEMON_ARGS:-}
@@ -74,6 +76,7 @@ while [ $# -gt 0 ]; do
         --no-share) NO_SHARE=1; shift ;;
         --daemon) DAEMON=${2:?--daemon needs a preset or template}; shift 2 ;;
         --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
+        --share-args) SHARE_ARGS[${2:?--share-args needs TAG and ARGS}]=${3?--share-args needs TAG and ARGS}; shift 3 ;;
         --queues) QUEUES=${2:?}; shift 2 ;;
         --queue-size) QSIZE=${2:?}; shift 2 ;;
         --mem) MEM=${2:?}; shift 2 ;;
@@ -242,6 +245,7 @@ for spec in "${SHARES[@]}"; do
     cmd=${TEMPLATE//\{socket\}/$(printf '%q' "$sock")}
     cmd=${cmd//\{dir\}/$(printf '%q' "$dir")}
     cmd=${cmd//\{tag\}/$(printf '%q' "$tag")}
+    [ -n "${SHARE_ARGS[$tag]:-}" ] && cmd="$cmd ${SHARE_ARGS[$tag]}"
     SH_SOCK+=("$sock")
     SH_CMD+=("$cmd")
     FS_ARGS+=(-chardev "socket,id=fs$i,path=$sock"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what vfsd's guest runner and tests need on a Debian host (as root) and builds
-# vfsd. The guest kernel and test tools are fetched on first use by run-vm.sh.
+# Installs what vfsd's guest runner and tests need on a Debian host (as root), builds
+# vfsd and the pinned xfstests tree. The guest kernel and test tools are fetched on first
+# use by run-vm.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -12,3 +13,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     xz-utils zstd kmod strace e2fsprogs mount >/dev/null
 echo "== building vfsd"
 cargo build --release
+echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
+scripts/build-xfstests.sh >/dev/null
