@@ -62,6 +62,40 @@ pub struct Frontend {
     _memfd: File,
 }
 
+/// Hands queue `q`'s rings and eventfds to the device and enables it.
+fn start_queue(
+    vu: &mut VuFrontend,
+    q: &VirtQueue,
+    host_base: u64,
+    features: u64,
+    protocol_features: VhostUserProtocolFeatures,
+) -> io::Result<()> {
+    let i = q.index;
+    vu.set_vring_num(i, q.geo.size).map_err(vu_err)?;
+    vu.set_vring_base(i, 0).map_err(vu_err)?;
+    vu.set_vring_addr(
+        i,
+        &VringConfigData {
+            queue_max_size: q.geo.size,
+            queue_size: q.geo.size,
+            flags: 0,
+            desc_table_addr: host_base + q.geo.desc,
+            used_ring_addr: host_base + q.geo.used,
+            avail_ring_addr: host_base + q.geo.avail,
+            log_addr: None,
+        },
+    )
+    .map_err(vu_err)?;
+    vu.set_vring_call(i, &q.call).map_err(vu_err)?;
+    vu.set_vring_kick(i, &q.kick).map_err(vu_err)?;
+    if !protocol_features.is_empty()
+        || features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    {
+        vu.set_vring_enable(i, true).map_err(vu_err)?;
+    }
+    Ok(())
+}
+
 fn vu_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("vhost-user: {e}"))
 }
@@ -144,29 +178,7 @@ impl Frontend {
         .map_err(vu_err)?;
 
         for q in &queues {
-            let i = q.index;
-            vu.set_vring_num(i, q.geo.size).map_err(vu_err)?;
-            vu.set_vring_base(i, 0).map_err(vu_err)?;
-            vu.set_vring_addr(
-                i,
-                &VringConfigData {
-                    queue_max_size: q.geo.size,
-                    queue_size: q.geo.size,
-                    flags: 0,
-                    desc_table_addr: host_base + q.geo.desc,
-                    used_ring_addr: host_base + q.geo.used,
-                    avail_ring_addr: host_base + q.geo.avail,
-                    log_addr: None,
-                },
-            )
-            .map_err(vu_err)?;
-            vu.set_vring_call(i, &q.call).map_err(vu_err)?;
-            vu.set_vring_kick(i, &q.kick).map_err(vu_err)?;
-            if !protocol_features.is_empty()
-                || features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
-            {
-                vu.set_vring_enable(i, true).map_err(vu_err)?;
-            }
+            start_queue(&mut vu, q, host_base, features, protocol_features)?;
         }
         let call_fds = queues
             .iter()
@@ -182,6 +194,30 @@ impl Frontend {
             cfg,
             _memfd: memfd,
         })
+    }
+
+    /// Stops `queue` as a VMM does on a reset or shutdown (GET_VRING_BASE); gives the
+    /// ring base the device reports.
+    pub fn stop_queue(&self, queue: usize) -> io::Result<u32> {
+        self.vu.get_vring_base(queue).map_err(vu_err)
+    }
+
+    /// Sets `queue` up again in the same memory with zeroed rings, as the driver of a
+    /// guest that rebooted does.
+    pub fn restart_queue(&mut self, queue: usize) -> io::Result<()> {
+        let mut q = self.queues[queue].lock().unwrap();
+        q.reset(&self.mem)?;
+        let host_base = self
+            .mem
+            .get_host_address(GuestAddress(0))
+            .map_err(io::Error::other)? as u64;
+        start_queue(
+            &mut self.vu,
+            &q,
+            host_base,
+            self.features,
+            self.protocol_features,
+        )
     }
 
     /// Sleeps until the device signals `queue` or `timeout` passes.

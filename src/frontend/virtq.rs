@@ -335,6 +335,28 @@ impl VirtQueue {
         self.slots[slot].done = None;
     }
 
+    /// Forgets every request and zeroes the rings, as a rebooted guest's driver starts
+    /// over in the same memory.
+    pub fn reset(&mut self, mem: &GuestMemoryMmap) -> io::Result<()> {
+        let end = self.geo.used + 6 + 8 * self.geo.size as u64;
+        let zeros = vec![0u8; (end - self.geo.desc) as usize];
+        mem.write_slice(&zeros, GuestAddress(self.geo.desc))
+            .map_err(io::Error::other)?;
+        for s in &mut self.slots {
+            s.busy = false;
+            s.done = None;
+        }
+        self.avail_idx = 0;
+        self.last_used = 0;
+        Ok(())
+    }
+
+    /// The used ring's index as the device last wrote it.
+    pub fn used_idx(&self, mem: &GuestMemoryMmap) -> io::Result<u16> {
+        mem.read_obj(GuestAddress(self.geo.used + 2))
+            .map_err(io::Error::other)
+    }
+
     pub fn slot_addrs(&self, slot: usize) -> (u64, u64) {
         (self.slots[slot].req, self.slots[slot].resp)
     }

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread;
 
-use log::{error, warn};
+use log::error;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::{DescriptorChain, QueueOwnedT};
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -23,6 +23,10 @@ use vmm_sys_util::event::{
 };
 
 use crate::server::FuseServer;
+
+mod vring;
+use vring::Ticket;
+pub use vring::{TrackedVring, STOP_WAIT};
 
 /// The largest queue the device accepts (a split virtqueue's maximum).
 pub const MAX_QUEUE_SIZE: usize = 32768;
@@ -40,7 +44,8 @@ type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
 
 struct Job {
     chain: Chain,
-    vring: VringRwLock<Mem>,
+    ticket: Ticket,
+    vring: TrackedVring,
 }
 
 /// Worker threads shared by all request queues.
@@ -61,7 +66,7 @@ impl Pool {
                         let head = job.chain.head_index();
                         let mem = job.chain.memory().clone();
                         let len = server.handle(&mem, job.chain);
-                        complete(&job.vring, head, len);
+                        job.vring.complete(&[(job.ticket, head, len)]);
                     }
                 })?;
         }
@@ -70,48 +75,16 @@ impl Pool {
 }
 
 impl Pool {
-    fn send(&self, chain: Chain, vring: &VringRwLock<Mem>) {
+    fn send(&self, chain: Chain, ticket: Ticket, vring: &TrackedVring) {
         let job = Job {
             chain,
+            ticket,
             vring: vring.clone(),
         };
         if self.tx.send(job).is_err() {
             error!("worker pool is gone");
         }
     }
-}
-
-/// Puts finished requests on the used ring under one lock and notifies the guest once for
-/// all of them, if it wants to be told.
-fn complete_all(vring: &VringRwLock<Mem>, done: &[(u16, u32)]) {
-    let notify = {
-        let mut state = vring.get_mut();
-        let mut added = false;
-        for &(head, len) in done {
-            match state.add_used(head, len) {
-                Ok(()) => added = true,
-                Err(e) => warn!("could not return descriptor {head}: {e}"),
-            }
-        }
-        if !added {
-            return;
-        }
-        state.needs_notification()
-    };
-    match notify {
-        Ok(true) => {
-            if let Err(e) = vring.signal_used_queue() {
-                warn!("could not notify the guest: {e}");
-            }
-        }
-        Ok(false) => {}
-        Err(e) => warn!("used ring: {e}"),
-    }
-}
-
-/// Puts one finished request on the used ring.
-fn complete(vring: &VringRwLock<Mem>, head: u16, len: u32) {
-    complete_all(vring, &[(head, len)]);
 }
 
 pub struct DeviceConfig {
@@ -177,7 +150,7 @@ impl FsDevice {
         c
     }
 
-    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<()> {
+    fn process_queue(&self, vring: &TrackedVring) -> io::Result<()> {
         let Some(mem) = self.mem.read().unwrap().as_ref().map(|m| m.memory()) else {
             return Ok(());
         };
@@ -186,47 +159,56 @@ impl FsDevice {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
-            let chains: Vec<Chain> = {
+            let chains: Vec<(Chain, Ticket)> = {
                 let mut state = vring.get_mut();
                 let q = state.get_queue_mut();
-                q.iter(mem.clone()).map_err(io::Error::other)?.collect()
+                let first = q.next_avail();
+                let chains: Vec<Chain> = match q.iter(mem.clone()) {
+                    Ok(it) => it.collect(),
+                    // Stopped (GET_VRING_BASE, reset) since the kick: nothing to do.
+                    Err(virtio_queue::Error::QueueNotReady) => return Ok(()),
+                    Err(e) => return Err(io::Error::other(e)),
+                };
+                // Registered under the ring's lock, so a stop sees them.
+                let tickets = vring.popped(first, chains.len());
+                chains.into_iter().zip(tickets).collect()
             };
             match &self.pool {
                 Some(pool) => {
                     // Everything but READ goes to the pool at once, so workers start on it
                     // while this thread tries the reads (below).
                     let mut reads = Vec::new();
-                    for chain in chains {
+                    for (chain, t) in chains {
                         if self.server.is_read(&mem, &chain) {
-                            reads.push(chain);
+                            reads.push((chain, t));
                         } else {
-                            pool.send(chain, vring);
+                            pool.send(chain, t, vring);
                         }
                     }
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
                     let mut bytes = 0usize;
-                    for chain in reads {
+                    for (chain, t) in reads {
                         match self.server.try_handle_without_blocking(&mem, &chain) {
                             Some(len) => {
-                                done.push((chain.head_index(), len));
+                                done.push((t, chain.head_index(), len));
                                 bytes += len as usize;
                             }
-                            None => pool.send(chain, vring),
+                            None => pool.send(chain, t, vring),
                         }
                         // Don't hold finished replies back behind a long run of copies.
                         if done.len() >= INLINE_BATCH || bytes >= INLINE_BATCH_BYTES {
-                            complete_all(vring, &done);
+                            vring.complete(&done);
                             done.clear();
                             bytes = 0;
                         }
                     }
-                    complete_all(vring, &done);
+                    vring.complete(&done);
                 }
                 None => {
-                    for chain in chains {
+                    for (chain, t) in chains {
                         let head = chain.head_index();
                         let len = self.server.handle(&mem, chain);
-                        complete(vring, head, len);
+                        vring.complete(&[(t, head, len)]);
                     }
                 }
             }
@@ -240,7 +222,7 @@ impl FsDevice {
 
 impl VhostUserBackend for FsDevice {
     type Bitmap = ();
-    type Vring = VringRwLock<Mem>;
+    type Vring = TrackedVring;
 
     fn num_queues(&self) -> usize {
         1 + self.cfg.request_queues

@@ -1,0 +1,262 @@
+//! A vring that knows which requests it has handed out and not yet answered.
+//!
+//! Stopping a ring (GET_VRING_BASE, SET_VRING_ENABLE 0, a device reset) must not let a
+//! request still running (a slow FSYNC, a read stuck on a network filesystem) put a used
+//! entry into a ring the guest may since have freed, say after a reboot. So each ring has
+//! a generation, and each request remembers the one it was popped in. Stopping waits, up
+//! to `STOP_WAIT`, for the requests in flight; then it moves to the next generation under
+//! the ring's lock, and the completions that come later are dropped. The ring's
+//! `next_avail` is moved back to the oldest request dropped that way, so the base the
+//! frontend reads counts only requests that completed.
+//!
+//! What this can't undo: a request that outlives the wait still writes its reply data
+//! into the buffers its descriptors named when it finishes (never its used entry).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use log::warn;
+use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
+use virtio_queue::Error as VirtQueError;
+use virtio_queue::QueueT;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// How long stopping a ring waits for its requests in flight.
+pub const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// Where a request came from: its ring generation and its avail-ring position.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    generation: u64,
+    position: u16,
+}
+
+#[derive(Default)]
+struct Track {
+    generation: AtomicU64,
+    /// Generation and avail-ring position of the requests popped and not yet completed.
+    pending: Mutex<HashSet<(u64, u16)>>,
+    idle: Condvar,
+    /// Completions dropped because their ring had been stopped.
+    dropped: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct TrackedVring {
+    inner: VringRwLock<Mem>,
+    track: Arc<Track>,
+}
+
+impl TrackedVring {
+    /// Registers `n` requests just popped, the first at avail position `first`. Called
+    /// under the ring's lock (`get_mut`), which orders it against `stop`.
+    pub fn popped(&self, first: u16, n: usize) -> Vec<Ticket> {
+        let generation = self.track.generation.load(Ordering::Acquire);
+        let mut pending = self.track.pending.lock().unwrap();
+        (0..n)
+            .map(|i| {
+                let position = first.wrapping_add(i as u16);
+                pending.insert((generation, position));
+                Ticket {
+                    generation,
+                    position,
+                }
+            })
+            .collect()
+    }
+
+    /// Puts finished requests on the used ring, except those of a stopped generation, and
+    /// notifies the guest once if it wants to be told.
+    pub fn complete(&self, done: &[(Ticket, u16, u32)]) {
+        let notify = {
+            let mut state = self.inner.get_mut();
+            // Read under the ring's lock: a stop moves the generation under it too.
+            let current = self.track.generation.load(Ordering::Acquire);
+            let mut added = false;
+            for &(t, head, len) in done {
+                if t.generation != current {
+                    self.track.dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                match state.add_used(head, len) {
+                    Ok(()) => added = true,
+                    Err(e) => warn!("could not return descriptor {head}: {e}"),
+                }
+            }
+            added.then(|| state.needs_notification())
+        };
+        {
+            let mut pending = self.track.pending.lock().unwrap();
+            for (t, _, _) in done {
+                pending.remove(&(t.generation, t.position));
+            }
+            if pending.is_empty() {
+                self.track.idle.notify_all();
+            }
+        }
+        match notify {
+            Some(Ok(true)) => {
+                if let Err(e) = self.inner.signal_used_queue() {
+                    warn!("could not notify the guest: {e}");
+                }
+            }
+            Some(Err(e)) => warn!("used ring: {e}"),
+            _ => {}
+        }
+    }
+
+    /// Completions dropped because their ring was stopped first.
+    pub fn dropped(&self) -> u64 {
+        self.track.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits (bounded) for the requests in flight, then starts a new generation so later
+    /// completions are dropped, and moves `next_avail` back to the oldest of those.
+    fn stop(&self) {
+        let deadline = Instant::now() + STOP_WAIT;
+        {
+            let mut pending = self.track.pending.lock().unwrap();
+            while !pending.is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                pending = self.track.idle.wait_timeout(pending, left).unwrap().0;
+            }
+        }
+        // The ring's lock, then the pending set: the order `popped` takes them in.
+        let mut state = self.inner.get_mut();
+        let old = self.track.generation.fetch_add(1, Ordering::AcqRel);
+        let mut pending = self.track.pending.lock().unwrap();
+        let late: Vec<u16> = pending
+            .iter()
+            .filter(|(g, _)| *g == old)
+            .map(|&(_, p)| p)
+            .collect();
+        if late.is_empty() {
+            return;
+        }
+        let next = state.get_queue().next_avail();
+        let oldest = late
+            .iter()
+            .copied()
+            .max_by_key(|&p| next.wrapping_sub(p))
+            .unwrap_or(next);
+        warn!(
+            "ring stopped with {} request(s) still running; their used entries are dropped",
+            late.len()
+        );
+        state.get_queue_mut().set_next_avail(oldest);
+        pending.retain(|(g, _)| *g != old);
+    }
+}
+
+impl<'a> VringStateGuard<'a, Mem> for TrackedVring {
+    type G = RwLockReadGuard<'a, VringState<Mem>>;
+}
+
+impl<'a> VringStateMutGuard<'a, Mem> for TrackedVring {
+    type G = RwLockWriteGuard<'a, VringState<Mem>>;
+}
+
+impl VringT<Mem> for TrackedVring {
+    fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
+        Ok(TrackedVring {
+            inner: VringRwLock::new(mem, max_queue_size)?,
+            track: Arc::default(),
+        })
+    }
+
+    fn get_ref(&self) -> <Self as VringStateGuard<'_, Mem>>::G {
+        self.inner.get_ref()
+    }
+
+    fn get_mut(&self) -> <Self as VringStateMutGuard<'_, Mem>>::G {
+        self.inner.get_mut()
+    }
+
+    fn add_used(&self, desc_index: u16, len: u32) -> Result<(), VirtQueError> {
+        self.inner.add_used(desc_index, len)
+    }
+
+    fn signal_used_queue(&self) -> io::Result<()> {
+        self.inner.signal_used_queue()
+    }
+
+    fn enable_notification(&self) -> Result<bool, VirtQueError> {
+        self.inner.enable_notification()
+    }
+
+    fn disable_notification(&self) -> Result<(), VirtQueError> {
+        self.inner.disable_notification()
+    }
+
+    fn needs_notification(&self) -> Result<bool, VirtQueError> {
+        self.inner.needs_notification()
+    }
+
+    fn set_enabled(&self, enabled: bool) {
+        self.inner.set_enabled(enabled);
+        if !enabled {
+            self.stop();
+        }
+    }
+
+    fn set_queue_info(&self, desc: u64, avail: u64, used: u64) -> Result<(), VirtQueError> {
+        self.inner.set_queue_info(desc, avail, used)
+    }
+
+    fn queue_next_avail(&self) -> u16 {
+        self.inner.queue_next_avail()
+    }
+
+    fn set_queue_next_avail(&self, base: u16) {
+        self.inner.set_queue_next_avail(base)
+    }
+
+    fn set_queue_next_used(&self, idx: u16) {
+        self.inner.set_queue_next_used(idx)
+    }
+
+    fn queue_used_idx(&self) -> Result<u16, VirtQueError> {
+        self.inner.queue_used_idx()
+    }
+
+    fn set_queue_size(&self, num: u16) {
+        self.inner.set_queue_size(num)
+    }
+
+    fn set_queue_event_idx(&self, enabled: bool) {
+        self.inner.set_queue_event_idx(enabled)
+    }
+
+    fn set_queue_ready(&self, ready: bool) {
+        self.inner.set_queue_ready(ready);
+        if !ready {
+            // GET_VRING_BASE: the frontend reads next_avail right after this.
+            self.stop();
+        }
+    }
+
+    fn set_kick(&self, file: Option<File>) {
+        self.inner.set_kick(file)
+    }
+
+    fn read_kick(&self) -> io::Result<bool> {
+        self.inner.read_kick()
+    }
+
+    fn set_call(&self, file: Option<File>) {
+        self.inner.set_call(file)
+    }
+
+    fn set_err(&self, file: Option<File>) {
+        self.inner.set_err(file)
+    }
+}

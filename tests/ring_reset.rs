@@ -1,0 +1,101 @@
+//! Work in flight when a ring stops (issue 10, item 6). GET_VRING_BASE, a reset or a
+//! reconnect must never let a request that was still running write a used entry into a
+//! ring the guest may have freed and reused: a guest that reboots lays fresh rings over the
+//! same memory. The OPEN held up here is blocked in the host kernel by a read lease.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Daemon, HostLease};
+use vfsd::frontend::fuse::*;
+
+const ROOT: u64 = 1;
+
+/// An OPEN for writing of `f`, blocked by a host lease; the queue's used index before it.
+fn blocked_open(d: &Daemon, c: &FuseClient) -> (HostLease, u16) {
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let used = c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap();
+    let lease = HostLease::take(&d.path("f"));
+    c.submit(
+        1,
+        FUSE_OPEN,
+        e.nodeid,
+        &[vm_memory::ByteValued::as_slice(
+            &fuse_backend_rs::abi::fuse_abi::OpenIn {
+                flags: libc::O_RDWR as u32,
+                fuse_flags: 0,
+            },
+        )],
+        4096,
+    )
+    .unwrap();
+    lease.wait_broken();
+    (lease, used)
+}
+
+#[test]
+fn a_request_outliving_the_stop_never_touches_the_restarted_ring() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let (lease, used) = blocked_open(&d, &c);
+    let t = Instant::now();
+    let base = c.fe.stop_queue(1).unwrap();
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "the stop waits for the request in flight (bounded): {waited:?}"
+    );
+    assert_eq!(
+        base as u16, used,
+        "the base counts only the requests that completed"
+    );
+    // The guest "reboots": fresh rings in the same memory.
+    c.fe.restart_queue(1).unwrap();
+    drop(lease); // the old OPEN finishes now
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap(),
+        0,
+        "a used entry of the stopped ring landed in the new one"
+    );
+    // The restarted ring serves as a new one should.
+    assert_eq!(c.getattr(ROOT).unwrap().attr.ino, {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&d.share).unwrap().ino()
+    });
+    assert_eq!(
+        c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap(),
+        1
+    );
+}
+
+#[test]
+fn a_stop_waits_for_a_request_that_finishes_in_time() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let (lease, used) = blocked_open(&d, &c);
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        drop(lease);
+    });
+    let t = Instant::now();
+    let base = c.fe.stop_queue(1).unwrap();
+    let waited = t.elapsed();
+    releaser.join().unwrap();
+    assert!(
+        waited >= Duration::from_millis(600) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert_eq!(
+        base as u16,
+        used.wrapping_add(1),
+        "the OPEN completed first"
+    );
+    assert_eq!(
+        c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap(),
+        used.wrapping_add(1),
+        "and its used entry is in the ring the stop returned"
+    );
+}
