@@ -39,7 +39,7 @@ VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 [ -x "$VIRTIOFSD" ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
 command -v fio >/dev/null || die "fio not found: apt-get install fio"
 say "building vfsd"
-cargo build --release --quiet
+cargo build --release --quiet --features test-frontend
 mkdir -p "$OUT"
 RES=$OUT/results.jsonl
 : > "$RES"

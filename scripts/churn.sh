@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CYCLES=${1:-1000000}
 DAEMON=${2:-vfsd}
-cargo build --release --quiet
+cargo build --release --quiet --features test-frontend
 W=$(mktemp -d /var/tmp/vfsd-churn.XXXXXX)
 trap 'kill $PID 2>/dev/null; rm -rf "$W"' EXIT
 mkdir -p "$W/share" docs/benchmarks

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3} SECS=${2:-3}
-cargo build --release --quiet
+cargo build --release --quiet --features test-frontend
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 W=$(mktemp -d /var/tmp/vfsd-pool.XXXXXX); trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/share" docs/benchmarks

@@ -4,7 +4,54 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::passthrough::inode::FileHandleMode;
 use crate::passthrough::CachePolicy;
+
+/// `--cache` (virtiofsd's values; libvirt's older `none` is `never`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cache {
+    /// Close-to-open: attributes for 1 s, data revalidated on open.
+    Auto,
+    /// Cache everything for a long time; host-side changes may be missed.
+    Always,
+    /// No caching: every access goes to the host, file I/O is direct.
+    #[value(alias = "none")]
+    Never,
+    /// Cache metadata like `always`, but do file I/O directly.
+    Metadata,
+}
+
+impl From<Cache> for CachePolicy {
+    fn from(c: Cache) -> Self {
+        match c {
+            Cache::Auto => CachePolicy::Auto,
+            Cache::Always => CachePolicy::Always,
+            Cache::Never => CachePolicy::Never,
+            Cache::Metadata => CachePolicy::Metadata,
+        }
+    }
+}
+
+/// `--inode-file-handles` (virtiofsd's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum InodeFileHandles {
+    /// Always hold an O_PATH fd per node.
+    Never,
+    /// Use a file handle where the filesystem supports them, else an fd.
+    Prefer,
+    /// Use file handles; a lookup on a filesystem without them fails.
+    Mandatory,
+}
+
+impl From<InodeFileHandles> for FileHandleMode {
+    fn from(m: InodeFileHandles) -> Self {
+        match m {
+            InodeFileHandles::Never => FileHandleMode::Never,
+            InodeFileHandles::Prefer => FileHandleMode::Prefer,
+            InodeFileHandles::Mandatory => FileHandleMode::Mandatory,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Sandbox {
@@ -65,7 +112,7 @@ pub struct Opt {
 
     /// How much the guest may cache
     #[arg(long, value_enum, default_value = "auto")]
-    pub cache: CachePolicy,
+    pub cache: Cache,
 
     /// Worker threads serving requests from all queues (0: each queue's thread serves its
     /// own requests one at a time). Default: twice the host's CPU count, at least 8.
@@ -140,7 +187,7 @@ pub struct Opt {
     /// Name known inodes by file handles instead of holding an fd each (bounds the host fds
     /// a guest can pin by walking a large tree; needs CAP_DAC_READ_SEARCH)
     #[arg(long, value_enum, default_value = "never")]
-    pub inode_file_handles: crate::passthrough::inode::FileHandleMode,
+    pub inode_file_handles: InodeFileHandles,
 
     /// Map namespace uids onto host uids in the namespace sandbox's user namespace, as
     /// :namespace_uid:host_uid:count: (repeatable; must map uid 0; libvirt passes it when
@@ -284,7 +331,7 @@ impl Opt {
                 match key.as_str() {
                     "source" => self.shared_dir = Some(PathBuf::from(need(value)?)),
                     "cache" => {
-                        self.cache = CachePolicy::from_str(&need(value)?, true).map_err(|_| {
+                        self.cache = Cache::from_str(&need(value)?, true).map_err(|_| {
                             "-o cache: expected auto, always, never or metadata".to_string()
                         })?
                     }
@@ -386,7 +433,7 @@ mod tests {
         .unwrap();
         o.apply_compat_options().unwrap();
         assert_eq!(o.shared_dir.as_deref(), Some(std::path::Path::new("/a,b")));
-        assert_eq!(o.cache, CachePolicy::Always);
+        assert_eq!(o.cache, Cache::Always);
         assert!(o.xattr);
     }
 
@@ -411,7 +458,7 @@ mod tests {
         o.apply_compat_options().unwrap();
         assert!(o.syslog && o.xattr && o.no_readdirplus);
         // The C virtiofsd's spelling, which older libvirt writes.
-        assert_eq!(o.cache, CachePolicy::Never);
+        assert_eq!(o.cache, Cache::Never);
         o.check_supported().unwrap();
         let o = Opt::try_parse_from([
             "vfsd",

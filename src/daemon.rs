@@ -210,7 +210,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         .map(crate::caps::parse_modcaps)
         .transpose()?
         .unwrap_or_default();
-    if opt.inode_file_handles != crate::passthrough::inode::FileHandleMode::Never {
+    if opt.inode_file_handles != crate::cli::InodeFileHandles::Never {
         // open_by_handle_at needs it.
         modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
     }
@@ -253,14 +253,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     crate::caps::drop_to(&modcaps)?;
 
     let mut cfg = Config::new(confined.root.clone());
-    cfg.cache = opt.cache;
+    cfg.cache = opt.cache.into();
     cfg.xattr = opt.xattr;
     cfg.readonly = opt.readonly;
     cfg.writeback = opt.writeback;
     cfg.allow_direct_io = opt.allow_direct_io;
     cfg.parallel_direct_writes = !opt.no_parallel_direct_writes;
     cfg.announce_submounts = opt.announce_submounts;
-    cfg.inode_file_handles = opt.inode_file_handles;
+    cfg.inode_file_handles = opt.inode_file_handles.into();
     cfg.readdirplus = !opt.no_readdirplus;
     cfg.preserve_noatime = opt.preserve_noatime;
     cfg.killpriv_v2 = !opt.no_killpriv_v2;

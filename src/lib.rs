@@ -8,6 +8,7 @@ pub mod caps;
 pub mod cli;
 pub mod daemon;
 pub mod device;
+#[cfg(feature = "test-frontend")]
 pub mod frontend;
 pub mod idmap;
 pub mod passthrough;

@@ -143,36 +143,32 @@ impl Stats {
                 }),
             );
         }
-        let mut inodes = Vec::new();
-        let mut peak = fs.inodes.retired_peak();
-        let mut violations = fs.inodes.retired_violations();
-        for inode in fs.inodes.snapshot() {
-            let s = inode.io.stats();
-            peak = peak.max(s.peak_writes_in_flight);
-            violations += s.exclusive_violations;
-            if s.shared_writes + s.exclusive_writes == 0 {
-                continue;
-            }
-            inodes.push(json!({
-                "nodeid": inode.nodeid,
-                "host_ino": inode.key.ino,
-                "peak_writes_in_flight": s.peak_writes_in_flight,
-                "shared_writes": s.shared_writes,
-                "exclusive_writes": s.exclusive_writes,
-                "exclusive_violations": s.exclusive_violations,
-            }));
-        }
+        let fs = fs.counters();
+        let inodes: Vec<Value> = fs
+            .written
+            .iter()
+            .map(|i| {
+                json!({
+                    "nodeid": i.nodeid,
+                    "host_ino": i.host_ino,
+                    "peak_writes_in_flight": i.io.peak_writes_in_flight,
+                    "shared_writes": i.io.shared_writes,
+                    "exclusive_writes": i.io.exclusive_writes,
+                    "exclusive_violations": i.io.exclusive_violations,
+                })
+            })
+            .collect();
         json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "opcodes": ops,
-            "peak_writes_in_flight": peak,
-            "exclusive_violations": violations,
+            "peak_writes_in_flight": fs.peak_writes_in_flight,
+            "exclusive_violations": fs.exclusive_violations,
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),
-            "live_inodes": fs.inodes.len(),
-            "open_handles": fs.handles.len(),
+            "live_inodes": fs.live_inodes,
+            "open_handles": fs.open_handles,
             "inodes": inodes,
         })
     }

@@ -61,8 +61,9 @@ impl AsRawFd for PathFd<'_> {
     }
 }
 
-/// Whether nodes use file handles instead of fds (virtiofsd's `--inode-file-handles`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Whether nodes use file handles instead of fds (virtiofsd's `--inode-file-handles`,
+/// spelled by `cli::InodeFileHandles`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileHandleMode {
     /// Always hold an O_PATH fd.
     Never,

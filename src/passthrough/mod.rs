@@ -39,15 +39,14 @@ pub use killpriv::needed as killpriv_needed;
 /// this file at once. fuse-backend-rs has no constant for it.
 pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 
-/// How much the guest may cache, with virtiofsd's meanings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How much the guest may cache, with virtiofsd's meanings (`cli::Cache` spells them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CachePolicy {
     /// Close-to-open: attributes for 1 s, data revalidated on open.
     Auto,
     /// Cache everything for a long time; host-side changes may be missed.
     Always,
     /// No caching: every access goes to the host, file I/O is direct.
-    #[value(alias = "none")]
     Never,
     /// Cache metadata like `always`, but do file I/O directly.
     Metadata,
@@ -101,10 +100,28 @@ impl Config {
     }
 }
 
+/// What the filesystem tells the statistics (`PassthroughFs::counters`).
+pub struct FsCounters {
+    pub live_inodes: usize,
+    pub open_handles: usize,
+    /// Highest writes in flight on one file, forgotten nodes included.
+    pub peak_writes_in_flight: u32,
+    /// Exclusivity violations seen, forgotten nodes included (must stay 0).
+    pub exclusive_violations: u64,
+    /// Live nodes that have seen writes.
+    pub written: Vec<InodeCounters>,
+}
+
+pub struct InodeCounters {
+    pub nodeid: u64,
+    pub host_ino: u64,
+    pub io: lock::IoLockStats,
+}
+
 pub struct PassthroughFs {
-    pub(crate) cfg: Config,
-    pub(crate) inodes: InodeTable,
-    pub(crate) handles: HandleTable,
+    cfg: Config,
+    inodes: InodeTable,
+    handles: HandleTable,
     /// `/proc/self/fd`, to reopen O_PATH fds for I/O without resolving any guest path.
     proc_self_fd: OwnedFd,
     /// Whether the guest accepted the writeback cache at INIT.
@@ -152,6 +169,30 @@ impl PassthroughFs {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// A snapshot of the counters the statistics report.
+    pub fn counters(&self) -> FsCounters {
+        let mut c = FsCounters {
+            live_inodes: self.inodes.len(),
+            open_handles: self.handles.len(),
+            peak_writes_in_flight: self.inodes.retired_peak(),
+            exclusive_violations: self.inodes.retired_violations(),
+            written: Vec::new(),
+        };
+        for inode in self.inodes.snapshot() {
+            let s = inode.io.stats();
+            c.peak_writes_in_flight = c.peak_writes_in_flight.max(s.peak_writes_in_flight);
+            c.exclusive_violations += s.exclusive_violations;
+            if s.shared_writes + s.exclusive_writes > 0 {
+                c.written.push(InodeCounters {
+                    nodeid: inode.nodeid,
+                    host_ino: inode.key.ino,
+                    io: s,
+                });
+            }
+        }
+        c
     }
 
     pub(crate) fn inode(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
