@@ -292,7 +292,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
-    crate::seccomp::apply(opt.seccomp)?;
+    crate::seccomp::apply(
+        opt.seccomp,
+        opt.inode_file_handles != crate::passthrough::inode::FileHandleMode::Never,
+    )?;
 
     info!(
         "sharing '{}' on {} (sandbox {:?}, seccomp {:?}); waiting for the vhost-user frontend",
