@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Run the guest test suite (smoke, fio with verify, pjdfstest, fsx, plus the
-# runner's own self-tests) against one or more vhost-user-fs daemons, each
+# Run the guest test suite (smoke, set-id bits and non-root creates, fio with
+# verify, pjdfstest, fsx, plus the runner's own self-tests) against one or more vhost-user-fs daemons, each
 # test in a fresh QEMU guest.  Ends with "N passed, M failed"; exits 1 if any
 # test failed.
 #
 # Usage: scripts/guest-suite.sh [options]
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
-#   --only LIST       comma-separated subset of: selftest,smoke,fio,pjdfstest,fsx
+#   --only LIST       comma-separated subset of: selftest,smoke,setid,fio,pjdfstest,fsx
 #   --accel A         tcg (default), kvm or auto
 #   --fsx-ops N       fsx operations, buffered run (default 100000)
 #   --fsx-direct-ops N  fsx operations, O_DIRECT run (default 20000)
@@ -23,7 +23,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
-ONLY=selftest,smoke,fio,pjdfstest,fsx
+ONLY=selftest,smoke,setid,fio,pjdfstest,fsx
 ACCEL=tcg
 FSX_OPS=100000
 FSX_DIRECT_OPS=20000
@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|fio|pjdfstest|fsx) ;; *) die "--only: unknown test '$t'" ;; esac
+    case $t in selftest|smoke|setid|fio|pjdfstest|fsx) ;; *) die "--only: unknown test '$t'" ;; esac
 done
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
 
@@ -97,15 +97,16 @@ label_of() {  # a short name for a daemon spec
     esac
 }
 
-# run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND
-# Sets TEST_DIR (kept share + logs) and TEST_RC.
+# run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND [DAEMON_ARGS]
+# Sets TEST_DIR (kept share + logs) and TEST_RC. DAEMON_ARGS go after --daemon-args's.
 run_test() {
     local daemon=$1 label=$2 name=$3 expect=$4 timeout=$5 cmd=$6
+    local args="$DAEMON_ARGS${7:+ $7}"
     TEST_DIR=$LOGS/$label/$name
     rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR/share"
     local start=$(date +%s)
     printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
-    "$HERE/run-vm.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+    "$HERE/run-vm.sh" --daemon "$daemon" ${args:+--daemon-args "$args"} \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --queues "$QUEUES" \
         --timeout "$timeout" --quiet --log "$TEST_DIR/console.log" --workdir "$TEST_DIR/work" \
         --share "$TEST_DIR/share:share0" -- "$cmd" > "$TEST_DIR/run-vm.log" 2>&1
@@ -166,6 +167,20 @@ for daemon in "${DAEMONS[@]}"; do
         fi
         finish_test "$label" smoke "$why"
         show '^smoke: [0-9]+ checks|^smoke: SKIP'
+    fi
+
+    if wanted setid; then
+        # One boot per cache mode (the guest kernel takes a different write path in
+        # each), each with a file-handle mode, so non-root creates are covered with
+        # handles too.
+        for mode in never:mandatory auto:prefer always:never; do
+            cache=${mode%:*} handles=${mode#*:}
+            run_test "$daemon" "$label" "setid-$cache" 0 300 \
+                "/guest-tests/setid.sh cache=$cache,handles=$handles" \
+                "--cache=$cache --inode-file-handles=$handles"
+            finish_test "$label" "setid-$cache"
+            show '^setid: [0-9]+ checks'
+        done
     fi
 
     if wanted fio; then

@@ -14,7 +14,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use crate::cli::Opt;
 use crate::device::{DeviceConfig, FsDevice};
 use crate::passthrough::{Config, PassthroughFs};
-use crate::sandbox::{self, DirEntryHandle};
+use crate::sandbox::{self, SocketName, StatsFile};
 use crate::server::FuseServer;
 
 /// Sets up logging, to stderr or (`--syslog`) to syslog; gives the syslog socket's fd, which
@@ -157,7 +157,7 @@ fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
     std::fs::set_permissions(&via, std::fs::Permissions::from_mode(mode)).map_err(fail)
 }
 
-fn write_stats(sink: &DirEntryHandle, server: &FuseServer) {
+fn write_stats(sink: &StatsFile, server: &FuseServer) {
     let snap = server.stats.snapshot(server.fs());
     if let Err(e) = sink.replace(serde_json::to_string_pretty(&snap).unwrap().as_bytes()) {
         error!("cannot write statistics: {e}");
@@ -214,20 +214,17 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         // open_by_handle_at needs it.
         modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
     }
-    // Files outside the share stay reachable through their directories' fds.
-    let stats_sink = opt.stats.as_deref().map(DirEntryHandle::new).transpose()?;
-    let socket_entry = opt
-        .socket_path
-        .as_deref()
-        .map(DirEntryHandle::new)
-        .transpose()?;
+    // Opened now: the sandbox hides its path (and keeps no directory outside the share).
+    let stats_sink = opt.stats.as_deref().map(StatsFile::create).transpose()?;
 
+    let mut socket_name = None;
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
             let l = bind(p)?;
             if let Some(g) = &opt.socket_group {
                 set_socket_group(p, g)?;
             }
+            socket_name = Some(SocketName::new(p)?);
             l
         }
         (None, Some(fd)) => {
@@ -245,11 +242,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     // Confinement, before any thread exists (the namespace sandbox forks).
     let mut keep = vec![listener.as_raw_fd()];
-    keep.extend(stats_sink.iter().map(|s| s.dir_fd()));
-    keep.extend(socket_entry.iter().map(|s| s.dir_fd()));
+    keep.extend(stats_sink.iter().map(|s| s.fd()));
+    // Until the sandbox hands it to its supervising parent (or, without one, back).
+    keep.extend(socket_name.iter().map(|s| s.dir_fd()));
     keep.extend(syslog_fd);
     sandbox::close_other_fds(&keep)?;
-    let confined = sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps())?;
+    let mut confined = sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps(), socket_name)?;
     crate::caps::drop_to(&modcaps)?;
 
     let mut cfg = Config::new(confined.root.clone());
@@ -280,7 +278,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     );
 
     let stats_sink = stats_sink.map(Arc::new);
-    let socket_entry = socket_entry.map(Arc::new);
+    let socket_entry = confined.socket.take().map(Arc::new);
     spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())?;
     if let Some(sig) = sandbox::early_signal() {
         // SAFETY: raise has no preconditions; the handlers just installed take it.
@@ -304,7 +302,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
-    crate::seccomp::apply(opt.seccomp)?;
+    crate::seccomp::apply(
+        opt.seccomp,
+        opt.inode_file_handles != crate::passthrough::inode::FileHandleMode::Never,
+    )?;
 
     info!(
         "sharing '{}' on {} (sandbox {:?}, seccomp {:?}); waiting for the vhost-user frontend",
@@ -321,8 +322,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         .map_err(|e| format!("vhost-user connection failed: {e}"))?;
     info!("frontend connected");
     // The listener's Drop would unlink its path, which inside the sandbox names something
-    // else (and is not in the seccomp allowlist): remove the socket through its directory
-    // fd instead.
+    // else (and is not in the seccomp allowlist): the socket is removed through its
+    // directory's fd instead, by the sandbox's parent or (without a sandbox) below.
     std::mem::forget(listener);
     let result = daemon.wait();
     if let Some(s) = &socket_entry {
@@ -347,8 +348,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
 fn spawn_signal_thread(
     server: Arc<FuseServer>,
-    stats: Option<Arc<DirEntryHandle>>,
-    socket: Option<Arc<DirEntryHandle>>,
+    stats: Option<Arc<StatsFile>>,
+    socket: Option<Arc<SocketName>>,
 ) -> Result<(), String> {
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGUSR1])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -4,12 +4,15 @@
 //!   a fresh /proc for the pid namespace, then pivot_root into the shared directory, so
 //!   nothing outside the share is even nameable. The process forks: the parent waits for
 //!   the sandboxed child and relays signals to it.
-//! - `chroot`: chroot into the shared directory (needs root).
+//! - `chroot`: chroot into the shared directory (needs root); it forks the same way.
 //! - `none`: nothing.
 //!
-//! Every mode first closes every fd the daemon does not need.
+//! Every mode first closes every fd the daemon does not need. The confined daemon keeps
+//! no directory outside the share (an fd of one is a way out: `openat(fd, "..")`): the
+//! statistics file is kept as the file's own fd, and the socket's name is removed by the
+//! parent, which never serves the guest, after the daemon exits.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -22,6 +25,9 @@ use crate::sys::{self, cvt};
 pub struct Confined {
     pub root: PathBuf,
     pub proc_self_fd: OwnedFd,
+    /// The socket's name, for the daemon to remove itself: only without a sandbox (with
+    /// one, the supervising parent removes it).
+    pub socket: Option<SocketName>,
 }
 
 fn err(what: &str, e: io::Error) -> String {
@@ -59,11 +65,13 @@ fn open_proc_self_fd() -> Result<OwnedFd, String> {
     .map_err(|e| err("open /proc/self/fd", e))
 }
 
-/// Enters the sandbox. Must run before any thread is started (namespace mode forks).
+/// Enters the sandbox. Must run before any thread is started (namespace and chroot modes
+/// fork). `socket` is the listening socket's name, removed once the daemon is done.
 pub fn enter(
     mode: Sandbox,
     shared_dir: &Path,
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
+    socket: Option<SocketName>,
 ) -> Result<Confined, String> {
     if id_maps.is_some() && mode != Sandbox::Namespace {
         return Err("--uid-map/--gid-map need --sandbox namespace".into());
@@ -72,12 +80,16 @@ pub fn enter(
         Sandbox::None => Ok(Confined {
             root: shared_dir.to_path_buf(),
             proc_self_fd: open_proc_self_fd()?,
+            socket,
         }),
         Sandbox::Chroot => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
                 return Err("--sandbox chroot needs root; use --sandbox namespace or none".into());
             }
+            // A chrooted process holding a directory outside its root walks out through
+            // it, so the socket's directory stays with a parent that never serves.
+            fork_supervised(socket)?;
             let proc_self_fd = open_proc_self_fd()?;
             let dir = cpath(shared_dir)?;
             // SAFETY: plain syscalls with a NUL-terminated path.
@@ -86,10 +98,37 @@ pub fn enter(
             Ok(Confined {
                 root: PathBuf::from("/"),
                 proc_self_fd,
+                socket: None,
             })
         }
-        Sandbox::Namespace => namespace(shared_dir, id_maps),
+        Sandbox::Namespace => namespace(shared_dir, id_maps, socket),
     }
+}
+
+/// Forks; the parent becomes the supervisor (`supervise`, never returns) and the child
+/// returns, set to die with it. `socket` stays with the parent only.
+fn fork_supervised(socket: Option<SocketName>) -> Result<(), String> {
+    // The termination signals stay blocked across the fork: one arriving before the
+    // parent's relay is in place waits for it instead of killing the parent alone.
+    // (So the parent can't die of one before the child below has set its death signal;
+    // getppid can't tell, as the parent may be outside the child's pid namespace.)
+    let blocked = block_relayed_signals();
+    // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
+    let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
+    if pid > 0 {
+        supervise(pid, blocked, socket);
+    }
+    // Child: the socket's directory is the parent's business (closing it here).
+    drop(socket);
+    // Die with the parent.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    // In namespace mode the child is its pid namespace's init, which the kernel spares
+    // every signal it has no handler for, even from outside: a SIGTERM relayed before the
+    // daemon's own handlers exist would be dropped. It inherited `remember_early_signals`'s
+    // handler, which catches it instead (and the flag, if one came before the fork).
+    restore_signal_mask(&blocked);
+    Ok(())
 }
 
 fn write_file(path: &str, data: &str) -> Result<(), String> {
@@ -99,6 +138,7 @@ fn write_file(path: &str, data: &str) -> Result<(), String> {
 fn namespace(
     shared_dir: &Path,
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
+    socket: Option<SocketName>,
 ) -> Result<Confined, String> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -133,25 +173,8 @@ fn namespace(
         write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
         write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
     }
-    // The new pid namespace applies to children: fork, and let the parent wait. The
-    // termination signals stay blocked across the fork: one arriving before the parent's
-    // relay is in place waits for it instead of killing the parent alone.
-    // (So the parent can't die of one before the child below has set its death signal;
-    // getppid can't tell, as the parent is outside the child's pid namespace.)
-    let blocked = block_relayed_signals();
-    // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
-    let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
-    if pid > 0 {
-        supervise(pid, blocked);
-    }
-    // Child: die with the parent.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-    // The child is its pid namespace's init, which the kernel spares every signal it has
-    // no handler for, even from outside: a SIGTERM relayed before the daemon's own handlers
-    // exist would be dropped. It inherited `remember_early_signals`'s handler, which
-    // catches it instead (and the flag, if one came before the fork).
-    restore_signal_mask(&blocked);
+    // The new pid namespace applies to children: fork, and let the parent wait.
+    fork_supervised(socket)?;
 
     let mount = |src: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64| {
         // SAFETY: all pointers are NUL-terminated strings or null.
@@ -197,6 +220,7 @@ fn namespace(
     Ok(Confined {
         root: PathBuf::from("/"),
         proc_self_fd,
+        socket: None,
     })
 }
 
@@ -295,10 +319,11 @@ extern "C" fn relay_signal(sig: libc::c_int) {
     }
 }
 
-/// The parent of a namespace sandbox: relays termination signals to the child and exits
-/// with its status. (It can't start threads: after unshare(CLONE_NEWPID) clone of a
-/// thread fails, so a plain signal handler does the relaying.)
-fn supervise(child: libc::pid_t, blocked: libc::sigset_t) -> ! {
+/// The parent of a namespace or chroot sandbox: relays termination signals to the child,
+/// removes the socket's name once the child is gone (however it ended), and exits with its
+/// status. (It can't start threads: after unshare(CLONE_NEWPID) clone of a thread fails,
+/// so a plain signal handler does the relaying.)
+fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketName>) -> ! {
     CHILD.store(child, std::sync::atomic::Ordering::Relaxed);
     install_handler(&RELAYED, relay_signal);
     // Signals that came meanwhile are delivered (and relayed) now.
@@ -314,6 +339,9 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t) -> ! {
             std::process::exit(1);
         }
     }
+    if let Some(s) = socket {
+        s.remove();
+    }
     if libc::WIFEXITED(status) {
         std::process::exit(libc::WEXITSTATUS(status));
     }
@@ -322,14 +350,17 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t) -> ! {
     std::process::exit(128 + sig);
 }
 
-/// Keeps `dir`'s fd so that a file in it can be replaced or removed after the sandbox hid
-/// the path (statistics, the socket).
-pub struct DirEntryHandle {
+/// The listening socket's name: its directory's fd, kept only by a process that never
+/// serves the guest (or by an unconfined daemon), and the socket file's identity, so that
+/// a socket another daemon has bound there since is left alone.
+pub struct SocketName {
     dir: OwnedFd,
     name: CString,
+    id: (u64, u64),
 }
 
-impl DirEntryHandle {
+impl SocketName {
+    /// For the socket just bound at `path`.
     pub fn new(path: &Path) -> Result<Self, String> {
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -338,51 +369,107 @@ impl DirEntryHandle {
         let name = path
             .file_name()
             .ok_or_else(|| format!("'{}' has no file name", path.display()))?;
+        let name =
+            CString::new(name.as_encoded_bytes()).map_err(|_| "NUL in file name".to_string())?;
+        let fail = |e: io::Error| format!("'{}': {e}", path.display());
         let dir = sys::openat(
             libc::AT_FDCWD,
             &cpath(parent)?,
             libc::O_PATH | libc::O_DIRECTORY,
             0,
         )
-        .map_err(|e| format!("'{}': {e}", parent.display()))?;
-        Ok(DirEntryHandle {
-            dir,
-            name: CString::new(name.as_encoded_bytes())
-                .map_err(|_| "NUL in file name".to_string())?,
-        })
+        .map_err(fail)?;
+        let id = Self::identity(&dir, &name).map_err(fail)?;
+        Ok(SocketName { dir, name, id })
+    }
+
+    fn identity(dir: &OwnedFd, name: &CStr) -> io::Result<(u64, u64)> {
+        let st = sys::statx(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)?;
+        Ok((st.st.st_dev, st.st.st_ino))
     }
 
     pub fn dir_fd(&self) -> RawFd {
         self.dir.as_raw_fd()
     }
 
-    /// Atomically replaces the file with `data`.
-    pub fn replace(&self, data: &[u8]) -> io::Result<()> {
-        let mut tmp = self.name.as_bytes().to_vec();
-        tmp.extend_from_slice(b".tmp");
-        let tmp = CString::new(tmp).unwrap();
+    /// Unlinks the name if it is still our socket.
+    pub fn remove(&self) {
+        if Self::identity(&self.dir, &self.name).ok() == Some(self.id) {
+            // SAFETY: NUL-terminated name relative to our dir fd.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
+        }
+    }
+}
+
+/// The `--stats` file, held by its own fd (not its directory's) and rewritten in place.
+/// Each dump is one write at offset 0, padded with trailing blanks to the previous
+/// dump's length (still valid JSON), so the file never ends in a stale tail.
+pub struct StatsFile {
+    file: std::sync::Mutex<(std::fs::File, usize)>,
+}
+
+impl StatsFile {
+    pub fn create(path: &Path) -> Result<Self, String> {
+        let fail = |e: io::Error| format!("--stats '{}': {e}", path.display());
+        // O_NOFOLLOW: a symlink planted there is refused rather than followed; O_NONBLOCK:
+        // a FIFO there can't stall start-up before the file-type check below.
         let fd = sys::openat(
-            self.dir.as_raw_fd(),
-            &tmp,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+            libc::AT_FDCWD,
+            &cpath(path)?,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
             0o644,
-        )?;
-        sys::with_file(&fd, |f| std::io::Write::write_all(f, data))?;
-        drop(fd);
-        // SAFETY: both names are NUL-terminated and relative to our dir fd.
-        cvt(unsafe {
-            libc::renameat(
-                self.dir.as_raw_fd(),
-                tmp.as_ptr(),
-                self.dir.as_raw_fd(),
-                self.name.as_ptr(),
-            )
-        })?;
-        Ok(())
+        )
+        .map_err(fail)?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(fail)?;
+        if !meta.is_file() {
+            return Err(fail(io::Error::other("not a regular file")));
+        }
+        file.set_len(0).map_err(fail)?;
+        Ok(StatsFile {
+            file: std::sync::Mutex::new((file, 0)),
+        })
     }
 
-    pub fn remove(&self) {
-        // SAFETY: NUL-terminated name relative to our dir fd.
-        unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
+    pub fn fd(&self) -> RawFd {
+        self.file.lock().unwrap().0.as_raw_fd()
+    }
+
+    /// Replaces the contents with `data`.
+    pub fn replace(&self, data: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut g = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buf = data.to_vec();
+        buf.resize(buf.len().max(g.1.saturating_sub(1)), b' ');
+        buf.push(b'\n');
+        g.0.write_all_at(&buf, 0)?;
+        g.1 = buf.len();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shorter_stats_dump_leaves_no_stale_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.json");
+        let f = StatsFile::create(&path).unwrap();
+        f.replace(br#"{"a": 1234567890, "b": [1, 2, 3]}"#).unwrap();
+        f.replace(br#"{"a": 1}"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v, serde_json::json!({"a": 1}));
+    }
+
+    #[test]
+    fn a_symlink_at_the_stats_path_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.json");
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
+        assert!(StatsFile::create(&path).is_err());
+        assert!(!dir.path().join("elsewhere").exists());
     }
 }

@@ -1,10 +1,19 @@
 //! The syscall allowlist applied with `--seccomp` (default: kill on anything else, as
 //! virtiofsd does). Built from the syscalls the daemon makes on every request path (traced
 //! under the integration and guest suites), plus what Rust's runtime needs.
+//!
+//! The filter is applied at the end of start-up, after the sandbox, the capability drop and
+//! the logger's set-up, and only in the process that serves the guest (the sandbox's
+//! supervising parent never gets one: it only relays signals and waits). From then on the
+//! daemon only starts threads, names them, and may signal itself; the calls that could do
+//! more are allowed with those arguments only (`rules`).
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SeccompMode {
@@ -18,6 +27,7 @@ pub enum SeccompMode {
     Trap,
 }
 
+/// Allowed with any arguments.
 const ALLOWED: &[libc::c_long] = &[
     // I/O on host files and guest memory.
     libc::SYS_read,
@@ -67,7 +77,7 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_fremovexattr,
     libc::SYS_umask,
     libc::SYS_name_to_handle_at,
-    libc::SYS_open_by_handle_at,
+    // open_by_handle_at: only with file handles, see `rules`.
     // Acting as the guest caller when creating files.
     libc::SYS_setfsuid,
     libc::SYS_setfsgid,
@@ -85,12 +95,10 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_eventfd2,
     libc::SYS_epoll_create1,
     libc::SYS_epoll_ctl,
-    libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
-    libc::SYS_poll,
     libc::SYS_ppoll,
-    libc::SYS_ioctl,
-    // Memory and threads.
+    // No ioctl: see `rules`.
+    // Memory and threads (clone, clone3 and prctl: see `rules`).
     libc::SYS_mmap,
     libc::SYS_munmap,
     libc::SYS_mprotect,
@@ -98,8 +106,6 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_madvise,
     libc::SYS_brk,
     libc::SYS_futex,
-    libc::SYS_clone,
-    libc::SYS_clone3,
     libc::SYS_set_robust_list,
     libc::SYS_set_tid_address,
     libc::SYS_rseq,
@@ -110,35 +116,321 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_getpid,
     libc::SYS_gettid,
     libc::SYS_getrandom,
-    libc::SYS_prctl,
     libc::SYS_prlimit64,
     libc::SYS_clock_gettime,
     libc::SYS_clock_nanosleep,
     libc::SYS_nanosleep,
     libc::SYS_restart_syscall,
-    // Signals (SIGTERM/SIGUSR1 handling, panics).
+    // Signals (SIGTERM/SIGUSR1 handling, panics). kill and tgkill: see `rules`.
     libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
     libc::SYS_sigaltstack,
-    libc::SYS_tgkill,
-    libc::SYS_kill,
 ];
 
-/// Applies the filter to every thread of the process (TSYNC); threads started later
-/// inherit it.
-pub fn apply(mode: SeccompMode) -> Result<(), String> {
+/// The same, where the architecture has them (aarch64 only has the newer forms:
+/// ppoll, epoll_pwait).
+#[cfg(target_arch = "x86_64")]
+const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_poll, libc::SYS_epoll_wait];
+#[cfg(not(target_arch = "x86_64"))]
+const ALLOWED_ARCH: &[libc::c_long] = &[];
+
+/// What a thread shares with the process: glibc's pthread_create passes all of these (and
+/// more), a fork none.
+const THREAD_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD) as u64;
+/// Never for a thread of the daemon: new namespaces.
+const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP) as u64;
+
+/// The ioctl requests allowed: Rust's std sets O_NONBLOCK and FD_CLOEXEC with them (the
+/// daemon makes no other ioctl once confined: traced under the test and guest suites).
+const IOCTLS: [u64; 2] = [libc::FIONBIO, libc::FIOCLEX];
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> Result<SeccompCondition, String> {
+    SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
+    SeccompRule::new(conds).map_err(|e| format!("seccomp: {e}"))
+}
+
+/// Every allowed syscall, with the conditions on its arguments (none: any). `pid` is the
+/// daemon's own pid (in its pid namespace).
+fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
+        .iter()
+        .chain(ALLOWED_ARCH)
+        .map(|&nr| (nr, vec![]))
+        .collect();
+    // Threads only: all the sharing flags, no new namespace. (clone3 is answered ENOSYS by
+    // the other filter: its flags are in memory, out of a filter's reach; glibc then falls
+    // back to clone.)
+    rules.insert(
+        libc::SYS_clone,
+        vec![rule(vec![cond(
+            0,
+            Len::Qword,
+            Op::MaskedEq(THREAD_FLAGS | NAMESPACE_FLAGS),
+            THREAD_FLAGS,
+        )?])?],
+    );
+    rules.insert(libc::SYS_clone3, vec![]);
+    // Threads name themselves (std::thread::Builder::name).
+    rules.insert(
+        libc::SYS_prctl,
+        vec![rule(vec![cond(
+            0,
+            Len::Dword,
+            Op::Eq,
+            libc::PR_SET_NAME as u64,
+        )?])?],
+    );
+    // The request is an unsigned int to the kernel: compare its low 32 bits.
+    rules.insert(
+        libc::SYS_ioctl,
+        IOCTLS
+            .iter()
+            .map(|&req| rule(vec![cond(1, Len::Dword, Op::Eq, req)?]))
+            .collect::<Result<_, _>>()?,
+    );
+    // Signals to itself only (abort's SIGABRT, raise): never to the supervising parent,
+    // the process group (0) or anyone else.
+    let own = |nr| -> Result<(i64, Vec<SeccompRule>), String> {
+        Ok((
+            nr,
+            vec![rule(vec![cond(0, Len::Dword, Op::Eq, pid as u64)?])?],
+        ))
+    };
+    rules.extend([own(libc::SYS_kill)?, own(libc::SYS_tgkill)?]);
+    if file_handles {
+        rules.insert(libc::SYS_open_by_handle_at, vec![]);
+    }
+    Ok(rules)
+}
+
+fn arch() -> Result<TargetArch, String> {
+    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn compile(filter: Result<SeccompFilter, seccompiler::BackendError>) -> Result<BpfProgram, String> {
+    filter
+        .map_err(|e| format!("seccomp: {e}"))?
+        .try_into()
+        .map_err(|e| format!("seccomp: {e}"))
+}
+
+/// The filters for `mode`, in the order they are installed: clone3 answered ENOSYS (and
+/// everything else passed on), then the allowlist. Stacked filters all run and the
+/// strictest answer wins, so clone3 gets ENOSYS even though the allowlist lets it by.
+fn filters(mode: SeccompMode, file_handles: bool) -> Result<Vec<BpfProgram>, String> {
     let mismatch = match mode {
-        SeccompMode::None => return Ok(()),
+        SeccompMode::None => return Ok(vec![]),
         SeccompMode::Kill => SeccompAction::KillProcess,
         SeccompMode::Log => SeccompAction::Log,
         SeccompMode::Trap => SeccompAction::Trap,
     };
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))?;
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
-        ALLOWED.iter().map(|&nr| (nr, vec![])).collect();
-    let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch)
-        .map_err(|e| format!("seccomp: {e}"))?;
-    let prog: BpfProgram = filter.try_into().map_err(|e| format!("seccomp: {e}"))?;
-    seccompiler::apply_filter_all_threads(&prog).map_err(|e| format!("seccomp: {e}"))
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let no_clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch()?,
+    );
+    let allow = SeccompFilter::new(
+        rules(file_handles, pid)?,
+        mismatch,
+        SeccompAction::Allow,
+        arch()?,
+    );
+    Ok(vec![compile(no_clone3)?, compile(allow)?])
+}
+
+/// Applies the filters to every thread of the process (TSYNC); threads started later
+/// inherit them. `file_handles`: whether the daemon opens files by handle
+/// (`--inode-file-handles` other than `never`).
+pub fn apply(mode: SeccompMode, file_handles: bool) -> Result<(), String> {
+    // The allowlist goes last: it does not allow seccomp itself.
+    for prog in filters(mode, file_handles)? {
+        seccompiler::apply_filter_all_threads(&prog).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How a forked child that applied vfsd's filter (`--seccomp kill`) and then ran
+    /// `call` ended: `Ok(errno or 0)` if it lived, `Err(signal)` if killed.
+    fn under_filter(file_handles: bool, call: fn() -> i32) -> Result<i32, i32> {
+        // SAFETY: the child only builds and applies the filter (glibc's malloc is safe
+        // after fork) and makes raw syscalls before _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match apply(SeccompMode::Kill, file_handles) {
+                Ok(()) => call(),
+                Err(_) => 255,
+            };
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: our own child; `status` is a valid out pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if libc::WIFSIGNALED(status) {
+            Err(libc::WTERMSIG(status))
+        } else {
+            let code = libc::WEXITSTATUS(status);
+            assert_ne!(code, 255, "the filter did not apply");
+            Ok(code)
+        }
+    }
+
+    /// 0 for success, else errno (below 255).
+    fn ret(r: libc::c_long) -> i32 {
+        if r < 0 {
+            std::io::Error::last_os_error().raw_os_error().unwrap()
+        } else {
+            0
+        }
+    }
+
+    const KILLED: Result<i32, i32> = Err(libc::SIGSYS);
+
+    #[test]
+    fn threads_start_through_clone_and_clone3_says_enosys() {
+        // std's spawn: glibc tries clone3, gets ENOSYS, falls back to clone.
+        assert_eq!(
+            under_filter(false, || {
+                std::thread::spawn(|| ()).join().map_or(1, |_| 0)
+            }),
+            Ok(0)
+        );
+        assert_eq!(
+            under_filter(false, || {
+                // SAFETY: clone3 with a null argument: refused before anything is read.
+                ret(unsafe { libc::syscall(libc::SYS_clone3, 0usize, 0usize) })
+            }),
+            Ok(libc::ENOSYS)
+        );
+    }
+
+    #[test]
+    fn no_process_is_forked() {
+        // SAFETY: if it were allowed the child would _exit at once.
+        assert_eq!(
+            under_filter(false, || match unsafe { libc::fork() } {
+                0 => unsafe { libc::_exit(0) },
+                r => ret(r as libc::c_long),
+            }),
+            KILLED
+        );
+        // A thread's flags with a new namespace.
+        assert_eq!(
+            under_filter(false, || {
+                let flags = THREAD_FLAGS | libc::CLONE_NEWUSER as u64;
+                // SAFETY: refused (or EINVAL) before any thread would exist.
+                ret(unsafe {
+                    libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize)
+                })
+            }),
+            KILLED
+        );
+    }
+
+    #[test]
+    fn prctl_only_names_threads() {
+        assert_eq!(
+            under_filter(false, || {
+                // SAFETY: a NUL-terminated name of at most 16 bytes.
+                ret(unsafe { libc::prctl(libc::PR_SET_NAME, c"named".as_ptr()) } as _)
+            }),
+            Ok(0)
+        );
+        assert_eq!(
+            under_filter(false, || {
+                // SAFETY: integer arguments only.
+                ret(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) } as _)
+            }),
+            KILLED
+        );
+    }
+
+    #[test]
+    fn ioctl_only_sets_fd_flags() {
+        assert_eq!(
+            under_filter(false, || {
+                let on: libc::c_int = 1;
+                // SAFETY: an eventfd of our own (an allowed way to get a fresh fd);
+                // FIONBIO reads one int.
+                unsafe {
+                    let fd = libc::eventfd(0, 0);
+                    ret(libc::ioctl(fd, libc::FIONBIO, &on) as _)
+                        + ret(libc::ioctl(fd, libc::FIOCLEX) as _)
+                }
+            }),
+            Ok(0)
+        );
+        assert_eq!(
+            under_filter(false, || {
+                let mut t: libc::termios = unsafe { std::mem::zeroed() };
+                // SAFETY: TCGETS writes one termios.
+                ret(unsafe { libc::ioctl(0, libc::TCGETS, &mut t) } as _)
+            }),
+            KILLED
+        );
+    }
+
+    #[test]
+    fn signals_go_only_to_the_daemon_itself() {
+        // Signal 0 only checks the target exists.
+        assert_eq!(
+            under_filter(false, || unsafe {
+                // SAFETY: signal 0 to ourselves.
+                ret(libc::kill(libc::getpid(), 0) as _)
+                    + ret(libc::syscall(
+                        libc::SYS_tgkill,
+                        libc::getpid(),
+                        libc::gettid(),
+                        0,
+                    ))
+            }),
+            Ok(0)
+        );
+        for call in [
+            // SAFETY (all three): signal 0 checks the target exists and sends nothing.
+            (|| ret(unsafe { libc::kill(libc::getppid(), 0) } as _)) as fn() -> i32,
+            || ret(unsafe { libc::kill(0, 0) } as _),
+            || ret(unsafe { libc::syscall(libc::SYS_tgkill, libc::getppid(), libc::getppid(), 0) }),
+        ] {
+            assert_eq!(under_filter(false, call), KILLED);
+        }
+    }
+
+    #[test]
+    fn open_by_handle_at_only_with_file_handles() {
+        fn call() -> i32 {
+            // SAFETY: a bad fd and a null handle: EBADF or EFAULT, nothing opened.
+            ret(unsafe { libc::syscall(libc::SYS_open_by_handle_at, -1, 0usize, 0) })
+        }
+        assert_eq!(under_filter(false, call), KILLED);
+        assert!(matches!(under_filter(true, call), Ok(e) if e != 0));
+    }
+
+    #[test]
+    fn no_filter_without_seccomp() {
+        assert!(filters(SeccompMode::None, true).unwrap().is_empty());
+        assert_eq!(filters(SeccompMode::Log, true).unwrap().len(), 2);
+    }
 }

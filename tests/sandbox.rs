@@ -83,7 +83,10 @@ fn chroot_sandbox_confines_the_root() {
     }
     let d = Daemon::start(&["--sandbox", "chroot"]);
     let _c = serves_io(&d);
-    assert_root_is_share(d.pid(), &d);
+    // A child serves; the parent, outside the chroot, only supervises.
+    let pid = serving_pid(&d);
+    assert_ne!(pid, d.pid(), "chroot mode serves from a child");
+    assert_root_is_share(pid, &d);
 }
 
 /// The daemon's `/` is the share's directory (same inode on the same device).
@@ -292,4 +295,83 @@ fn sigterm_at_any_moment_of_start_up_leaves_no_daemon_behind() {
         .filter(|c| c.contains(&tag) && c.contains("--socket-path"))
         .collect();
     assert!(left.is_empty(), "daemons left running: {left:?}");
+}
+
+/// Every directory the serving process holds an fd of: (fd target, whether it is the share,
+/// below the share or on procfs). A directory fd outside the share is a way out of the
+/// sandbox (`openat(fd, "..")`).
+fn directory_fds(pid: i32, share: &std::path::Path) -> Vec<(PathBuf, bool)> {
+    use std::os::unix::fs::MetadataExt;
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    let id = |m: &std::fs::Metadata| (m.dev(), m.ino());
+    let share = id(&std::fs::metadata(share).unwrap());
+    let mut dirs = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let link = e.unwrap().path();
+        let Ok(target) = std::fs::read_link(&link) else {
+            continue;
+        };
+        // Follows the magic link to the fd's own inode, whatever its name says (a name
+        // in another mount namespace may read "/").
+        match std::fs::metadata(&link) {
+            Ok(m) if m.is_dir() => {}
+            _ => continue,
+        }
+        let c = std::ffi::CString::new(link.as_os_str().as_encoded_bytes()).unwrap();
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
+        // Walk up from the directory itself until the share or the top.
+        let mut ok = fs.f_type as i64 == PROC_SUPER_MAGIC;
+        let mut at = link.clone();
+        for _ in 0..64 {
+            let here = id(&std::fs::metadata(&at).unwrap());
+            if ok || here == share {
+                ok = true;
+                break;
+            }
+            at.push("..");
+            if id(&std::fs::metadata(&at).unwrap()) == here {
+                break;
+            }
+        }
+        dirs.push((target, ok));
+    }
+    dirs
+}
+
+#[test]
+fn no_directory_outside_the_share_stays_open_in_the_sandbox() {
+    if !is_root() {
+        eprintln!("skipped: needs root for the namespace and chroot sandboxes");
+        return;
+    }
+    for mode in ["namespace", "chroot"] {
+        // The stats file and the socket live beside the share, in the test's temporary
+        // directory: the daemon must keep neither that directory nor its parent.
+        let mut d = Daemon::start(&["--sandbox", mode]);
+        let c = serves_io(&d);
+        let pid = serving_pid(&d);
+        let dirs = directory_fds(pid, &d.share);
+        assert!(
+            dirs.iter().any(|(_, ok)| *ok),
+            "{mode}: the share's own fd was not seen: {dirs:?}"
+        );
+        let outside: Vec<_> = dirs.iter().filter(|(_, ok)| !ok).collect();
+        assert!(
+            outside.is_empty(),
+            "{mode}: directories outside the share held open: {outside:?}"
+        );
+        // --stats still works (written from inside the sandbox), and the socket is
+        // still removed once the daemon is done.
+        assert!(d.stats()["opcodes"]["WRITE"]["count"].as_u64().unwrap() >= 1);
+        unsafe { libc::kill(d.pid(), libc::SIGUSR1) };
+        assert!(d.stats()["opcodes"]["CREATE"]["count"].as_u64().unwrap() >= 1);
+        drop(c);
+        let st = d.wait_exit(Duration::from_secs(10)).expect("no exit");
+        assert!(st.success(), "{mode}: {st:?}");
+        assert!(!d.sock.exists(), "{mode}: socket left behind");
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&d.stats).unwrap()).unwrap();
+        assert!(s["opcodes"]["WRITE"]["count"].as_u64().unwrap() >= 1);
+    }
 }
