@@ -64,7 +64,9 @@ while kill -0 "$CHECK" 2>/dev/null; do
     # A new test line in check's output means progress.
     now_key=$(grep -cE '^[a-z0-9]+/[0-9]+' "$OUT")
     if [ "$now_key" != "$key" ]; then key=$now_key; since=$(date +%s); continue; fi
-    [ $(( $(date +%s) - since )) -ge "$PER_TEST" ] || continue
+    # check's own start (mounts, test list) gets 5 minutes more.
+    limit=$PER_TEST; [ "$key" = 0 ] && limit=$((PER_TEST + 300))
+    [ $(( $(date +%s) - since )) -ge "$limit" ] || continue
 
     cur=$(grep -oE '^[a-z0-9]+/[0-9]+' "$OUT" | tail -n1)
     cur=${cur:-before the first test}
@@ -75,7 +77,7 @@ while kill -0 "$CHECK" 2>/dev/null; do
         [ "$st" = D ] || continue
         stuck="$stuck${stuck:+, }$(cat /proc/"$p"/comm 2>/dev/null) in $(cat /proc/"$p"/wchan 2>/dev/null)"
     done
-    why="no progress for ${PER_TEST}s${stuck:+; blocked: $stuck}"
+    why="no progress for ${limit}s${stuck:+; blocked: $stuck}"
     say "WATCHDOG: $cur: $why"
     # Kill the test's processes first, then release requests the daemon
     # never answers, then stop check itself.

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Run the guest test suite (smoke, set-id bits and non-root creates, fio with
-# verify, pjdfstest, fsx, plus the runner's own self-tests) against one or more vhost-user-fs daemons, each
+# verify, pjdfstest, fsx, a short xfstests list, plus the runner's own
+# self-tests) against one or more vhost-user-fs daemons, each
 # test in a fresh QEMU guest.  Ends with "N passed, M failed"; exits 1 if any
 # test failed.
 #
 # Usage: scripts/guest-suite.sh [options]
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
-#   --only LIST       comma-separated subset of: selftest,smoke,setid,fio,pjdfstest,fsx
+#   --only LIST       comma-separated subset of:
+#                     selftest,smoke,setid,fio,pjdfstest,fsx,xfstests
+#   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
+#                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
 #   --fsx-ops N       fsx operations, buffered run (default 100000)
 #   --fsx-direct-ops N  fsx operations, O_DIRECT run (default 20000)
@@ -17,13 +21,15 @@
 #   --logs DIR        where to keep logs (default: a new dir under $TMPDIR)
 #   --kernel PATH / --initrd PATH   passed on to run-vm.sh
 #
-# Typical time under TCG on 2 cores: about 6-7 minutes per daemon.
+# Typical time under TCG on 2 cores: about 6-7 minutes per daemon, plus
+# about 10 for xfstests (scripts/build-xfstests.sh builds its tree first).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
-ONLY=selftest,smoke,setid,fio,pjdfstest,fsx
+ONLY=selftest,smoke,setid,fio,pjdfstest,fsx,xfstests
+XFSTESTS_LIST=$REPO/guest-tests/xfstests-ci.list
 ACCEL=tcg
 FSX_OPS=100000
 FSX_DIRECT_OPS=20000
@@ -41,6 +47,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --daemon) DAEMONS+=("${2:?--daemon needs a value}"); shift 2 ;;
         --only) ONLY=${2:?}; shift 2 ;;
+        --xfstests-list) XFSTESTS_LIST=${2:?}; shift 2 ;;
         --accel) ACCEL=${2:?}; shift 2 ;;
         --fsx-ops) FSX_OPS=${2:?}; shift 2 ;;
         --fsx-direct-ops) FSX_DIRECT_OPS=${2:?}; shift 2 ;;
@@ -56,9 +63,14 @@ while [ $# -gt 0 ]; do
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|fio|pjdfstest|fsx) ;; *) die "--only: unknown test '$t'" ;; esac
+    case $t in selftest|smoke|setid|fio|pjdfstest|fsx|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
 done
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+if wanted xfstests; then
+    [ -f "$XFSTESTS_LIST" ] || die "xfstests list $XFSTESTS_LIST not found"
+    XFSTESTS_TREE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}/xfstests
+    [ -x "$XFSTESTS_TREE/check" ] || die "no built fstests tree in $XFSTESTS_TREE: run scripts/build-xfstests.sh (scripts/setup.sh does)"
+fi
 
 # Check the daemons before spending time on anything else.
 for d in "${DAEMONS[@]}"; do
@@ -201,6 +213,34 @@ for daemon in "${DAEMONS[@]}"; do
         run_test "$daemon" "$label" fsx 0 1200 "/guest-tests/fsx.sh -N $FSX_OPS -D $FSX_DIRECT_OPS"
         finish_test "$label" fsx
         show '^fsx: (PASS|FAIL|SKIP)'
+    fi
+
+    if wanted xfstests; then
+        # A guest (or more, after a hang) of its own with four shares; run-xfstests.sh
+        # prints a line per test, a summary and fails on any failure or "not run".
+        TEST_DIR=$LOGS/$label/xfstests
+        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
+        printf 'guest-suite: [%s] %-18s ... ' "$label" xfstests
+        start=$(date +%s)
+        "$HERE/run-xfstests.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+            --accel "$ACCEL" --kernel "$KERNEL" --strict --test-timeout 300 \
+            --results "$TEST_DIR/results" "$XFSTESTS_LIST" > "$TEST_DIR/run-xfstests.log" 2>&1
+        TEST_RC=$?
+        TEST_SECS=$(( $(date +%s) - start ))
+        TEST_OK=0; [ "$TEST_RC" = 0 ] && TEST_OK=1
+        if [ "$TEST_OK" = 1 ]; then
+            echo "PASS (${TEST_SECS}s)"
+            PASSED=$((PASSED + 1))
+            RESULTS+=("PASS [$label] xfstests (${TEST_SECS}s)")
+            rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
+        else
+            echo "FAIL (${TEST_SECS}s, run-xfstests.sh exit status $TEST_RC)"
+            FAILED=$((FAILED + 1))
+            RESULTS+=("FAIL [$label] xfstests (${TEST_SECS}s)")
+            say "  log: $TEST_DIR/run-xfstests.log; results: $TEST_DIR/results"
+            grep -E '^(FAIL|UNRUN|NOTRUN) |run-xfstests: error' "$TEST_DIR/run-xfstests.log" | head -n 25 | sed 's/^/guest-suite:   | /'
+        fi
+        grep -E '^passed [0-9]+, failed' "$TEST_DIR/run-xfstests.log" | sed 's/^/guest-suite:     xfstests: /'
     fi
 done
 

@@ -30,6 +30,7 @@
 # 0 all ran and none failed, 1 failures (or tests left unrun), 2 usage or set-up error.
 set -uo pipefail
 
+COMMAND="$0 $*"
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 CACHE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}
@@ -157,7 +158,7 @@ TIMES=$RESULTS/times.tsv
     [ "$DAEMON" = vfsd ] && echo "vfsd binary: ${VFSD_BIN:-$REPO/target/release/vfsd}"
     echo "kernel: $(basename "$KDIR"); accel: $ACCEL; mem: $MEM; per-test watchdog: ${PER_TEST}s"
     echo "fstests: $XFSTESTS ($(cat "$XFSTESTS/.vfsd-built" 2>/dev/null || echo 'not built by build-xfstests.sh'))"
-    echo "command: $0 $*"
+    echo "command: $COMMAND"
 } > "$RESULTS/run.info"
 say "$TOTAL test(s) against $DAEMON; results in $RESULTS"
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Summary of one scripts/run-xfstests.sh run: summary.txt and summary.json.
 
+With --compare A/summary.json B/summary.json: a Markdown table of both runs
+side by side (for docs/xfstests.md), and the tests that fail only in B.
+
 Reads, in the results directory: tests.list (the list asked for), out/check.out
 (fstests' ./check output of every boot), out/watchdog.log (tests stopped by the
 guest's watchdog or lost with the guest: name TAB reason), times.tsv (name,
@@ -59,7 +62,49 @@ def reason_of(status, rest, details):
     return reason
 
 
+def compare(paths):
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
+    names = []
+    for r in runs:
+        for t in r["tests"]:
+            if t["test"] not in names:
+                names.append(t["test"])
+    label = [os.path.basename(os.path.dirname(os.path.abspath(p))) for p in paths]
+    print("| test | " + " | ".join(label) + " | reason (first run that did not pass) |")
+    print("| --- | " + " | ".join("---" for _ in runs) + " | --- |")
+    for n in names:
+        cells, reason = [], ""
+        for r in runs:
+            t = next((t for t in r["tests"] if t["test"] == n), None)
+            if t is None:
+                cells.append("-")
+                continue
+            secs = " (%ss)" % t["seconds"] if t["seconds"] is not None else ""
+            cells.append(t["status"] + secs)
+            if t["status"] != "pass" and not reason:
+                reason = t["reason"].replace("|", "/")[:160]
+        print("| %s | %s | %s |" % (n, " | ".join(cells), reason))
+    print()
+    for r, l in zip(runs, label):
+        print("- %s: passed %d, failed %d, not run %d, never started %d of %d; wall %dm%02ds" % (
+            l, r["passed"], r["failed"], r["not_run"], r["never_started"], r["total"],
+            r["wall_seconds"] // 60, r["wall_seconds"] % 60))
+    if len(runs) == 2:
+        a = {t["test"]: t["status"] for t in runs[0]["tests"]}
+        only = [t["test"] for t in runs[1]["tests"] if t["status"] == "fail" and a.get(t["test"]) == "pass"]
+        print("- failing with %s but passing with %s: %s" % (label[1], label[0], ", ".join(only) or "none"))
+        only = [t["test"] for t in runs[0]["tests"] if t["status"] == "fail"
+                and dict((u["test"], u["status"]) for u in runs[1]["tests"]).get(t["test"]) == "pass"]
+        print("- failing with %s but passing with %s: %s" % (label[0], label[1], ", ".join(only) or "none"))
+    return 0
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--compare":
+        return compare(sys.argv[2:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
     ap.add_argument("--wall", type=int, default=0)
