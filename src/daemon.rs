@@ -304,7 +304,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
     crate::seccomp::apply(
         opt.seccomp,
-        opt.inode_file_handles != crate::passthrough::inode::FileHandleMode::Never,
+        opt.inode_file_handles != crate::cli::InodeFileHandles::Never,
     )?;
 
     info!(
