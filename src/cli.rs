@@ -168,6 +168,25 @@ pub struct Opt {
     #[arg(long, overrides_with = "killpriv_v2")]
     pub no_killpriv_v2: bool,
 
+    /// Do not forward POSIX (fcntl byte-range and OFD) locks to the host: the guest kernel
+    /// then arbitrates them alone, invisible to other guests and host processes
+    #[arg(long)]
+    pub no_posix_lock: bool,
+
+    /// Do not forward flock locks to the host (as --no-posix-lock, for flock)
+    #[arg(long)]
+    pub no_flock: bool,
+
+    /// Byte ranges a guest may hold locked at once; past it, lock requests get ENOLCK
+    /// (the host kernel's lock records are not charged to memory cgroups)
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub max_locks: usize,
+
+    /// Blocking lock requests (SETLKW) that may wait at once, each on a small thread of its
+    /// own rather than a request worker; past it, ENOLCK
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_lock_waiters: usize,
+
     /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
     #[arg(long)]
     pub no_parallel_direct_writes: bool,
@@ -363,16 +382,10 @@ impl Opt {
                         self.killpriv_v2 = false;
                         self.no_killpriv_v2 = true;
                     }
-                    // Locks are not forwarded to the host yet: a guest lock excludes only
-                    // that guest's own processes. Asking for host locks is refused rather
-                    // than let anyone believe they hold one; turning them off is the truth.
-                    "no_posix_lock" | "no_flock" => {}
-                    "posix_lock" | "flock" => {
-                        return Err(format!(
-                            "-o {key} is not supported: vfsd does not forward locks to the host \
-                             (guest locks exclude only that guest's processes)"
-                        ))
-                    }
+                    "posix_lock" => self.no_posix_lock = false,
+                    "no_posix_lock" => self.no_posix_lock = true,
+                    "flock" => self.no_flock = false,
+                    "no_flock" => self.no_flock = true,
                     _ => return Err(format!("unknown option '-o {opt}'")),
                 }
             }

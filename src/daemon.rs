@@ -197,6 +197,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     // panic itself goes to the log. The default hook would also look for a backtrace
     // setting and the working directory, which the seccomp filter rightly forbids.
     std::panic::set_hook(Box::new(|info| log::error!("{info}")));
+    crate::server::install_wake_handler();
     let shared_dir = opt.shared_dir.clone().ok_or("--shared-dir is required")?;
     check_shared_dir(&shared_dir)?;
     let shared_dir = std::fs::canonicalize(&shared_dir)
@@ -262,6 +263,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.readdirplus = !opt.no_readdirplus;
     cfg.preserve_noatime = opt.preserve_noatime;
     cfg.killpriv_v2 = !opt.no_killpriv_v2;
+    cfg.posix_lock = !opt.no_posix_lock;
+    cfg.flock = !opt.no_flock;
+    if opt.max_locks == 0 || opt.max_lock_waiters == 0 {
+        return Err("--max-locks and --max-lock-waiters must be at least 1".into());
+    }
+    cfg.max_locks = opt.max_locks;
+    cfg.max_lock_waiters = opt.max_lock_waiters;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -46,6 +46,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_ftruncate,
     libc::SYS_fsync,
     libc::SYS_fdatasync,
+    // Guest flock locks, forwarded to the host.
+    libc::SYS_flock,
     libc::SYS_syncfs,
     // Names and attributes, always relative to a directory fd.
     libc::SYS_openat,

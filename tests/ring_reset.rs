@@ -99,3 +99,56 @@ fn a_stop_waits_for_a_request_that_finishes_in_time() {
         "and its used entry is in the ring the stop returned"
     );
 }
+
+/// A request queued behind a stuck one when the ring stops never runs afterwards: it
+/// would act on the host and answer into memory the guest may have reused (review find).
+#[test]
+fn a_request_still_queued_at_the_stop_never_runs() {
+    let d = Daemon::start(&["--thread-pool-size", "1"]);
+    let c = d.client();
+    let (lease, _) = blocked_open(&d, &c);
+    let mk = fuse_backend_rs::abi::fuse_abi::MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    let mut name = b"late".to_vec();
+    name.push(0);
+    c.submit(
+        1,
+        FUSE_MKDIR,
+        ROOT,
+        &[vm_memory::ByteValued::as_slice(&mk), &name],
+        4096,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    c.fe.stop_queue(1).unwrap();
+    drop(lease);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !d.path("late").exists(),
+        "a request popped before the stop ran after it"
+    );
+}
+
+/// A base moved back over a request that completed would make a resumed ring run it
+/// twice: the base only moves back over requests none of which completed.
+#[test]
+fn the_base_never_moves_back_over_a_completed_request() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let (lease, used) = blocked_open(&d, &c);
+    // A later request completes while the OPEN is stuck.
+    c.getattr(ROOT).unwrap();
+    assert_eq!(
+        c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap(),
+        used.wrapping_add(1)
+    );
+    let base = c.fe.stop_queue(1).unwrap();
+    drop(lease);
+    assert_eq!(
+        base as u16,
+        used.wrapping_add(2),
+        "both requests were popped; the GETATTR completed and must not be offered again"
+    );
+}

@@ -220,8 +220,6 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
         ("--translate-uid=squash-host:0:1000:1", "--translate-uid"),
         ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
         ("--migration-mode=find-paths", "migration"),
-        ("-oflock", "-o flock"),
-        ("-oposix_lock", "-o posix_lock"),
     ] {
         let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);
         assert_eq!(code, Some(1), "{opt}");

@@ -418,7 +418,14 @@ where
             return used;
         }
     }
-    server.handle(mem, chain)
+    // A SETLKW that waits answers on its own thread later: nothing to return now.
+    struct Ignore;
+    impl vfsd::server::Deferred for Ignore {
+        fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {}
+    }
+    server
+        .handle(mem, chain, &mut || Box::new(Ignore))
+        .unwrap_or(0)
 }
 
 /// The reply checks shared by both targets. `hdr` is the request header as the device saw

@@ -22,7 +22,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::server::FuseServer;
+use crate::server::{Deferred, FuseServer};
 
 mod vring;
 use vring::Ticket;
@@ -48,6 +48,29 @@ struct Job {
     vring: TrackedVring,
 }
 
+/// A request answered after its worker moved on (`server::Deferred`).
+struct Later {
+    vring: TrackedVring,
+    ticket: Ticket,
+    head: u16,
+}
+
+impl Later {
+    fn boxed(vring: &TrackedVring, ticket: Ticket, head: u16) -> Box<dyn Deferred> {
+        Box::new(Later {
+            vring: vring.clone(),
+            ticket,
+            head,
+        })
+    }
+}
+
+impl Deferred for Later {
+    fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32) {
+        self.vring.complete_with(self.ticket, self.head, write);
+    }
+}
+
 /// Worker threads shared by all request queues.
 struct Pool {
     tx: crossbeam_channel::Sender<Job>,
@@ -64,9 +87,17 @@ impl Pool {
                 .spawn(move || {
                     for job in rx {
                         let head = job.chain.head_index();
+                        if !job.vring.is_current(job.ticket) {
+                            // Popped before a stop: never run it (complete drops it).
+                            job.vring.complete(&[(job.ticket, head, 0)]);
+                            continue;
+                        }
                         let mem = job.chain.memory().clone();
-                        let len = server.handle(&mem, job.chain);
-                        job.vring.complete(&[(job.ticket, head, len)]);
+                        let (vring, ticket) = (&job.vring, job.ticket);
+                        let mut later = || Later::boxed(vring, ticket, head);
+                        if let Some(len) = server.handle(&mem, job.chain, &mut later) {
+                            job.vring.complete(&[(job.ticket, head, len)]);
+                        }
                     }
                 })?;
         }
@@ -161,6 +192,10 @@ impl FsDevice {
             }
             let chains: Vec<(Chain, Ticket)> = {
                 let mut state = vring.get_mut();
+                if !state.is_enabled() {
+                    // Disabled (SET_VRING_ENABLE 0) since the kick: pop nothing more.
+                    return Ok(());
+                }
                 let q = state.get_queue_mut();
                 let first = q.next_avail();
                 let chains: Vec<Chain> = match q.iter(mem.clone()) {
@@ -207,8 +242,10 @@ impl FsDevice {
                 None => {
                     for (chain, t) in chains {
                         let head = chain.head_index();
-                        let len = self.server.handle(&mem, chain);
-                        vring.complete(&[(t, head, len)]);
+                        let mut later = || Later::boxed(vring, t, head);
+                        if let Some(len) = self.server.handle(&mem, chain, &mut later) {
+                            vring.complete(&[(t, head, len)]);
+                        }
                     }
                 }
             }

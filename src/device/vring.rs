@@ -9,8 +9,11 @@
 //! `next_avail` is moved back to the oldest request dropped that way, so the base the
 //! frontend reads counts only requests that completed.
 //!
-//! What this can't undo: a request that outlives the wait still writes its reply data
-//! into the buffers its descriptors named when it finishes (never its used entry).
+//! Requests still queued for a worker when the wait ends are never started. What this
+//! can't undo: a request already running past the wait still writes its reply data into
+//! the buffers its descriptors named when it finishes (never its used entry). A lock
+//! wait, which can last long, writes its reply only through `complete_with`, under the
+//! generation check.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -35,6 +38,12 @@ pub const STOP_WAIT: Duration = Duration::from_secs(3);
 pub struct Ticket {
     generation: u64,
     position: u16,
+}
+
+/// A reply already in the guest's buffers, or the function that writes it.
+enum Reply<'w> {
+    Written(u32),
+    Write(&'w mut dyn FnMut() -> u32),
 }
 
 #[derive(Default)]
@@ -74,16 +83,36 @@ impl TrackedVring {
     /// Puts finished requests on the used ring, except those of a stopped generation, and
     /// notifies the guest once if it wants to be told.
     pub fn complete(&self, done: &[(Ticket, u16, u32)]) {
+        self.complete_each(
+            done.iter()
+                .map(|&(t, head, len)| (t, head, Reply::Written(len)))
+                .collect(),
+        );
+    }
+
+    /// Completes one request whose reply `write` writes (and gives the length of) only if
+    /// its ring is still the one it came from: a reply that comes long after (a lock wait)
+    /// must not touch memory the guest may have reused since a stop.
+    pub fn complete_with(&self, t: Ticket, head: u16, write: &mut dyn FnMut() -> u32) {
+        self.complete_each(vec![(t, head, Reply::Write(write))]);
+    }
+
+    fn complete_each(&self, done: Vec<(Ticket, u16, Reply<'_>)>) {
+        let tickets: Vec<Ticket> = done.iter().map(|d| d.0).collect();
         let notify = {
             let mut state = self.inner.get_mut();
             // Read under the ring's lock: a stop moves the generation under it too.
             let current = self.track.generation.load(Ordering::Acquire);
             let mut added = false;
-            for &(t, head, len) in done {
+            for (t, head, reply) in done {
                 if t.generation != current {
                     self.track.dropped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                let len = match reply {
+                    Reply::Written(len) => len,
+                    Reply::Write(w) => w(),
+                };
                 match state.add_used(head, len) {
                     Ok(()) => added = true,
                     Err(e) => warn!("could not return descriptor {head}: {e}"),
@@ -93,7 +122,7 @@ impl TrackedVring {
         };
         {
             let mut pending = self.track.pending.lock().unwrap();
-            for (t, _, _) in done {
+            for t in tickets {
                 pending.remove(&(t.generation, t.position));
             }
             if pending.is_empty() {
@@ -109,6 +138,12 @@ impl TrackedVring {
             Some(Err(e)) => warn!("used ring: {e}"),
             _ => {}
         }
+    }
+
+    /// Whether `t` still belongs to the running ring: a job popped before a stop must not
+    /// run after it (it would act on the host and write into guest memory).
+    pub fn is_current(&self, t: Ticket) -> bool {
+        self.track.generation.load(Ordering::Acquire) == t.generation
     }
 
     /// Completions dropped because their ring was stopped first.
@@ -148,11 +183,21 @@ impl TrackedVring {
             .copied()
             .max_by_key(|&p| next.wrapping_sub(p))
             .unwrap_or(next);
+        // Move the base back only over requests none of which completed: a request after
+        // the oldest late one that did complete must not run (and be answered) twice.
+        let span = next.wrapping_sub(oldest) as usize;
+        if span == late.len() {
+            state.get_queue_mut().set_next_avail(oldest);
+        }
         warn!(
-            "ring stopped with {} request(s) still running; their used entries are dropped",
-            late.len()
+            "ring stopped with {} request(s) still running; their replies are dropped{}",
+            late.len(),
+            if span == late.len() {
+                ""
+            } else {
+                " and the base stays (later requests completed)"
+            }
         );
-        state.get_queue_mut().set_next_avail(oldest);
         pending.retain(|(g, _)| *g != old);
     }
 }

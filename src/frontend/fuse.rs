@@ -41,7 +41,13 @@ pub const FUSE_OPENDIR: u32 = 27;
 pub const FUSE_READDIR: u32 = 28;
 pub const FUSE_RELEASEDIR: u32 = 29;
 pub const FUSE_FSYNCDIR: u32 = 30;
+pub const FUSE_GETLK: u32 = 31;
+pub const FUSE_SETLK: u32 = 32;
+pub const FUSE_SETLKW: u32 = 33;
 pub const FUSE_ACCESS: u32 = 34;
+pub const FUSE_INTERRUPT: u32 = 36;
+pub const INIT_POSIX_LOCKS: u32 = 1 << 1;
+pub const INIT_FLOCK_LOCKS: u32 = 1 << 10;
 pub const FUSE_CREATE: u32 = 35;
 pub const FUSE_DESTROY: u32 = 38;
 pub const FUSE_BATCH_FORGET: u32 = 42;
@@ -617,11 +623,76 @@ impl FuseClient {
     }
 
     pub fn flush(&self, nodeid: u64, fh: u64) -> FResult<()> {
+        self.flush_owner(nodeid, fh, 0)
+    }
+
+    /// FLUSH by lock owner `owner` (the guest's close()).
+    pub fn flush_owner(&self, nodeid: u64, fh: u64, owner: u64) -> FResult<()> {
         let f = FlushIn {
             fh,
+            lock_owner: owner,
             ..Default::default()
         };
         self.call(FUSE_FLUSH, nodeid, &[f.as_slice()], 64).map(drop)
+    }
+
+    /// RELEASE with FUSE_RELEASE_FLOCK_UNLOCK and the owner, as the guest's last close of
+    /// a file that held a flock.
+    pub fn release_flock(&self, nodeid: u64, fh: u64, owner: u64) -> FResult<()> {
+        let r = ReleaseIn {
+            fh,
+            release_flags: RELEASE_FLOCK_UNLOCK,
+            lock_owner: owner,
+            ..Default::default()
+        };
+        self.call(FUSE_RELEASE, nodeid, &[r.as_slice()], 64)
+            .map(drop)
+    }
+
+    /// The request bytes of a GETLK, SETLK or SETLKW.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lk_req(&self, op: u32, nodeid: u64, fh: u64, owner: u64, lock: Lock) -> (u64, Vec<u8>) {
+        let l = LkIn {
+            fh,
+            owner,
+            lk: FileLock {
+                start: lock.start,
+                end: lock.end,
+                type_: lock.typ as u32,
+                pid: lock.pid,
+            },
+            lk_flags: if lock.flock { 1 } else { 0 },
+            padding: 0,
+        };
+        self.build(op, nodeid, &[l.as_slice()])
+    }
+
+    /// SETLK (no wait): Ok, or the errno (EAGAIN when someone else holds it).
+    pub fn setlk(&self, nodeid: u64, fh: u64, owner: u64, lock: Lock) -> FResult<()> {
+        let (u, req) = self.lk_req(FUSE_SETLK, nodeid, fh, owner, lock);
+        let t = self.submit_bytes(1, &req, 64, u)?;
+        self.wait(t)?.ok().map(drop)
+    }
+
+    /// SETLKW, submitted on `queue`; the ticket completes when the lock is granted.
+    pub fn setlkw(
+        &self,
+        queue: usize,
+        nodeid: u64,
+        fh: u64,
+        owner: u64,
+        lock: Lock,
+    ) -> FResult<Ticket> {
+        let (u, req) = self.lk_req(FUSE_SETLKW, nodeid, fh, owner, lock);
+        self.submit_bytes(queue, &req, 64, u)
+    }
+
+    /// GETLK: the conflicting lock, or the range with type F_UNLCK.
+    pub fn getlk(&self, nodeid: u64, fh: u64, owner: u64, lock: Lock) -> FResult<FileLock> {
+        let (u, req) = self.lk_req(FUSE_GETLK, nodeid, fh, owner, lock);
+        let t = self.submit_bytes(1, &req, 64, u)?;
+        let o: LkOut = exact(self.wait(t)?.ok()?)?;
+        Ok(o.lk)
     }
 
     pub fn setxattr(&self, nodeid: u64, name: &str, value: &[u8], flags: u32) -> FResult<()> {
@@ -775,6 +846,39 @@ impl FuseClient {
 
     pub fn destroy(&self) -> FResult<()> {
         self.call(FUSE_DESTROY, 0, &[], 64).map(drop)
+    }
+}
+
+/// A lock request: inclusive byte range (end `i64::MAX` runs to EOF), F_RDLCK/F_WRLCK/
+/// F_UNLCK, the guest pid, and whether it is a whole-file flock.
+#[derive(Clone, Copy, Debug)]
+pub struct Lock {
+    pub start: u64,
+    pub end: u64,
+    pub typ: i32,
+    pub pid: u32,
+    pub flock: bool,
+}
+
+impl Lock {
+    pub fn range(start: u64, end: u64, typ: i32, pid: u32) -> Lock {
+        Lock {
+            start,
+            end,
+            typ,
+            pid,
+            flock: false,
+        }
+    }
+
+    pub fn flock(typ: i32) -> Lock {
+        Lock {
+            start: 0,
+            end: i64::MAX as u64,
+            typ,
+            pid: 1,
+            flock: true,
+        }
     }
 }
 

@@ -283,10 +283,11 @@ impl InodeTable {
 
     /// Lowers a node's lookup count by `count`; at zero the node is removed (its fd closes
     /// when the last open handle referring to it is released).
-    pub fn forget(&self, nodeid: u64, count: u64) {
+    /// Gives whether the node is gone.
+    pub fn forget(&self, nodeid: u64, count: u64) -> bool {
         let mut m = self.maps.write().unwrap();
         let Some(inode) = m.by_id.get(&nodeid) else {
-            return;
+            return false;
         };
         let cur = inode.lookups.load(Ordering::Relaxed);
         let new = cur.saturating_sub(count);
@@ -303,6 +304,7 @@ impl InodeTable {
                 m.by_key.remove(&key);
             }
         }
+        new == 0
     }
 
     pub fn retired_peak(&self) -> u32 {

@@ -35,11 +35,16 @@ pub fn kill_suidgid(fd: RawFd) -> io::Result<()> {
         // SAFETY: plain syscall on an fd the caller owns.
         cvt(unsafe { libc::fchmod(fd, mode & !kill) })?;
     }
-    // SAFETY: NUL-terminated name; plain syscall on an fd the caller owns.
-    let r = cvt(unsafe { libc::fremovexattr(fd, c"security.capability".as_ptr()) });
-    match r {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => Ok(()),
-        Err(e) => Err(e),
+    // Only remove a capability that is there: removing security.* names needs
+    // CAP_SETFCAP even when there is nothing to remove, which an unprivileged daemon
+    // lacks (every non-root write would fail with EPERM).
+    // SAFETY: NUL-terminated name; size 0 only asks for the length.
+    let has = unsafe { libc::fgetxattr(fd, CAP.as_ptr(), std::ptr::null_mut(), 0) } >= 0;
+    if has {
+        // SAFETY: NUL-terminated name; plain syscall on an fd the caller owns.
+        cvt(unsafe { libc::fremovexattr(fd, CAP.as_ptr()) })?;
     }
+    Ok(())
 }
+
+const CAP: &std::ffi::CStr = c"security.capability";

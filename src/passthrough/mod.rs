@@ -10,6 +10,7 @@
 mod attr;
 mod dir;
 mod file;
+pub mod filelocks;
 pub mod handle;
 pub mod inode;
 mod killpriv;
@@ -71,6 +72,14 @@ pub struct Config {
     /// Offer FUSE_HANDLE_KILLPRIV_V2 (`--no-killpriv-v2` turns it off). vfsd drops
     /// privileges on data changes by non-root callers either way (see `killpriv`).
     pub killpriv_v2: bool,
+    /// Forward POSIX (and OFD) locks to the host (`--no-posix-lock` turns it off).
+    pub posix_lock: bool,
+    /// Forward flock to the host (`--no-flock` turns it off).
+    pub flock: bool,
+    /// Byte ranges the guest may hold locked at once (`--max-locks`).
+    pub max_locks: usize,
+    /// SETLKW requests that may wait at once (`--max-lock-waiters`).
+    pub max_lock_waiters: usize,
 }
 
 impl Config {
@@ -88,6 +97,10 @@ impl Config {
             readdirplus: true,
             preserve_noatime: false,
             killpriv_v2: true,
+            posix_lock: true,
+            flock: true,
+            max_locks: 65536,
+            max_lock_waiters: 1024,
         }
     }
 
@@ -110,6 +123,10 @@ pub struct FsCounters {
     pub exclusive_violations: u64,
     /// Live nodes that have seen writes.
     pub written: Vec<InodeCounters>,
+    /// Lock byte ranges held, SETLKW requests waiting, and ENOLCK answers.
+    pub locks_held: usize,
+    pub lock_waiters: usize,
+    pub lock_enolck: u64,
 }
 
 pub struct InodeCounters {
@@ -122,6 +139,8 @@ pub struct PassthroughFs {
     cfg: Config,
     inodes: InodeTable,
     handles: HandleTable,
+    /// File locks forwarded to the host.
+    locks: Arc<filelocks::FileLocks>,
     /// `/proc/self/fd`, to reopen O_PATH fds for I/O without resolving any guest path.
     proc_self_fd: OwnedFd,
     /// Whether the guest accepted the writeback cache at INIT.
@@ -157,7 +176,14 @@ impl PassthroughFs {
         unsafe { libc::umask(0) };
         let inodes = InodeTable::with_file_handles(cfg.inode_file_handles);
         inodes.insert_root(root_fd, &st)?;
+        let locks = Arc::new(filelocks::FileLocks::new(
+            cfg.posix_lock,
+            cfg.flock,
+            cfg.max_locks,
+            cfg.max_lock_waiters,
+        ));
         Ok(PassthroughFs {
+            locks,
             cfg,
             inodes,
             handles: HandleTable::new(),
@@ -179,6 +205,17 @@ impl PassthroughFs {
             peak_writes_in_flight: self.inodes.retired_peak(),
             exclusive_violations: self.inodes.retired_violations(),
             written: Vec::new(),
+            locks_held: self.locks.held(),
+            lock_waiters: self
+                .locks
+                .counters
+                .waiters
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lock_enolck: self
+                .locks
+                .counters
+                .enolck
+                .load(std::sync::atomic::Ordering::Relaxed),
         };
         for inode in self.inodes.snapshot() {
             let s = inode.io.stats();
@@ -268,8 +305,14 @@ impl PassthroughFs {
         unsafe { OpenOptions::from_bits_unchecked(bits) }
     }
 
-    /// Drops every node and handle but the root (the guest unmounted).
+    /// The file locks forwarded to the host.
+    pub fn locks(&self) -> &Arc<filelocks::FileLocks> {
+        &self.locks
+    }
+
+    /// Drops every node and handle but the root (the guest unmounted), and every lock.
     fn reset(&self) {
+        self.locks.release_all();
         for inode in self.inodes.snapshot() {
             if inode.nodeid != ROOT_ID {
                 self.inodes.forget(inode.nodeid, u64::MAX);
@@ -302,6 +345,14 @@ impl FileSystem for PassthroughFs {
         if self.cfg.killpriv_v2 {
             want |= FsOptions::HANDLE_KILLPRIV_V2;
         }
+        if self.cfg.posix_lock {
+            want |= FsOptions::POSIX_LOCKS;
+        }
+        if self.cfg.flock {
+            want |= FsOptions::FLOCK_LOCKS;
+        }
+        // A new session: nothing of an earlier one's locks survives.
+        self.locks.release_all();
         if self.cfg.readdirplus {
             want |= FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO;
         }
@@ -326,8 +377,8 @@ impl FileSystem for PassthroughFs {
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
-        if inode != ROOT_ID {
-            self.inodes.forget(inode, count);
+        if inode != ROOT_ID && self.inodes.forget(inode, count) {
+            self.locks.release_node(inode);
         }
     }
 
@@ -480,7 +531,9 @@ impl FileSystem for PassthroughFs {
         self.do_write(inode, handle, r, size, offset, kill)
     }
 
-    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
+        // The guest's close(): its POSIX locks on the file go, as on a local filesystem.
+        self.locks.release_owner(inode, lock_owner);
         self.do_flush(inode, handle)
     }
 
@@ -508,10 +561,18 @@ impl FileSystem for PassthroughFs {
         _flags: u32,
         handle: u64,
         _flush: bool,
-        _flock_release: bool,
-        _lock_owner: Option<u64>,
+        flock_release: bool,
+        lock_owner: Option<u64>,
     ) -> io::Result<()> {
-        self.handles.remove(handle, inode).map(drop)
+        let h = self.handles.remove(handle, inode)?;
+        if flock_release {
+            // In-flight requests may still hold the handle (and its fd) a moment longer.
+            let _ = filelocks::flock(h.fd.as_raw_fd(), libc::F_UNLCK, false);
+        }
+        if let Some(owner) = lock_owner {
+            self.locks.release_owner(inode, owner);
+        }
+        Ok(())
     }
 
     fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {

@@ -36,13 +36,18 @@ use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 use crate::passthrough::PassthroughFs;
 
 mod fast_read;
+mod locks;
 mod request;
 mod write;
 use crate::stats::Stats;
 use fast_read::FastRead;
+pub use locks::{install_wake_handler, Deferred};
 
 pub mod opcode {
     pub const FORGET: u32 = 2;
+    pub const GETLK: u32 = 31;
+    pub const SETLK: u32 = 32;
+    pub const SETLKW: u32 = 33;
     pub const INIT: u32 = 26;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
@@ -74,6 +79,8 @@ pub struct FuseServer {
     /// Fault injection for the tests (`VFSD_TEST_PANIC_NODEID`): requests for this node
     /// panic, so the panic handling is exercised through the real socket.
     panic_nodeid: Option<u64>,
+    /// SETLKW requests waiting on their own threads.
+    waiters: Arc<locks::Waiters>,
 }
 
 impl FuseServer {
@@ -82,6 +89,7 @@ impl FuseServer {
             server: Server::new(fs.clone()),
             fs,
             stats: Stats::default(),
+            waiters: Arc::default(),
             panic_nodeid: std::env::var("VFSD_TEST_PANIC_NODEID")
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -95,7 +103,15 @@ impl FuseServer {
     /// Serves the request in `chain`; returns the number of bytes written to the guest
     /// (the used-ring length). A request that panics is answered with EIO and counted;
     /// the calling worker lives on.
-    pub fn handle<M>(&self, mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> u32
+    ///
+    /// None: the request is answered later, through the `Deferred` that `defer` makes (a
+    /// SETLKW that waits for its lock on a waiter thread).
+    pub fn handle<M>(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: DescriptorChain<M>,
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Option<u32>
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
@@ -103,15 +119,17 @@ impl FuseServer {
         let (len, op, bad) = match request::copy(mem, &chain) {
             Err(e) => {
                 warn!("dropping request: {e}");
-                (0, 0, true)
+                (Some(0), 0, true)
             }
             Ok(mut req) => {
                 let op = req.hdr.opcode;
-                let served =
-                    panic::catch_unwind(AssertUnwindSafe(|| self.serve(mem, &chain, &mut req)));
+                let served = panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.serve(mem, &chain, &mut req, defer)
+                }));
                 match served {
-                    Ok((len, bad)) => (len, op, bad),
-                    Err(_) => (self.answer_panic(mem, &chain, &req.hdr), op, true),
+                    Ok(Some((len, bad))) => (Some(len), op, bad),
+                    Ok(None) => (None, op, false),
+                    Err(_) => (Some(self.answer_panic(mem, &chain, &req.hdr)), op, true),
                 }
             }
         };
@@ -200,7 +218,8 @@ impl FuseServer {
         mem: &GuestMemoryMmap,
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
-    ) -> (u32, bool)
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Option<(u32, bool)>
     where
         M: Deref<Target = GuestMemoryMmap> + Clone,
     {
@@ -208,7 +227,43 @@ impl FuseServer {
         if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != opcode::INIT {
             panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
         }
-        match hdr.opcode {
+        Some(match hdr.opcode {
+            opcode::GETLK => {
+                let r = locks::getlk(&self.fs, &hdr, req.args());
+                (reply(mem, chain, &hdr, r), false)
+            }
+            opcode::SETLK | opcode::SETLKW => {
+                let wait = hdr.opcode == opcode::SETLKW;
+                match locks::setlk(&self.fs, &hdr, req.args(), wait) {
+                    Ok(None) => (reply(mem, chain, &hdr, Ok(Vec::new())), false),
+                    Err(e) => (reply(mem, chain, &hdr, Err(e)), false),
+                    Ok(Some(w)) => match reply_address(chain) {
+                        None => (0, true),
+                        Some(at) => {
+                            match locks::spawn_waiter(&self.waiters, w, hdr, mem.clone(), at, defer)
+                            {
+                                Ok(()) => return None,
+                                Err(e) => {
+                                    warn!("no lock waiter thread: {e}");
+                                    let e = io::Error::from_raw_os_error(libc::ENOLCK);
+                                    (reply(mem, chain, &hdr, Err(e)), false)
+                                }
+                            }
+                        }
+                    },
+                }
+            }
+            opcode::INTERRUPT => {
+                if let Some(u) = locks::interrupt_target(req.args()) {
+                    self.waiters.interrupt(u);
+                }
+                (0, false)
+            }
+            opcode::INIT => {
+                // A new session: no wait of an earlier one goes on.
+                self.waiters.cancel_all();
+                self.serve_by_crate(mem, chain, req, hdr.opcode)
+            }
             opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
             opcode::WRITE => match write::write(&self.fs, mem, chain, req) {
                 Ok(r) => (reply(mem, chain, &hdr, r), false),
@@ -220,6 +275,7 @@ impl FuseServer {
             opcode::DESTROY => {
                 // The crate replies to DESTROY but reports 0 bytes written, which would
                 // leave the guest without a reply: answer it here.
+                self.waiters.cancel_all();
                 self.fs.destroy();
                 (reply(mem, chain, &hdr, Ok(Vec::new())), false)
             }
@@ -240,7 +296,7 @@ impl FuseServer {
                 )
             }
             op => self.serve_by_crate(mem, chain, req, op),
-        }
+        })
     }
 
     /// Hands the request's copy to fuse-backend-rs: it decodes the header and arguments
@@ -346,6 +402,18 @@ where
     }
     let addr = d.addr().checked_add(4)?;
     mem.read_obj::<u32>(addr).ok()
+}
+
+/// Where a reply header goes: the first writable descriptor, if it has room for one.
+fn reply_address<M>(chain: &DescriptorChain<M>) -> Option<vm_memory::GuestAddress>
+where
+    M: Deref<Target = GuestMemoryMmap> + Clone,
+{
+    chain
+        .clone()
+        .find(|d| d.is_write_only())
+        .filter(|d| d.len() as usize >= std::mem::size_of::<OutHeader>())
+        .map(|d| d.addr())
 }
 
 /// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.

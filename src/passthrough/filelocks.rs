@@ -1,0 +1,605 @@
+//! File locks forwarded to the host: POSIX byte-range locks (and OFD locks, which the guest
+//! sends the same way) and flock.
+//!
+//! The host kernel arbitrates. Each (node, guest lock owner) pair gets its own host open
+//! file description, and the owner's byte ranges are placed on it with OFD locks
+//! (`F_OFD_SETLK`). OFD locks conflict between descriptions, so two owners of one guest,
+//! two guests on two daemons, and host processes using POSIX, OFD or flock locks all
+//! exclude each other, while POSIX merging and splitting hold per owner. Classic POSIX
+//! locks would not do: every worker thread belongs to one process, whose locks never
+//! conflict with each other. flock goes on the guest handle's own host fd: one guest open
+//! file is one FUSE handle is one host description, as flock wants.
+//!
+//! Bounds, so a guest can't pin unbounded host kernel memory (lock records are not charged
+//! to memory cgroups): `--max-locks` byte ranges per connection, counted with a model of
+//! each owner's ranges that merges and splits as the kernel does (`RangeSet`), and
+//! `--max-lock-waiters` blocked SETLKW requests. Past either, ENOLCK.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::handle::Handle;
+use super::PassthroughFs;
+use crate::sys::{cvt, errno};
+
+/// `OFFSET_MAX`: a FUSE lock ending here runs to the end of the file.
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
+
+/// A lock request as FUSE carries it: inclusive byte range and F_RDLCK/F_WRLCK/F_UNLCK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Range {
+    pub start: u64,
+    pub end: u64,
+    pub typ: i32,
+}
+
+impl Range {
+    pub fn new(start: u64, end: u64, typ: u32) -> io::Result<Range> {
+        let typ = typ as i32;
+        if start > end || end > OFFSET_MAX {
+            return Err(errno(libc::EINVAL));
+        }
+        if typ != libc::F_RDLCK && typ != libc::F_WRLCK && typ != libc::F_UNLCK {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(Range { start, end, typ })
+    }
+
+    fn flock(&self) -> libc::flock {
+        // SAFETY: flock is plain data; all-zero is valid (l_pid must be 0 for OFD locks).
+        let mut f: libc::flock = unsafe { std::mem::zeroed() };
+        f.l_type = self.typ as libc::c_short;
+        f.l_whence = libc::SEEK_SET as libc::c_short;
+        f.l_start = self.start as libc::off_t;
+        f.l_len = if self.end == OFFSET_MAX {
+            0
+        } else {
+            (self.end - self.start + 1) as libc::off_t
+        };
+        f
+    }
+
+    fn of_flock(f: &libc::flock) -> Range {
+        let start = f.l_start.max(0) as u64;
+        let end = if f.l_len <= 0 {
+            OFFSET_MAX
+        } else {
+            (start + f.l_len as u64 - 1).min(OFFSET_MAX)
+        };
+        Range {
+            start,
+            end,
+            typ: f.l_type as i32,
+        }
+    }
+}
+
+/// One owner's locked ranges, merged and split as the kernel does for POSIX locks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    /// start -> (end, type), disjoint.
+    ranges: BTreeMap<u64, (u64, i32)>,
+}
+
+impl RangeSet {
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The set after `r` (a lock or an unlock) is applied.
+    pub fn apply(&self, r: Range) -> RangeSet {
+        let mut out = BTreeMap::new();
+        for (&s, &(e, t)) in &self.ranges {
+            if e < r.start || s > r.end {
+                out.insert(s, (e, t));
+                continue;
+            }
+            // Overlapping: keep the parts outside `r`.
+            if s < r.start {
+                out.insert(s, (r.start - 1, t));
+            }
+            if e > r.end {
+                out.insert(r.end + 1, (e, t));
+            }
+        }
+        if r.typ != libc::F_UNLCK {
+            out.insert(r.start, (r.end, r.typ));
+        }
+        // Merge neighbours of the same type that touch.
+        let mut merged: BTreeMap<u64, (u64, i32)> = BTreeMap::new();
+        for (s, (e, t)) in out {
+            if let Some((_, last)) = merged.iter_mut().next_back() {
+                if last.1 == t && last.0 != OFFSET_MAX && last.0 + 1 == s {
+                    last.0 = e;
+                    continue;
+                }
+            }
+            merged.insert(s, (e, t));
+        }
+        RangeSet { ranges: merged }
+    }
+
+    /// Whether a range of this set is `r` exactly (the GETLK answer is one of ours).
+    fn holds(&self, r: &Range) -> bool {
+        self.ranges.get(&r.start) == Some(&(r.end, r.typ))
+    }
+}
+
+/// One guest lock owner's POSIX locks on one node.
+pub struct Owner {
+    /// Its own host open file description, carrying its OFD locks.
+    fd: OwnedFd,
+    ranges: Mutex<RangeSet>,
+    /// The guest pid of its last lock request (GETLK reports it).
+    pid: AtomicU32,
+}
+
+/// Counters for the statistics.
+#[derive(Default)]
+pub struct LockCounters {
+    pub held: AtomicUsize,
+    pub waiters: AtomicUsize,
+    pub enolck: AtomicU64,
+}
+
+pub struct FileLocks {
+    pub posix: bool,
+    pub flock: bool,
+    max_locks: usize,
+    max_waiters: usize,
+    owners: Mutex<HashMap<(u64, u64), Arc<Owner>>>,
+    pub counters: LockCounters,
+}
+
+/// What a SETLKW that must wait leaves for its waiter thread. It holds one of the
+/// `--max-lock-waiters` places until it is dropped.
+pub enum Wait {
+    Posix {
+        locks: Arc<FileLocks>,
+        key: (u64, u64),
+        owner: Arc<Owner>,
+        range: Range,
+    },
+    Flock {
+        locks: Arc<FileLocks>,
+        handle: Arc<Handle>,
+        typ: i32,
+    },
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        let locks = match self {
+            Wait::Posix { locks, .. } | Wait::Flock { locks, .. } => locks,
+        };
+        locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl FileLocks {
+    pub fn new(posix: bool, flock: bool, max_locks: usize, max_waiters: usize) -> Self {
+        FileLocks {
+            posix,
+            flock,
+            max_locks,
+            max_waiters,
+            owners: Mutex::new(HashMap::new()),
+            counters: LockCounters::default(),
+        }
+    }
+
+    fn enolck(&self) -> io::Error {
+        self.counters.enolck.fetch_add(1, Ordering::Relaxed);
+        errno(libc::ENOLCK)
+    }
+
+    /// The owner's state, made with `open` (a new host description of the node's file)
+    /// on first use.
+    fn owner(
+        &self,
+        key: (u64, u64),
+        open: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<Arc<Owner>> {
+        let mut m = self.owners.lock().unwrap();
+        if let Some(o) = m.get(&key) {
+            return Ok(o.clone());
+        }
+        let o = Arc::new(Owner {
+            fd: open()?,
+            ranges: Mutex::new(RangeSet::default()),
+            pid: AtomicU32::new(0),
+        });
+        m.insert(key, o.clone());
+        Ok(o)
+    }
+
+    /// Checks `--max-locks` for `owner` going from `old` to `new` ranges.
+    fn check_bound(&self, old: &RangeSet, new: &RangeSet) -> io::Result<()> {
+        if new.len() > old.len()
+            && self.counters.held.load(Ordering::Relaxed) + (new.len() - old.len()) > self.max_locks
+        {
+            return Err(self.enolck());
+        }
+        Ok(())
+    }
+
+    fn commit(&self, ranges: &mut RangeSet, new: RangeSet) {
+        let (old, now) = (ranges.len(), new.len());
+        *ranges = new;
+        if now >= old {
+            self.counters.held.fetch_add(now - old, Ordering::Relaxed);
+        } else {
+            self.counters.held.fetch_sub(old - now, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a waiter place (`--max-lock-waiters`), or ENOLCK.
+    fn waiter(&self) -> io::Result<()> {
+        let n = self.counters.waiters.fetch_add(1, Ordering::AcqRel);
+        if n >= self.max_waiters {
+            self.counters.waiters.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.enolck());
+        }
+        Ok(())
+    }
+
+    /// GETLK: the first lock that would conflict with `r` for `owner`, or `r` as F_UNLCK.
+    /// Its pid is the guest pid when the holder is an owner of this guest, else 0.
+    pub fn getlk(
+        &self,
+        nodeid: u64,
+        owner: u64,
+        r: Range,
+        open: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<(Range, u32)> {
+        if r.typ == libc::F_UNLCK {
+            return Err(errno(libc::EINVAL));
+        }
+        let o = self.owner((nodeid, owner), open)?;
+        let mut f = r.flock();
+        // SAFETY: plain fcntl on an fd we own with a live flock.
+        cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_GETLK, &mut f) })?;
+        if f.l_type as i32 == libc::F_UNLCK {
+            return Ok((
+                Range {
+                    typ: libc::F_UNLCK,
+                    ..r
+                },
+                0,
+            ));
+        }
+        let found = Range::of_flock(&f);
+        let pid = self
+            .owners
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|((n, w), other)| {
+                *n == nodeid && *w != owner && other.ranges.lock().unwrap().holds(&found)
+            })
+            .map_or(0, |(_, other)| other.pid.load(Ordering::Relaxed));
+        Ok((found, pid))
+    }
+
+    /// SETLK (and the first try of a SETLKW): places or removes `r` for `owner` without
+    /// waiting. `Ok(None)` done; `Ok(Some(wait))` the lock is taken by someone else and
+    /// the caller asked to wait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn setlk(
+        self: &Arc<Self>,
+        nodeid: u64,
+        owner: u64,
+        pid: u32,
+        r: Range,
+        wait: bool,
+        open: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<Option<Wait>> {
+        let key = (nodeid, owner);
+        let o = if r.typ == libc::F_UNLCK {
+            // Unlocking what was never locked needs no host description.
+            match self.owners.lock().unwrap().get(&key) {
+                Some(o) => o.clone(),
+                None => return Ok(None),
+            }
+        } else {
+            self.owner(key, open)?
+        };
+        o.pid.store(pid, Ordering::Relaxed);
+        let mut ranges = o.ranges.lock().unwrap();
+        let new = ranges.apply(r);
+        self.check_bound(&ranges, &new)?;
+        let f = r.flock();
+        // SAFETY: plain fcntl on an fd we own with a live flock.
+        match cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) }) {
+            Ok(_) => {
+                self.commit(&mut ranges, new);
+                Ok(None)
+            }
+            Err(e) if wait && matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
+                drop(ranges);
+                self.waiter()?;
+                Ok(Some(Wait::Posix {
+                    locks: self.clone(),
+                    key,
+                    owner: o,
+                    range: r,
+                }))
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
+                Err(errno(libc::EAGAIN))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// FLUSH by `owner` (the guest's close()): its POSIX locks on the node go, as a local
+    /// filesystem drops a process's locks when it closes any fd of the file.
+    pub fn release_owner(&self, nodeid: u64, owner: u64) {
+        let o = self.owners.lock().unwrap().remove(&(nodeid, owner));
+        if let Some(o) = o {
+            self.drop_owner(&o);
+        }
+    }
+
+    /// Every owner's locks on `nodeid` (the node forgotten or its last handle released).
+    pub fn release_node(&self, nodeid: u64) {
+        let gone: Vec<Arc<Owner>> = {
+            let mut m = self.owners.lock().unwrap();
+            let keys: Vec<(u64, u64)> = m.keys().filter(|k| k.0 == nodeid).copied().collect();
+            keys.into_iter().filter_map(|k| m.remove(&k)).collect()
+        };
+        for o in gone {
+            self.drop_owner(&o);
+        }
+    }
+
+    /// Everything (DESTROY, a new INIT).
+    pub fn release_all(&self) {
+        let gone: Vec<Arc<Owner>> = self
+            .owners
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, o)| o)
+            .collect();
+        for o in gone {
+            self.drop_owner(&o);
+        }
+    }
+
+    fn drop_owner(&self, o: &Owner) {
+        let all = Range {
+            start: 0,
+            end: OFFSET_MAX,
+            typ: libc::F_UNLCK,
+        };
+        let f = all.flock();
+        // SAFETY: plain fcntl on an fd we own. A waiter still holding `o` can't place a
+        // lock afterwards that outlives it: the description closes with the last Arc.
+        unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) };
+        let mut ranges = o.ranges.lock().unwrap();
+        self.counters
+            .held
+            .fetch_sub(ranges.len(), Ordering::Relaxed);
+        *ranges = RangeSet::default();
+    }
+
+    /// Locks held now (for tests and statistics).
+    pub fn held(&self) -> usize {
+        self.counters.held.load(Ordering::Relaxed)
+    }
+}
+
+impl Wait {
+    /// Blocks until the lock is granted or the wait is interrupted (EINTR, from a signal
+    /// the canceller sends while `cancelled` says so). Run on a waiter thread, never on a
+    /// request worker.
+    pub fn block(self, cancelled: &std::sync::atomic::AtomicBool) -> io::Result<()> {
+        loop {
+            match self.wait_once() {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                    if cancelled.load(Ordering::Acquire) {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn wait_once(&self) -> io::Result<()> {
+        let (locks, key, owner, range) = match self {
+            Wait::Flock { handle, typ, .. } => {
+                return flock(handle.fd.as_raw_fd(), *typ, true);
+            }
+            Wait::Posix {
+                locks,
+                key,
+                owner,
+                range,
+            } => (locks, key, owner, range),
+        };
+        let f = range.flock();
+        // SAFETY: plain fcntl on an fd we own with a live flock.
+        cvt(unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLKW, &f) })?;
+        let mut ranges = owner.ranges.lock().unwrap();
+        let new = ranges.apply(*range);
+        // Still an owner of this connection? If it was released meanwhile (FLUSH,
+        // FORGET, DESTROY), the lock must not outlive that: undo it.
+        let live = locks
+            .owners
+            .lock()
+            .unwrap()
+            .get(key)
+            .is_some_and(|o| Arc::ptr_eq(o, owner));
+        if !live {
+            let un = Range {
+                typ: libc::F_UNLCK,
+                ..*range
+            }
+            .flock();
+            // SAFETY: as above.
+            unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &un) };
+            return Err(errno(libc::EINTR));
+        }
+        locks.commit(&mut ranges, new);
+        Ok(())
+    }
+}
+
+impl PassthroughFs {
+    /// A new host open file description of `nodeid`'s file for an owner's OFD locks:
+    /// read-write where the host allows, else read-only, else write-only.
+    fn lock_description(&self, nodeid: u64) -> impl FnOnce() -> io::Result<OwnedFd> + '_ {
+        move || {
+            let i = self.inode(nodeid)?;
+            if !i.is_reg() {
+                return Err(errno(libc::EINVAL));
+            }
+            self.reopen(&i, libc::O_RDWR | libc::O_NONBLOCK)
+                .or_else(|_| self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK))
+                .or_else(|_| self.reopen(&i, libc::O_WRONLY | libc::O_NONBLOCK))
+        }
+    }
+
+    /// The guest handle a lock request names, checked against the lock type as fcntl
+    /// checks a file's mode: a read lock needs read access, a write lock write access.
+    fn lock_handle(&self, nodeid: u64, fh: u64, typ: i32) -> io::Result<Arc<Handle>> {
+        let h = self.handles.get(fh, nodeid)?;
+        let acc = h.flags & libc::O_ACCMODE;
+        let ok = match typ {
+            libc::F_RDLCK => acc != libc::O_WRONLY,
+            libc::F_WRLCK => acc != libc::O_RDONLY,
+            _ => true,
+        };
+        if !ok || h.dir.is_some() {
+            return Err(errno(libc::EBADF));
+        }
+        Ok(h)
+    }
+
+    /// GETLK: the conflicting lock and its holder's guest pid (0 outside this guest), or
+    /// the request's range as F_UNLCK.
+    pub fn getlk(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        owner: u64,
+        r: Range,
+        is_flock: bool,
+    ) -> io::Result<(Range, u32)> {
+        if is_flock || !self.locks.posix {
+            return Err(errno(libc::ENOSYS));
+        }
+        self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
+        self.locks
+            .getlk(nodeid, owner, r, self.lock_description(nodeid))
+    }
+
+    /// SETLK and SETLKW: `Ok(Some(wait))` when a SETLKW must wait (for a waiter thread).
+    #[allow(clippy::too_many_arguments)]
+    pub fn setlk(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        owner: u64,
+        pid: u32,
+        r: Range,
+        is_flock: bool,
+        wait: bool,
+    ) -> io::Result<Option<Wait>> {
+        if is_flock {
+            if !self.locks.flock {
+                return Err(errno(libc::ENOSYS));
+            }
+            let h = self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
+            return match flock(h.fd.as_raw_fd(), r.typ, false) {
+                Err(e) if wait && e.raw_os_error() == Some(libc::EAGAIN) => {
+                    self.locks.waiter()?;
+                    Ok(Some(Wait::Flock {
+                        locks: self.locks.clone(),
+                        handle: h,
+                        typ: r.typ,
+                    }))
+                }
+                r => r.map(|_| None),
+            };
+        }
+        if !self.locks.posix {
+            return Err(errno(libc::ENOSYS));
+        }
+        self.lock_handle(nodeid, fh, r.typ)?;
+        self.locks
+            .setlk(nodeid, owner, pid, r, wait, self.lock_description(nodeid))
+    }
+}
+
+/// flock(2) on a guest handle's host fd; `wait` for LOCK_EX/LOCK_SH without LOCK_NB.
+pub fn flock(fd: RawFd, typ: i32, wait: bool) -> io::Result<()> {
+    let mut op = match typ {
+        libc::F_RDLCK => libc::LOCK_SH,
+        libc::F_WRLCK => libc::LOCK_EX,
+        libc::F_UNLCK => libc::LOCK_UN,
+        _ => return Err(errno(libc::EINVAL)),
+    };
+    if !wait {
+        op |= libc::LOCK_NB;
+    }
+    // SAFETY: plain syscall on an fd the caller owns.
+    match cvt(unsafe { libc::flock(fd, op) }) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(errno(libc::EAGAIN)),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(start: u64, end: u64, typ: i32) -> Range {
+        Range { start, end, typ }
+    }
+
+    #[test]
+    fn ranges_split_and_merge_as_posix_locks_do() {
+        let s = RangeSet::default().apply(r(0, 99, libc::F_WRLCK));
+        assert_eq!(s.len(), 1);
+        // Unlocking the middle splits it.
+        let s = s.apply(r(40, 59, libc::F_UNLCK));
+        assert_eq!(s.len(), 2);
+        // A read lock in the hole: three ranges of two types.
+        let s = s.apply(r(40, 59, libc::F_RDLCK));
+        assert_eq!(s.len(), 3);
+        // Writing over the hole merges everything back into one.
+        let s = s.apply(r(40, 59, libc::F_WRLCK));
+        assert_eq!(s.len(), 1);
+        assert!(s.holds(&r(0, 99, libc::F_WRLCK)));
+        // Adjacent same-type ranges merge; to-EOF ranges stay whole.
+        let s = s.apply(r(100, OFFSET_MAX, libc::F_WRLCK));
+        assert!(s.holds(&r(0, OFFSET_MAX, libc::F_WRLCK)));
+        let s = s.apply(r(0, OFFSET_MAX, libc::F_UNLCK));
+        assert!(s.is_empty());
+        // Every other byte: no merging, one range each.
+        let mut s = RangeSet::default();
+        for i in 0..100 {
+            s = s.apply(r(2 * i, 2 * i, libc::F_RDLCK));
+        }
+        assert_eq!(s.len(), 100);
+    }
+
+    #[test]
+    fn bad_ranges_are_refused() {
+        assert!(Range::new(10, 5, libc::F_RDLCK as u32).is_err());
+        assert!(Range::new(0, u64::MAX, libc::F_RDLCK as u32).is_err());
+        assert!(Range::new(0, 5, 7).is_err());
+        assert!(Range::new(0, OFFSET_MAX, libc::F_UNLCK as u32).is_ok());
+    }
+}

@@ -1,0 +1,199 @@
+//! GETLK, SETLK, SETLKW and INTERRUPT, served by vfsd (see `passthrough::filelocks`).
+//!
+//! A SETLKW that has to wait never holds a request worker: it gets a waiter thread of its
+//! own (at most `--max-lock-waiters`, then ENOLCK), which answers the request when the
+//! lock is granted, through `Deferred`. INTERRUPT for it, DESTROY or a new INIT cancel
+//! the wait with a signal (EINTR).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fuse_backend_rs::abi::fuse_abi::{FileLock, InHeader, InterruptIn, LkIn, LkOut, OutHeader};
+use log::warn;
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::request::decode;
+use crate::passthrough::filelocks::{Range, Wait};
+use crate::passthrough::PassthroughFs;
+
+/// FUSE_LK_FLOCK in `lk_flags`: a whole-file flock rather than a byte range.
+const LK_FLOCK: u32 = 1;
+/// The signal that breaks a waiter out of F_OFD_SETLKW/flock (a handler that does nothing,
+/// installed without SA_RESTART).
+pub const WAKE_SIGNAL: libc::c_int = libc::SIGUSR2;
+/// Waiter threads block in the kernel; they need little stack.
+const WAITER_STACK: usize = 64 * 1024;
+
+/// Completes a request answered after its worker moved on (a SETLKW that waited).
+pub trait Deferred: Send {
+    /// Runs `write` (which writes the reply and gives its length) and puts the request on
+    /// the used ring, unless the ring was stopped since; then neither happens.
+    fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32);
+}
+
+struct Waiter {
+    cancelled: AtomicBool,
+    done: AtomicBool,
+    thread: libc::pthread_t,
+}
+
+/// The waiting SETLKWs, by request `unique`.
+#[derive(Default)]
+pub struct Waiters {
+    by_unique: Mutex<HashMap<u64, Arc<Waiter>>>,
+}
+
+extern "C" fn wake(_: libc::c_int) {}
+
+/// Installs the no-op handler for `WAKE_SIGNAL`, without SA_RESTART so a blocked lock
+/// call returns EINTR.
+pub fn install_wake_handler() {
+    // SAFETY: sigaction with a zeroed struct, an empty mask and an async-signal-safe
+    // handler that does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = wake as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(WAKE_SIGNAL, &sa, std::ptr::null_mut());
+    }
+}
+
+impl Waiters {
+    /// Cancels the wait of request `unique` (FUSE_INTERRUPT).
+    pub fn interrupt(&self, unique: u64) {
+        let w = self.by_unique.lock().unwrap().get(&unique).cloned();
+        if let Some(w) = w {
+            cancel(&w);
+        }
+    }
+
+    /// Cancels every wait (DESTROY, a new INIT).
+    pub fn cancel_all(&self) {
+        let all: Vec<Arc<Waiter>> = self.by_unique.lock().unwrap().values().cloned().collect();
+        for w in all {
+            cancel(&w);
+        }
+    }
+}
+
+/// Signals the waiter until it has seen the cancellation (a signal that lands just before
+/// it blocks is lost, so one is not enough), for at most a second.
+fn cancel(w: &Waiter) {
+    w.cancelled.store(true, Ordering::Release);
+    let t = Instant::now();
+    while !w.done.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(1) {
+        // SAFETY: the thread is alive until `done` is set, which is checked first.
+        unsafe { libc::pthread_kill(w.thread, WAKE_SIGNAL) };
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn lock_out(r: Range, pid: u32) -> Vec<u8> {
+    LkOut {
+        lk: FileLock {
+            start: r.start,
+            end: r.end,
+            type_: r.typ as u32,
+            pid,
+        },
+    }
+    .as_slice()
+    .to_vec()
+}
+
+/// GETLK: the reply's payload.
+pub fn getlk(fs: &PassthroughFs, hdr: &InHeader, args: &[u8]) -> io::Result<Vec<u8>> {
+    let a: LkIn = decode(args).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let r = Range::new(a.lk.start, a.lk.end, a.lk.type_)?;
+    let (found, pid) = fs.getlk(hdr.nodeid, a.fh, a.owner, r, a.lk_flags & LK_FLOCK != 0)?;
+    Ok(lock_out(found, pid))
+}
+
+/// SETLK or SETLKW. `Ok(None)`: answered (empty reply); `Ok(Some(wait))`: must wait.
+pub fn setlk(
+    fs: &PassthroughFs,
+    hdr: &InHeader,
+    args: &[u8],
+    wait: bool,
+) -> io::Result<Option<Wait>> {
+    let a: LkIn = decode(args).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let r = Range::new(a.lk.start, a.lk.end, a.lk.type_)?;
+    fs.setlk(
+        hdr.nodeid,
+        a.fh,
+        a.owner,
+        a.lk.pid,
+        r,
+        a.lk_flags & LK_FLOCK != 0,
+        wait,
+    )
+}
+
+/// INTERRUPT: the unique of the request to cancel.
+pub fn interrupt_target(args: &[u8]) -> Option<u64> {
+    decode::<InterruptIn>(args).map(|i| i.unique)
+}
+
+/// Starts a waiter thread for `wait`; it answers request `hdr` through the `Deferred`
+/// that `defer` makes (only once the thread exists), writing the reply header at
+/// `reply_at` in `mem`. An error means no thread: the caller answers the request.
+pub fn spawn_waiter(
+    waiters: &Arc<Waiters>,
+    wait: Wait,
+    hdr: InHeader,
+    mem: GuestMemoryMmap,
+    reply_at: GuestAddress,
+    defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+) -> io::Result<()> {
+    let waiters2 = waiters.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Deferred>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("vfsd-lock-waiter".into())
+        .stack_size(WAITER_STACK)
+        .spawn(move || {
+            let me = Arc::new(Waiter {
+                cancelled: AtomicBool::new(false),
+                done: AtomicBool::new(false),
+                // SAFETY: pthread_self has no preconditions.
+                thread: unsafe { libc::pthread_self() },
+            });
+            waiters2
+                .by_unique
+                .lock()
+                .unwrap()
+                .insert(hdr.unique, me.clone());
+            let _ = ready_tx.send(());
+            let Ok(done) = rx.recv() else {
+                waiters2.by_unique.lock().unwrap().remove(&hdr.unique);
+                me.done.store(true, Ordering::Release);
+                return;
+            };
+            let r = wait.block(&me.cancelled);
+            waiters2.by_unique.lock().unwrap().remove(&hdr.unique);
+            me.done.store(true, Ordering::Release);
+            let error = match r {
+                Ok(()) => 0,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            };
+            let out = OutHeader {
+                len: std::mem::size_of::<OutHeader>() as u32,
+                error,
+                unique: hdr.unique,
+            };
+            done.finish(&mut || match mem.write_obj(out, reply_at) {
+                Ok(()) => out.len,
+                Err(e) => {
+                    warn!("lock reply: {e}");
+                    0
+                }
+            });
+        })?;
+    // Registered before the request's worker returns, so an INTERRUPT finds it.
+    let _ = ready_rx.recv();
+    let _ = tx.send(defer());
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! File locks forwarded to the host (issue 11), through the real socket: two daemons on
+//! one directory stand for two guests, and the test process for a host program.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use common::{errno, Daemon};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+
+const ROOT: u64 = 1;
+const EOF: u64 = i64::MAX as u64;
+const A: u64 = 0xa;
+const B: u64 = 0xb;
+const C: u64 = 0xc;
+
+fn two_guests(extra: &[&str]) -> (Daemon, Daemon) {
+    let d1 = Daemon::start(extra);
+    let d2 = Daemon::start_on(&d1.share.clone(), extra);
+    std::fs::write(d1.path("f"), vec![0u8; 4096]).unwrap();
+    (d1, d2)
+}
+
+fn open_f(c: &FuseClient) -> (u64, u64) {
+    let e = c.lookup(ROOT, "f").unwrap();
+    (e.nodeid, c.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh)
+}
+
+fn wr(start: u64, end: u64, pid: u32) -> Lock {
+    Lock::range(start, end, libc::F_WRLCK, pid)
+}
+fn rd(start: u64, end: u64, pid: u32) -> Lock {
+    Lock::range(start, end, libc::F_RDLCK, pid)
+}
+fn un(start: u64, end: u64) -> Lock {
+    Lock::range(start, end, libc::F_UNLCK, 0)
+}
+
+/// A host program's OFD lock attempt on `path` (true: granted, then released).
+fn host_ofd_lock(path: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: plain fcntl on an fd we own.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+fn host_flock(path: &std::path::Path, op: i32) -> (bool, std::fs::File) {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    let ok = unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } == 0;
+    (ok, f)
+}
+
+fn stat(d: &Daemon, key: &str) -> u64 {
+    d.stats()[key].as_u64().unwrap()
+}
+
+#[test]
+fn byte_range_locks_conflict_across_owners_guests_and_host() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 99, 100)).unwrap();
+    // The same owner may change its own lock freely.
+    c1.setlk(n1, h1, A, wr(0, 99, 100)).unwrap();
+    // Another owner in the same guest, another guest, and the host all conflict.
+    assert_eq!(errno(c1.setlk(n1, h1, C, rd(10, 10, 300))), libc::EAGAIN);
+    assert_eq!(errno(c2.setlk(n2, h2, B, rd(50, 60, 200))), libc::EAGAIN);
+    assert!(!host_ofd_lock(&d1.path("f"), libc::F_RDLCK, 50, 1));
+    // Disjoint ranges don't.
+    c2.setlk(n2, h2, B, wr(200, 299, 200)).unwrap();
+    assert!(host_ofd_lock(&d1.path("f"), libc::F_WRLCK, 400, 10));
+    assert!(!host_ofd_lock(&d1.path("f"), libc::F_WRLCK, 250, 10));
+    // GETLK: the range and type of the holder; its guest pid from the same guest, 0 from
+    // another one.
+    let g = c1.getlk(n1, h1, C, rd(50, 60, 300)).unwrap();
+    assert_eq!(
+        (g.start, g.end, g.type_, g.pid),
+        (0, 99, libc::F_WRLCK as u32, 100)
+    );
+    let g = c2.getlk(n2, h2, B, rd(50, 60, 200)).unwrap();
+    assert_eq!(
+        (g.start, g.end, g.type_, g.pid),
+        (0, 99, libc::F_WRLCK as u32, 0)
+    );
+    let g = c2.getlk(n2, h2, B, rd(100, 150, 200)).unwrap();
+    assert_eq!(g.type_, libc::F_UNLCK as u32);
+    // Split: unlocking the middle frees it for others and keeps both ends.
+    c1.setlk(n1, h1, A, un(40, 59)).unwrap();
+    assert_eq!(stat(&d1, "locks_held"), 2);
+    c2.setlk(n2, h2, B, rd(45, 50, 200)).unwrap();
+    assert_eq!(errno(c2.setlk(n2, h2, B, rd(30, 30, 200))), libc::EAGAIN);
+    assert_eq!(errno(c2.setlk(n2, h2, B, rd(60, 60, 200))), libc::EAGAIN);
+    // Merge: filling the hole again (once free) gives one range.
+    c2.setlk(n2, h2, B, un(45, 50)).unwrap();
+    c1.setlk(n1, h1, A, wr(40, 59, 100)).unwrap();
+    assert_eq!(stat(&d1, "locks_held"), 1);
+    // A lock to EOF.
+    c1.setlk(n1, h1, A, wr(1000, EOF, 100)).unwrap();
+    assert!(!host_ofd_lock(&d1.path("f"), libc::F_RDLCK, 1 << 40, 1));
+}
+
+#[test]
+fn flock_shared_and_exclusive_across_guests_and_host() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, Lock::flock(libc::F_RDLCK)).unwrap();
+    c2.setlk(n2, h2, B, Lock::flock(libc::F_RDLCK)).unwrap();
+    assert_eq!(
+        errno(c2.setlk(n2, h2, B, Lock::flock(libc::F_WRLCK))),
+        libc::EAGAIN
+    );
+    let (ok, _f) = host_flock(&d1.path("f"), libc::LOCK_EX);
+    assert!(
+        !ok,
+        "the host's exclusive flock must fail while guests share it"
+    );
+    let (ok, _g) = host_flock(&d1.path("f"), libc::LOCK_SH);
+    assert!(ok);
+    drop(_g);
+    c1.setlk(n1, h1, A, Lock::flock(libc::F_UNLCK)).unwrap();
+    c2.setlk(n2, h2, B, Lock::flock(libc::F_UNLCK)).unwrap();
+    c2.setlk(n2, h2, B, Lock::flock(libc::F_WRLCK)).unwrap();
+    assert_eq!(
+        errno(c1.setlk(n1, h1, A, Lock::flock(libc::F_RDLCK))),
+        libc::EAGAIN
+    );
+    // RELEASE with FUSE_RELEASE_FLOCK_UNLOCK drops it.
+    c2.release_flock(n2, h2, B).unwrap();
+    c1.setlk(n1, h1, A, Lock::flock(libc::F_WRLCK)).unwrap();
+}
+
+#[test]
+fn locks_go_on_flush_forget_and_disconnect() {
+    let (d1, d2) = two_guests(&[]);
+    let c2 = d2.client();
+    let (n2, h2) = open_f(&c2);
+    {
+        let c1 = d1.client();
+        let (n1, h1) = open_f(&c1);
+        c1.setlk(n1, h1, A, wr(0, 9, 1)).unwrap();
+        c1.setlk(n1, h1, C, wr(20, 29, 2)).unwrap();
+        // FLUSH by owner A (its close()) drops A's locks only.
+        c1.flush_owner(n1, h1, A).unwrap();
+        c2.setlk(n2, h2, B, wr(0, 9, 3)).unwrap();
+        assert_eq!(errno(c2.setlk(n2, h2, B, wr(20, 29, 3))), libc::EAGAIN);
+        assert_eq!(stat(&d1, "locks_held"), 1);
+        // Forgetting the node drops the rest.
+        c1.release(n1, h1).unwrap();
+        c1.forget(n1, 1).unwrap();
+        c2.setlk(n2, h2, B, wr(20, 29, 3)).unwrap();
+        c2.setlk(n2, h2, B, un(0, EOF)).unwrap();
+        // A lock, then the frontend goes away (a killed VMM).
+        let (n1, h1) = open_f(&c1);
+        c1.setlk(n1, h1, A, wr(0, EOF, 1)).unwrap();
+        c1.setlk(n1, h1, C, Lock::flock(libc::F_WRLCK)).unwrap();
+        assert_eq!(errno(c2.setlk(n2, h2, B, wr(5, 5, 3))), libc::EAGAIN);
+    }
+    let t = Instant::now();
+    loop {
+        if c2.setlk(n2, h2, B, wr(5, 5, 3)).is_ok() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "locks outlived the frontend"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (ok, _f) = host_flock(&d2.path("f"), libc::LOCK_EX);
+    assert!(ok, "the flock outlived the frontend");
+}
+
+#[test]
+fn setlkw_waits_without_a_worker_and_wakes_on_unlock() {
+    let (d1, d2) = two_guests(&["--thread-pool-size", "1"]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 99, 1)).unwrap();
+    let t = c2.setlkw(1, n2, h2, B, wr(50, 50, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c2.poll_done(1).unwrap().is_empty(), "granted while held");
+    assert_eq!(stat(&d2, "lock_waiters"), 1);
+    // The only worker is free: other requests are served while the SETLKW waits.
+    c2.getattr(n2).unwrap();
+    assert_eq!(c2.read(n2, h2, 0, 4).unwrap(), [0u8; 4]);
+    let released = Instant::now();
+    c1.setlk(n1, h1, A, un(0, 99)).unwrap();
+    assert_eq!(c2.wait(t).unwrap().error, 0);
+    assert!(released.elapsed() < Duration::from_secs(1));
+    assert_eq!(errno(c1.setlk(n1, h1, A, wr(50, 50, 1))), libc::EAGAIN);
+    // A blocking flock too.
+    c1.setlk(n1, h1, C, Lock::flock(libc::F_WRLCK)).unwrap();
+    let t = c2.setlkw(1, n2, h2, B, Lock::flock(libc::F_WRLCK)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(c2.poll_done(1).unwrap().is_empty());
+    c1.setlk(n1, h1, C, Lock::flock(libc::F_UNLCK)).unwrap();
+    assert_eq!(c2.wait(t).unwrap().error, 0);
+}
+
+#[test]
+fn a_destroy_ends_the_waits() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 0, 1)).unwrap();
+    let t = c2.setlkw(1, n2, h2, B, wr(0, 0, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    c2.destroy().unwrap();
+    assert_eq!(c2.wait(t).unwrap().error, -libc::EINTR);
+    assert_eq!(stat(&d2, "lock_waiters"), 0);
+    // Nothing was granted behind the guest's back.
+    c1.setlk(n1, h1, A, un(0, 0)).unwrap();
+    assert!(host_ofd_lock(&d1.path("f"), libc::F_WRLCK, 0, 1));
+}
+
+#[test]
+fn max_locks_and_max_lock_waiters_answer_enolck() {
+    let (d1, d2) = two_guests(&["--max-locks", "100", "--max-lock-waiters", "2"]);
+    let c1 = d1.client();
+    let (n1, h1) = open_f(&c1);
+    // Every other byte: no merging, one range each.
+    for i in 0..100u64 {
+        c1.setlk(n1, h1, A, rd(2 * i, 2 * i, 1)).unwrap();
+    }
+    assert_eq!(errno(c1.setlk(n1, h1, A, rd(1000, 1000, 1))), libc::ENOLCK);
+    assert_eq!(errno(c1.setlk(n1, h1, C, rd(1000, 1000, 1))), libc::ENOLCK);
+    // Filling the gap at 1 merges three ranges into one: allowed, and a place freed.
+    c1.setlk(n1, h1, A, rd(0, 1, 1)).unwrap();
+    assert!(stat(&d1, "lock_enolck") >= 2);
+    assert_eq!(stat(&d1, "locks_held"), 99);
+    // Waiters: two wait, the third is refused.
+    c1.setlk(n1, h1, A, wr(5000, 5000, 1)).unwrap();
+    assert_eq!(stat(&d1, "locks_held"), 100);
+    let c2 = d2.client();
+    let (n2, h2) = open_f(&c2);
+    let t1 = c2.setlkw(1, n2, h2, B, wr(5000, 5000, 2)).unwrap();
+    let t2 = c2.setlkw(1, n2, h2, C, wr(5000, 5000, 3)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // A SETLK that needs no wait is served as usual meanwhile.
+    c2.setlk(n2, h2, 0xd, wr(9, 9, 4)).unwrap();
+    let (u, req) = c2.lk_req(FUSE_SETLKW, n2, h2, 0xe, wr(5000, 5000, 5));
+    let t3 = c2.submit_bytes(1, &req, 64, u).unwrap();
+    assert_eq!(c2.wait(t3).unwrap().error, -libc::ENOLCK);
+    // One waiter gets the byte when A lets go, the other when that one does.
+    c1.setlk(n1, h1, A, un(5000, 5000)).unwrap();
+    let t = Instant::now();
+    let first = loop {
+        let done: Vec<usize> = c2.poll_done(1).unwrap().into_iter().map(|d| d.0).collect();
+        if done.contains(&t1.slot) {
+            break (B, t2);
+        }
+        if done.contains(&t2.slot) {
+            break (C, t1);
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no waiter woke");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    c2.setlk(n2, h2, first.0, un(0, EOF)).unwrap();
+    assert_eq!(c2.wait(first.1).unwrap().error, 0);
+}
+
+/// Many waiters on one queue leave GETATTR, READ and WRITE on another queue as fast as
+/// before. Prints the figures; fails only on a gross slow-down.
+#[test]
+fn many_waiters_leave_other_requests_unaffected() {
+    const WAITERS: usize = 500;
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let (n1, h1) = open_f(&c1);
+    c1.setlk(n1, h1, A, wr(0, EOF, 1)).unwrap();
+    let c2 = d2.client_with(FrontendConfig {
+        request_queues: 2,
+        slots: 512,
+        descs_per_slot: 4,
+        buf_size: 8192,
+        ..Default::default()
+    });
+    let (n2, h2) = open_f(&c2);
+    let latency = |c: &FuseClient| {
+        let mut v = Vec::new();
+        for i in 0..300 {
+            let t = Instant::now();
+            match i % 3 {
+                0 => drop(c.getattr(n2).unwrap()),
+                1 => drop(c.read(n2, h2, 0, 4096).unwrap()),
+                _ => drop(c.write_on(2, n2, h2, 0, &[1u8; 4096]).unwrap()),
+            }
+            v.push(t.elapsed());
+        }
+        v.sort();
+        (v[v.len() / 2], v[v.len() * 99 / 100])
+    };
+    let before = latency(&c2);
+    let tickets: Vec<Ticket> = (0..WAITERS as u64)
+        .map(|i| c2.setlkw(1, n2, h2, 0x1000 + i, wr(i, i, 10)).unwrap())
+        .collect();
+    let t = Instant::now();
+    while stat(&d2, "lock_waiters") < WAITERS as u64 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "waiters never all waited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let during = latency(&c2);
+    eprintln!(
+        "latency p50/p99 with {WAITERS} SETLKW waiting: before {:?}/{:?}, during {:?}/{:?}",
+        before.0, before.1, during.0, during.1
+    );
+    c1.setlk(n1, h1, A, un(0, EOF)).unwrap();
+    for t in tickets {
+        assert_eq!(c2.wait(t).unwrap().error, 0);
+    }
+    assert!(
+        during.0 < before.0 * 5 + Duration::from_millis(2),
+        "median latency went from {:?} to {:?}",
+        before.0,
+        during.0
+    );
+}
