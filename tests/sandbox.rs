@@ -224,6 +224,54 @@ fn an_unprivileged_daemon_maps_its_own_ids() {
     assert!(child.wait().unwrap().success());
 }
 
+/// An unprivileged daemon (no CAP_SETFCAP) still serves writes by non-root guest users:
+/// dropping a file capability that is not there must not need the privilege to remove one
+/// (it gave EPERM for every such write; found by review).
+#[test]
+fn an_unprivileged_daemon_serves_non_root_writes() {
+    if !is_root() {
+        eprintln!("skipped: dropping to another user for the test needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    chown(dir.path(), 65534, 65534);
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    chown(&share, 65534, 65534);
+    std::fs::write(share.join("f"), b"x").unwrap();
+    chown(&share.join("f"), 65534, 65534);
+    let sock = dir.path().join("s");
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::vfsd_bin())
+        .arg("--fd=3")
+        .args(["--log-level", "warn", "--sandbox", "none"])
+        .arg("--shared-dir")
+        .arg(&share)
+        .stdin(std::process::Stdio::null())
+        .spawn_with_listener(&sock);
+    let c = vfsd::frontend::fuse::FuseClient::new(
+        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
+            .unwrap(),
+    );
+    c.init().unwrap();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    let user = vfsd::frontend::fuse::Caller {
+        uid: 1000,
+        gid: 1000,
+        pid: 9,
+    };
+    assert_eq!(
+        c.as_caller(user, |c| c.write(e.nodeid, o.fh, 0, b"y"))
+            .unwrap(),
+        1
+    );
+    assert_eq!(read(&share.join("f")), b"y");
+    drop(c);
+    assert!(child.wait().unwrap().success());
+}
+
 /// Spawns with a listening socket at `path` as fd 3, as libvirt hands one over.
 trait SpawnWithListener {
     fn spawn_with_listener(&mut self, path: &std::path::Path) -> std::process::Child;
