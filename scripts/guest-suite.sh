@@ -22,7 +22,7 @@
 #   --kernel PATH / --initrd PATH   passed on to run-vm.sh
 #
 # Typical time under TCG on 2 cores: about 6-7 minutes per daemon, plus
-# about 10 for xfstests (scripts/build-xfstests.sh builds its tree first).
+# 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)

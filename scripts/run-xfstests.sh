@@ -204,14 +204,23 @@ remaining() {  # tests of the list with no line in check.out yet
     grep -oE '^[a-z0-9]+/[0-9]+' "$OUT" | sort -u > "$RESULTS/.seen"
     grep -vxF -f "$RESULTS/.seen" "$RESULTS/tests.list" || true
 }
-# The host-root share is infrastructure, not under test.  --cache always keeps
-# the guest's page cache of binaries and libraries across opens (with 'auto'
-# every exec reads bash and libc again), which makes fstests' fork/exec-heavy
-# scripts much faster under TCG.  vfsd's namespace sandbox cannot pivot_root
-# into '/' (EBUSY), so vfsd serves that share in its chroot sandbox.
+# The host-root share is infrastructure, not under test.  It is a view of the
+# host's root file system alone: a non-recursive bind of / in a mount namespace
+# of this run's own (so no daemon walks into the host's /proc, /sys or /dev,
+# and vfsd's namespace sandbox, which cannot pivot_root into '/' itself, works).
+# --cache always keeps the guest's page cache of binaries and libraries across
+# opens (with 'auto' every exec reads bash and libc again), which makes
+# fstests' fork/exec-heavy scripts much faster under TCG.
+ROOTDEV=$(stat -c %d /)
+for p in "$XFSTESTS" "$MODULES"; do
+    [ "$(stat -c %d "$p")" = "$ROOTDEV" ] ||
+        die "$p is not on the root file system, so the guest cannot see it (set VFSD_CACHE to a directory on /)"
+done
+command -v unshare >/dev/null || die "unshare not found: apt-get install util-linux"
+VIEW=$CACHE/hostroot-view
+mkdir -p "$VIEW"
 case $DAEMON in
-    vfsd) HOSTROOT_ARGS=(--share-args hostroot "--sandbox chroot --cache always") ;;
-    virtiofsd) HOSTROOT_ARGS=(--share-args hostroot "--cache always") ;;
+    vfsd|virtiofsd) HOSTROOT_ARGS=(--share-args hostroot "--cache always") ;;
     *) HOSTROOT_ARGS=() ;;
 esac
 VM=
@@ -230,10 +239,11 @@ while :; do
     limit=$(( 900 + left * 120 + PER_TEST ))
     say "boot $BOOT: $left test(s) left"
     before=$(grep -cE '^[a-z0-9]+/[0-9]+' "$OUT")
+    unshare --mount --propagation private -- bash -c 'mount --bind / "$0" && exec "$@"' "$VIEW" \
     "$HERE/run-vm.sh" --daemon "$DAEMON" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} "${HOSTROOT_ARGS[@]}" \
         --accel "$ACCEL" --mem "$MEM" --kernel "$KERNEL" --initrd "$INITRD" \
         --timeout "$limit" --quiet --log "$RESULTS/boots/console-$BOOT.log" --workdir "$RESULTS/boots/work-$BOOT" \
-        --share "/:hostroot:ro" \
+        --share "$VIEW:hostroot:ro" \
         --share "$RESULTS/test:test:nomount" \
         --share "$RESULTS/scratch:scratch:nomount" \
         --share "$RESULTS/out:results" \

@@ -55,7 +55,7 @@ def reason_of(status, rest, details):
         return ""
     rest = re.sub(r"^(?:[0-9]+s \.\.\.\s*)", "", rest).strip()
     # "- output mismatch (see .../generic/001.out.bad)": keep the first diff lines too.
-    diff = [d for d in details if d[:1] in "+-" and not d.startswith(("---", "+++"))][:3]
+    diff = [d for d in details if d[:1] in ("+", "-") and len(d) > 1 and not d.startswith(("---", "+++"))][:3]
     reason = rest or "no result"
     if diff:
         reason += " | " + " / ".join(diff)
