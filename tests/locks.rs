@@ -339,3 +339,62 @@ fn many_waiters_leave_other_requests_unaffected() {
         during.0
     );
 }
+
+/// Active objects of the host's `file_lock_cache` slab (one per lock record).
+fn lock_slab_objects() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/slabinfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("file_lock_cache "))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A guest that locks every other byte of a file, many times over, gets ENOLCK after
+/// `--max-locks`, and the host's lock records stay bounded. VFSD_LOCK_FLOOD sets the
+/// number of requests (default 40,000; docs/design.md has a longer run).
+#[test]
+fn a_lock_flood_is_bounded_on_the_host() {
+    const MAX: u64 = 20_000;
+    let n: u64 = std::env::var("VFSD_LOCK_FLOOD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40_000);
+    let max = MAX.to_string();
+    let d = Daemon::start(&["--max-locks", &max]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let c = d.client();
+    let (node, fh) = open_f(&c);
+    let before = lock_slab_objects();
+    let (mut granted, mut enolck) = (0u64, 0u64);
+    let t = Instant::now();
+    // Requests in flight together, 16 at a time, like a busy guest.
+    let mut i = 0u64;
+    while i < n {
+        let batch: Vec<Ticket> = (0..16.min(n - i))
+            .map(|k| {
+                let byte = 2 * ((i + k) % (4 * MAX));
+                let (u, req) = c.lk_req(FUSE_SETLK, node, fh, A, rd(byte, byte, 1));
+                c.submit_bytes(1, &req, 64, u).unwrap()
+            })
+            .collect();
+        i += batch.len() as u64;
+        for tk in batch {
+            match c.wait(tk).unwrap().error {
+                0 => granted += 1,
+                e if e == -libc::ENOLCK => enolck += 1,
+                e => panic!("errno {e}"),
+            }
+        }
+    }
+    let peak = lock_slab_objects();
+    let held = stat(&d, "locks_held");
+    eprintln!(
+        "{n} SETLKs on every other byte in {:?}: {granted} granted, {enolck} ENOLCK, \
+         locks_held {held}, file_lock_cache objects {before:?} -> {peak:?}",
+        t.elapsed()
+    );
+    assert_eq!(held, MAX);
+    assert!(enolck > 0 && stat(&d, "lock_enolck") == enolck);
+    if let (Some(b), Some(p)) = (before, peak) {
+        // The records this daemon holds, plus room for the rest of the host's churn.
+        assert!(p < b + MAX + 10_000, "slab grew from {b} to {p}");
+    }
+}

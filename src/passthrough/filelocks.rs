@@ -93,43 +93,82 @@ impl RangeSet {
         self.ranges.is_empty()
     }
 
-    /// The set after `r` (a lock or an unlock) is applied.
-    pub fn apply(&self, r: Range) -> RangeSet {
-        let mut out = BTreeMap::new();
-        for (&s, &(e, t)) in &self.ranges {
+    /// What applying `r` (a lock or an unlock) changes: only the ranges that overlap or
+    /// touch it, so a guest holding many ranges pays per request only for those.
+    pub fn plan(&self, r: Range) -> Plan {
+        let lo = r.start.saturating_sub(1);
+        let hi = r.end.saturating_add(1).min(OFFSET_MAX);
+        // Disjoint and sorted: the ends are sorted too, so walk back from `hi`.
+        let mut old: Vec<(u64, (u64, i32))> = Vec::new();
+        for (&s, &(e, t)) in self.ranges.range(..=hi).rev() {
+            if e < lo {
+                break;
+            }
+            old.push((s, (e, t)));
+        }
+        old.reverse();
+        let mut window = BTreeMap::new();
+        for &(s, (e, t)) in &old {
             if e < r.start || s > r.end {
-                out.insert(s, (e, t));
+                window.insert(s, (e, t));
                 continue;
             }
             // Overlapping: keep the parts outside `r`.
             if s < r.start {
-                out.insert(s, (r.start - 1, t));
+                window.insert(s, (r.start - 1, t));
             }
             if e > r.end {
-                out.insert(r.end + 1, (e, t));
+                window.insert(r.end + 1, (e, t));
             }
         }
         if r.typ != libc::F_UNLCK {
-            out.insert(r.start, (r.end, r.typ));
+            window.insert(r.start, (r.end, r.typ));
         }
         // Merge neighbours of the same type that touch.
-        let mut merged: BTreeMap<u64, (u64, i32)> = BTreeMap::new();
-        for (s, (e, t)) in out {
-            if let Some((_, last)) = merged.iter_mut().next_back() {
+        let mut new: Vec<(u64, (u64, i32))> = Vec::new();
+        for (s, (e, t)) in window {
+            if let Some((_, last)) = new.last_mut() {
                 if last.1 == t && last.0 != OFFSET_MAX && last.0 + 1 == s {
                     last.0 = e;
                     continue;
                 }
             }
-            merged.insert(s, (e, t));
+            new.push((s, (e, t)));
         }
-        RangeSet { ranges: merged }
+        let len_after = self.ranges.len() - old.len() + new.len();
+        Plan {
+            old: old.into_iter().map(|(s, _)| s).collect(),
+            new,
+            len_after,
+        }
+    }
+
+    pub fn commit(&mut self, p: Plan) {
+        for s in p.old {
+            self.ranges.remove(&s);
+        }
+        self.ranges.extend(p.new);
+    }
+
+    /// The set after `r` is applied (for tests).
+    pub fn apply(&self, r: Range) -> RangeSet {
+        let mut s = self.clone();
+        let p = s.plan(r);
+        s.commit(p);
+        s
     }
 
     /// Whether a range of this set is `r` exactly (the GETLK answer is one of ours).
     fn holds(&self, r: &Range) -> bool {
         self.ranges.get(&r.start) == Some(&(r.end, r.typ))
     }
+}
+
+/// A change to a `RangeSet`: the starts of the ranges it replaces, and their replacement.
+pub struct Plan {
+    old: Vec<u64>,
+    new: Vec<(u64, (u64, i32))>,
+    pub len_after: usize,
 }
 
 /// One guest lock owner's POSIX locks on one node.
@@ -220,19 +259,17 @@ impl FileLocks {
         Ok(o)
     }
 
-    /// Checks `--max-locks` for `owner` going from `old` to `new` ranges.
-    fn check_bound(&self, old: &RangeSet, new: &RangeSet) -> io::Result<()> {
-        if new.len() > old.len()
-            && self.counters.held.load(Ordering::Relaxed) + (new.len() - old.len()) > self.max_locks
-        {
+    /// Checks `--max-locks` for an owner's ranges going from `old` to `new` in number.
+    fn check_bound(&self, old: usize, new: usize) -> io::Result<()> {
+        if new > old && self.counters.held.load(Ordering::Relaxed) + (new - old) > self.max_locks {
             return Err(self.enolck());
         }
         Ok(())
     }
 
-    fn commit(&self, ranges: &mut RangeSet, new: RangeSet) {
-        let (old, now) = (ranges.len(), new.len());
-        *ranges = new;
+    fn commit(&self, ranges: &mut RangeSet, plan: Plan) {
+        let (old, now) = (ranges.len(), plan.len_after);
+        ranges.commit(plan);
         if now >= old {
             self.counters.held.fetch_add(now - old, Ordering::Relaxed);
         } else {
@@ -313,8 +350,8 @@ impl FileLocks {
         };
         o.pid.store(pid, Ordering::Relaxed);
         let mut ranges = o.ranges.lock().unwrap();
-        let new = ranges.apply(r);
-        self.check_bound(&ranges, &new)?;
+        let new = ranges.plan(r);
+        self.check_bound(ranges.len(), new.len_after)?;
         let f = r.flock();
         // SAFETY: plain fcntl on an fd we own with a live flock.
         match cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) }) {
@@ -430,7 +467,7 @@ impl Wait {
         // SAFETY: plain fcntl on an fd we own with a live flock.
         cvt(unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLKW, &f) })?;
         let mut ranges = owner.ranges.lock().unwrap();
-        let new = ranges.apply(*range);
+        let new = ranges.plan(*range);
         // Still an owner of this connection? If it was released meanwhile (FLUSH,
         // FORGET, DESTROY), the lock must not outlive that: undo it.
         let live = locks
