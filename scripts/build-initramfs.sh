@@ -157,7 +157,7 @@ if [ ${#BINS[@]} -gt 0 ]; then
     ldconfig -r "$ROOT" 2>/dev/null || log "warning: ldconfig -r failed; relying on default library paths"
 fi
 
-# Small helpers from guest-tests/src (xattr tool, fsx preload shim).
+# Small helpers from guest-tests/src (xattr tool, fsx preload shim, lock tool).
 if [ "$TOOLS" = 1 ]; then
     CC=${CC:-cc}
     if command -v "$CC" >/dev/null; then
@@ -166,6 +166,10 @@ if [ "$TOOLS" = 1 ]; then
             die "compiling guest-tests/src/vfsd-xattr.c failed"
         "$CC" -O2 -Wall -shared -fPIC -o "$ROOT/usr/local/lib/fsx-preload.so" \
             "$REPO/guest-tests/src/fsx-preload.c" -ldl || die "compiling guest-tests/src/fsx-preload.c failed"
+        # The lock tool (locks.sh): static when libc.a is there, else dynamic.
+        "$CC" -O2 -Wall -static -o "$ROOT/usr/local/bin/vfsd-lock" "$REPO/guest-tests/src/vfsd-lock.c" 2>/dev/null ||
+            "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-lock" "$REPO/guest-tests/src/vfsd-lock.c" ||
+            die "compiling guest-tests/src/vfsd-lock.c failed"
     else
         log "warning: no C compiler ($CC); the xattr checks and the fsx O_DIRECT run will be skipped (apt-get install gcc)"
     fi

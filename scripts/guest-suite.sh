@@ -9,7 +9,7 @@
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
-#                     selftest,smoke,setid,fio,pjdfstest,fsx,xfstests
+#                     selftest,smoke,setid,fio,pjdfstest,fsx,locks,xfstests
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -28,7 +28,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
-ONLY=selftest,smoke,setid,fio,pjdfstest,fsx,xfstests
+ONLY=selftest,smoke,setid,fio,pjdfstest,fsx,locks,xfstests
 XFSTESTS_LIST=$REPO/guest-tests/xfstests-ci.list
 ACCEL=tcg
 FSX_OPS=100000
@@ -63,7 +63,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|fio|pjdfstest|fsx|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
+    case $t in selftest|smoke|setid|fio|pjdfstest|fsx|locks|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
 done
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
 if wanted xfstests; then
@@ -213,6 +213,28 @@ for daemon in "${DAEMONS[@]}"; do
         run_test "$daemon" "$label" fsx 0 1200 "/guest-tests/fsx.sh -N $FSX_OPS -D $FSX_DIRECT_OPS"
         finish_test "$label" fsx
         show '^fsx: (PASS|FAIL|SKIP)'
+    fi
+
+    if wanted locks; then
+        # Two guests at once, each with its own daemon on one directory, and a host
+        # process: flock and fcntl conflicts and wake-ups (about a minute).  The
+        # full version (counters, kill -9 of a guest): scripts/guest-locks.sh --full.
+        TEST_DIR=$LOGS/$label/locks
+        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
+        printf 'guest-suite: [%s] %-18s ... ' "$label" locks
+        start=$(date +%s)
+        "$HERE/guest-locks.sh" --quick --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs "$TEST_DIR" > "$TEST_DIR/guest-locks.log" 2>&1
+        TEST_RC=$?
+        TEST_SECS=$(( $(date +%s) - start ))
+        if [ "$TEST_RC" = 0 ]; then
+            echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] locks (${TEST_SECS}s)")
+        else
+            echo "FAIL (${TEST_SECS}s)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] locks (${TEST_SECS}s)")
+            say "  log: $TEST_DIR/guest-locks.log"
+            grep -E 'FAIL|error' "$TEST_DIR/guest-locks.log" | head -n 15 | sed 's/^/guest-suite:   | /'
+        fi
+        grep -E 'guest-locks:   guest' "$TEST_DIR/guest-locks.log" | sed 's/^guest-locks:   /guest-suite:     locks: /'
     fi
 
     if wanted xfstests; then
