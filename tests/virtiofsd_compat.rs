@@ -283,3 +283,39 @@ fn announce_submounts_marks_directories_on_other_mounts() {
         );
     }
 }
+
+/// Without FUSE_POSIX_ACL the guest has no ACL semantics, so ACL xattrs are refused with
+/// EOPNOTSUPP as virtiofsd does (storing them made fstests' generic/099 believe ACLs work
+/// and fail; found by xfstests).
+#[test]
+fn posix_acl_names_are_refused_without_acl_support() {
+    let d = Daemon::start(&["--xattr"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap();
+    // A minimal valid access ACL: user::rw-, group::r--, other::r--.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [(1u16, 6u16), (4, 4), (0x20, 4)] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&u32::MAX.to_le_bytes());
+    }
+    for name in ["system.posix_acl_access", "system.posix_acl_default"] {
+        assert_eq!(
+            common::errno(c.setxattr(f.nodeid, name, &acl, 0)),
+            libc::EOPNOTSUPP,
+            "{name}"
+        );
+        assert_eq!(
+            common::errno(c.getxattr(f.nodeid, name, 1024)),
+            libc::EOPNOTSUPP
+        );
+        assert_eq!(
+            common::errno(c.removexattr(f.nodeid, name)),
+            libc::EOPNOTSUPP
+        );
+    }
+    // Ordinary names still work.
+    c.setxattr(f.nodeid, "user.k", b"v", 0).unwrap();
+    assert_eq!(c.getxattr(f.nodeid, "user.k", 16).unwrap(), b"v");
+}
