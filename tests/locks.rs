@@ -398,3 +398,37 @@ fn a_lock_flood_is_bounded_on_the_host() {
         assert!(p < b + MAX + 10_000, "slab grew from {b} to {p}");
     }
 }
+
+/// FUSE_INTERRUPT for a waiting SETLKW cancels it with EINTR, and the lock is not granted
+/// later behind the guest's back. (The Linux virtio-fs driver never sends INTERRUPT; other
+/// drivers may.)
+#[test]
+fn an_interrupt_cancels_a_waiting_setlkw() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 0, 1)).unwrap();
+    let t = c2.setlkw(1, n2, h2, B, wr(0, 0, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let intr = fuse_backend_rs::abi::fuse_abi::InterruptIn { unique: t.unique };
+    let ti = c2
+        .submit(
+            0,
+            FUSE_INTERRUPT,
+            0,
+            &[vm_memory::ByteValued::as_slice(&intr)],
+            64,
+        )
+        .unwrap();
+    assert_eq!(c2.wait_no_reply(ti).unwrap(), 0);
+    assert_eq!(c2.wait(t).unwrap().error, -libc::EINTR);
+    assert_eq!(stat(&d2, "lock_waiters"), 0);
+    c1.setlk(n1, h1, A, un(0, 0)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        host_ofd_lock(&d1.path("f"), libc::F_WRLCK, 0, 1),
+        "the interrupted wait took the lock anyway"
+    );
+}
