@@ -275,6 +275,15 @@ fn read_waits_behind(
     assert_eq!(c.wait(t2).unwrap().error, 0);
 }
 
+/// The bytes of an OPEN with O_RDWR | O_TRUNC of `node` (a size change).
+fn open_trunc_req(c: &FuseClient, node: u64) -> (u64, Vec<u8>) {
+    let oi = fuse_backend_rs::abi::fuse_abi::OpenIn {
+        flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
+        fuse_flags: 0,
+    };
+    c.build(FUSE_OPEN, node, &[vm_memory::ByteValued::as_slice(&oi)])
+}
+
 fn two_queue_client(d: &Daemon) -> FuseClient {
     d.client_with(FrontendConfig {
         request_queues: 2,
@@ -329,17 +338,7 @@ fn a_forgotten_node_and_its_successor_share_one_lock() {
     c.forget(old.nodeid, 1).unwrap();
     let new = c.lookup(ROOT, "f").unwrap();
     assert_ne!(new.nodeid, old.nodeid, "a new node after the forget");
-    let open_trunc = {
-        let oi = fuse_backend_rs::abi::fuse_abi::OpenIn {
-            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
-            fuse_flags: 0,
-        };
-        c.build(
-            FUSE_OPEN,
-            new.nodeid,
-            &[vm_memory::ByteValued::as_slice(&oi)],
-        )
-    };
+    let open_trunc = open_trunc_req(&c, new.nodeid);
     read_waits_behind(&d, &c, open_trunc, old.nodeid, o.fh);
 }
 
@@ -367,17 +366,7 @@ fn one_file_through_a_bind_mount_has_one_lock() {
     let fb = c.lookup(b.nodeid, "f").unwrap();
     assert_ne!(fa.nodeid, fb.nodeid, "two mounts: two nodes");
     let o = c.open(fa.nodeid, libc::O_RDONLY as u32).unwrap();
-    let open_trunc = {
-        let oi = fuse_backend_rs::abi::fuse_abi::OpenIn {
-            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
-            fuse_flags: 0,
-        };
-        c.build(
-            FUSE_OPEN,
-            fb.nodeid,
-            &[vm_memory::ByteValued::as_slice(&oi)],
-        )
-    };
+    let open_trunc = open_trunc_req(&c, fb.nodeid);
     // The lease is taken on the share's own name of the file.
     std::fs::hard_link(share.path().join("a/f"), share.path().join("f")).unwrap();
     read_waits_behind(&d, &c, open_trunc, fa.nodeid, o.fh);
