@@ -78,7 +78,7 @@ if [ "$TOOLS" = 1 ]; then
     BINS+=("$FIO")
     BINS+=("$(cargo_tool pjdfstest pjdfstest "$PJDFSTEST_VERSION")")
     BINS+=("$(cargo_tool fsx fsx "$FSX_VERSION")")
-    for t in getfattr setfattr; do
+    for t in getfattr setfattr getfacl setfacl; do
         p=$(find_tool $t); [ -n "$p" ] && BINS+=("$p")
     done
     # A real sleep binary: pjdfstest's ETXTBSY tests copy `which sleep` under
@@ -170,6 +170,8 @@ if [ "$TOOLS" = 1 ]; then
         "$CC" -O2 -Wall -static -o "$ROOT/usr/local/bin/vfsd-lock" "$REPO/guest-tests/src/vfsd-lock.c" 2>/dev/null ||
             "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-lock" "$REPO/guest-tests/src/vfsd-lock.c" ||
             die "compiling guest-tests/src/vfsd-lock.c failed"
+        "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-mmap" "$REPO/guest-tests/src/vfsd-mmap.c" ||
+            die "compiling guest-tests/src/vfsd-mmap.c failed"
     else
         log "warning: no C compiler ($CC); the xattr checks and the fsx O_DIRECT run will be skipped (apt-get install gcc)"
     fi

@@ -9,7 +9,7 @@
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
-#                     selftest,smoke,setid,fio,pjdfstest,fsx,locks,xfstests
+#                     selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -28,7 +28,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
-ONLY=selftest,smoke,setid,fio,pjdfstest,fsx,locks,xfstests
+ONLY=selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests
 XFSTESTS_LIST=$REPO/guest-tests/xfstests-ci.list
 ACCEL=tcg
 FSX_OPS=100000
@@ -63,7 +63,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|fio|pjdfstest|fsx|locks|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
+    case $t in selftest|smoke|setid|features|fio|pjdfstest|fsx|locks|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
 done
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
 if wanted xfstests; then
@@ -193,6 +193,14 @@ for daemon in "${DAEMONS[@]}"; do
             finish_test "$label" "setid-$cache"
             show '^setid: [0-9]+ checks'
         done
+    fi
+
+    if wanted features; then
+        # Issue 12's features in one boot, each section with the options it needs.
+        run_test "$daemon" "$label" features 0 600 "/guest-tests/features.sh" \
+            "--cache=never --allow-mmap"
+        finish_test "$label" features
+        show '^features: [0-9]+ checks'
     fi
 
     if wanted fio; then

@@ -187,6 +187,16 @@ pub struct Opt {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_lock_waiters: usize,
 
+    /// POSIX ACLs: the guest checks permissions against system.posix_acl_* ACLs kept on
+    /// the host, default ACLs are inherited (implies --xattr)
+    #[arg(long)]
+    pub posix_acl: bool,
+
+    /// Let the guest mmap files it opened for direct I/O (--cache never or metadata) with
+    /// MAP_SHARED (negotiates FUSE_DIRECT_IO_ALLOW_MMAP)
+    #[arg(long)]
+    pub allow_mmap: bool,
+
     /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
     #[arg(long)]
     pub no_parallel_direct_writes: bool,
@@ -271,10 +281,6 @@ pub struct Unsupported {
     pub xattrmap: Option<String>,
     #[arg(long, hide = true)]
     pub security_label: bool,
-    #[arg(long, hide = true)]
-    pub posix_acl: bool,
-    #[arg(long, hide = true)]
-    pub allow_mmap: bool,
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_mode: Option<String>,
     #[arg(long, hide = true, value_name = "MODE")]
@@ -296,11 +302,6 @@ impl Unsupported {
             ),
             (u.xattrmap.is_some(), "--xattrmap is not supported"),
             (u.security_label, "--security-label is not supported"),
-            (u.posix_acl, "--posix-acl is not supported"),
-            (
-                u.allow_mmap,
-                "--allow-mmap is not supported (guests mmap files with --cache auto or always)",
-            ),
             (
                 u.migration_mode.is_some()
                     || u.migration_on_error.is_some()
@@ -382,6 +383,10 @@ impl Opt {
                         self.killpriv_v2 = false;
                         self.no_killpriv_v2 = true;
                     }
+                    "posix_acl" => self.posix_acl = true,
+                    "no_posix_acl" => self.posix_acl = false,
+                    "allow_mmap" => self.allow_mmap = true,
+                    "no_allow_mmap" => self.allow_mmap = false,
                     "posix_lock" => self.no_posix_lock = false,
                     "no_posix_lock" => self.no_posix_lock = true,
                     "flock" => self.no_flock = false,

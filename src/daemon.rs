@@ -270,6 +270,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     cfg.max_locks = opt.max_locks;
     cfg.max_lock_waiters = opt.max_lock_waiters;
+    cfg.allow_mmap = opt.allow_mmap;
+    cfg.posix_acl = opt.posix_acl;
+    // ACLs are extended attributes: --posix-acl implies --xattr, as in virtiofsd.
+    cfg.xattr |= opt.posix_acl;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

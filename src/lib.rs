@@ -4,6 +4,7 @@
 //! (FUSE dispatch on fuse-backend-rs, statistics) → `passthrough` (the filesystem) → `sys`
 //! (thin syscall helpers).
 
+pub mod abi;
 pub mod caps;
 pub mod cli;
 pub mod daemon;

@@ -360,6 +360,29 @@ impl FuseClient {
         decode(&b)
     }
 
+    /// INIT as a 7.`minor` guest offering the 64-bit `flags`: with any of the high 32 bits
+    /// set, INIT_EXT and the second half of fuse_init_in (7.36) are sent too.
+    pub fn init_ext(&self, minor: u32, flags: u64) -> FResult<InitOut> {
+        const INIT_EXT: u64 = 1 << 30;
+        let ext = flags >> 32 != 0 || flags & INIT_EXT != 0;
+        let i = InitIn {
+            major: 7,
+            minor,
+            max_readahead: 128 * 1024,
+            flags: flags as u32 | if ext { INIT_EXT as u32 } else { 0 },
+        };
+        let mut second = [0u32; 12];
+        second[0] = (flags >> 32) as u32;
+        let second: Vec<u8> = second.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let parts: Vec<&[u8]> = if ext {
+            vec![i.as_slice(), &second]
+        } else {
+            vec![i.as_slice()]
+        };
+        let b = self.call(FUSE_INIT, 0, &parts, 4096)?;
+        decode(&b)
+    }
+
     pub fn lookup(&self, parent: u64, name: &str) -> FResult<EntryOut> {
         exact(self.call(FUSE_LOOKUP, parent, &[&cstr(name)], 4096)?)
     }

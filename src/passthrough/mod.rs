@@ -7,6 +7,7 @@
 //! file holds the configuration, shared helpers and the
 //! `FileSystem` trait implementation that routes each request to them.
 
+mod acl;
 mod attr;
 mod dir;
 mod file;
@@ -80,6 +81,12 @@ pub struct Config {
     pub max_locks: usize,
     /// SETLKW requests that may wait at once (`--max-lock-waiters`).
     pub max_lock_waiters: usize,
+    /// Offer FUSE_DIRECT_IO_ALLOW_MMAP (`--allow-mmap`): shared mmap of files opened for
+    /// direct I/O (`--cache never`, `metadata`).
+    pub allow_mmap: bool,
+    /// POSIX ACLs (`--posix-acl`): FUSE_POSIX_ACL and DONT_MASK are offered and the
+    /// `system.posix_acl_*` names are passed to the host (see `acl`).
+    pub posix_acl: bool,
 }
 
 impl Config {
@@ -101,6 +108,8 @@ impl Config {
             flock: true,
             max_locks: 65536,
             max_lock_waiters: 1024,
+            allow_mmap: false,
+            posix_acl: false,
         }
     }
 
@@ -145,6 +154,9 @@ pub struct PassthroughFs {
     proc_self_fd: OwnedFd,
     /// Whether the guest accepted the writeback cache at INIT.
     writeback: std::sync::atomic::AtomicBool,
+    /// The guest sends creates' modes without its umask applied (FUSE_DONT_MASK, with
+    /// `--posix-acl`); see `acl`.
+    dont_mask: std::sync::atomic::AtomicBool,
     /// The guest takes FUSE_ATTR_SUBMOUNT (`--announce-submounts`, and it negotiated it).
     pub(crate) submounts: std::sync::atomic::AtomicBool,
 }
@@ -189,6 +201,7 @@ impl PassthroughFs {
             handles: HandleTable::new(),
             proc_self_fd,
             writeback: std::sync::atomic::AtomicBool::new(false),
+            dont_mask: std::sync::atomic::AtomicBool::new(false),
             submounts: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -322,50 +335,73 @@ impl PassthroughFs {
     }
 }
 
+impl PassthroughFs {
+    /// A new FUSE session: the INIT flags (64-bit, `abi::flags`) this filesystem wants,
+    /// given the ones the guest `offered`. Also resets per-session state.
+    pub fn negotiate(&self, offered: u64) -> u64 {
+        use crate::abi::flags as f;
+        let mut want = f::ASYNC_READ
+            | f::PARALLEL_DIROPS
+            | f::BIG_WRITES
+            | f::MAX_PAGES
+            | f::AUTO_INVAL_DATA
+            | f::ASYNC_DIO
+            | f::EXPORT_SUPPORT
+            | f::ATOMIC_O_TRUNC
+            | f::CACHE_SYMLINKS;
+        if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
+            want |= f::WRITEBACK_CACHE;
+        }
+        if self.cfg.announce_submounts {
+            want |= f::SUBMOUNTS;
+        }
+        if self.cfg.killpriv_v2 {
+            want |= f::HANDLE_KILLPRIV_V2;
+        }
+        if self.cfg.posix_lock {
+            want |= f::POSIX_LOCKS;
+        }
+        if self.cfg.flock {
+            want |= f::FLOCK_LOCKS;
+        }
+        if self.cfg.allow_mmap {
+            want |= f::DIRECT_IO_ALLOW_MMAP;
+        }
+        if self.cfg.posix_acl {
+            // SETXATTR_EXT carries the kill-sgid flag of an ACL change (see `acl`).
+            want |= f::POSIX_ACL | f::DONT_MASK | f::SETXATTR_EXT;
+        }
+        // A new session: nothing of an earlier one's locks survives.
+        self.locks.release_all();
+        if self.cfg.readdirplus {
+            want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
+        }
+        let enabled = offered & want;
+        self.submounts.store(
+            enabled & f::SUBMOUNTS != 0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.writeback.store(
+            enabled & f::WRITEBACK_CACHE != 0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.dont_mask.store(
+            enabled & f::DONT_MASK != 0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        want
+    }
+}
+
 impl FileSystem for PassthroughFs {
     type Inode = u64;
     type Handle = u64;
 
     fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
-        let mut want = FsOptions::ASYNC_READ
-            | FsOptions::PARALLEL_DIROPS
-            | FsOptions::BIG_WRITES
-            | FsOptions::MAX_PAGES
-            | FsOptions::AUTO_INVAL_DATA
-            | FsOptions::ASYNC_DIO
-            | FsOptions::EXPORT_SUPPORT
-            | FsOptions::ATOMIC_O_TRUNC
-            | FsOptions::CACHE_SYMLINKS;
-        if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
-            want |= FsOptions::WRITEBACK_CACHE;
-        }
-        if self.cfg.announce_submounts {
-            want |= FsOptions::SUBMOUNTS;
-        }
-        if self.cfg.killpriv_v2 {
-            want |= FsOptions::HANDLE_KILLPRIV_V2;
-        }
-        if self.cfg.posix_lock {
-            want |= FsOptions::POSIX_LOCKS;
-        }
-        if self.cfg.flock {
-            want |= FsOptions::FLOCK_LOCKS;
-        }
-        // A new session: nothing of an earlier one's locks survives.
-        self.locks.release_all();
-        if self.cfg.readdirplus {
-            want |= FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO;
-        }
-        let enabled = capable & want;
-        self.submounts.store(
-            enabled.contains(FsOptions::SUBMOUNTS),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.writeback.store(
-            enabled.contains(FsOptions::WRITEBACK_CACHE),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        Ok(want)
+        // vfsd's server negotiates INIT itself (`negotiate`); this is for other callers.
+        Ok(FsOptions::from_bits_truncate(
+            self.negotiate(capable.bits()),
+        ))
     }
 
     fn destroy(&self) {
@@ -430,8 +466,9 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         mode: u32,
         rdev: u32,
-        _umask: u32,
+        umask: u32,
     ) -> io::Result<Entry> {
+        let mode = self.creation_mode(parent, mode, umask)?;
         self.do_mknod(ctx, parent, name, mode, rdev)
     }
 
@@ -441,8 +478,9 @@ impl FileSystem for PassthroughFs {
         parent: u64,
         name: &CStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
     ) -> io::Result<Entry> {
+        let mode = self.creation_mode(parent, mode, umask)?;
         self.do_mkdir(ctx, parent, name, mode)
     }
 
@@ -496,7 +534,8 @@ impl FileSystem for PassthroughFs {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         let kill = killpriv::needed(ctx.uid, args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
-        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, args.mode, kill)?;
+        let mode = self.creation_mode(parent, args.mode, args.umask)?;
+        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, mode, kill)?;
         Ok((entry, Some(fh), opts, None))
     }
 

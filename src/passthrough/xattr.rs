@@ -39,7 +39,7 @@ impl PassthroughFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
-        refuse_acl(name)?;
+        self.refuse_acl(name)?;
         let fd = self.xattr_fd(inode, true)?;
         // SAFETY: name is NUL-terminated and value is a live slice of the given length.
         cvt(unsafe {
@@ -60,7 +60,7 @@ impl PassthroughFs {
         name: &CStr,
         size: u32,
     ) -> io::Result<GetxattrReply> {
-        refuse_acl(name)?;
+        self.refuse_acl(name)?;
         let fd = self.xattr_fd(inode, false)?;
         let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
         // SAFETY: the kernel writes at most buf.len() bytes (0 asks for the size only).
@@ -94,7 +94,7 @@ impl PassthroughFs {
     }
 
     pub(super) fn do_removexattr(&self, inode: u64, name: &CStr) -> io::Result<()> {
-        refuse_acl(name)?;
+        self.refuse_acl(name)?;
         let fd = self.xattr_fd(inode, true)?;
         // SAFETY: name is NUL-terminated.
         cvt(unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) })?;
@@ -102,13 +102,14 @@ impl PassthroughFs {
     }
 }
 
-/// POSIX ACLs are not negotiated (no FUSE_POSIX_ACL), so the guest kernel gives the share
-/// no ACL semantics: storing `system.posix_acl_*` on the host anyway would let programs
-/// believe ACLs work while permission checks ignore them. Refused, as virtiofsd does
-/// without `--posix-acl`.
-fn refuse_acl(name: &CStr) -> io::Result<()> {
-    if name.to_bytes().starts_with(b"system.posix_acl_") {
-        return Err(errno(libc::EOPNOTSUPP));
+impl PassthroughFs {
+    /// Without `--posix-acl` (no FUSE_POSIX_ACL), the guest kernel gives the share no ACL
+    /// semantics: storing `system.posix_acl_*` on the host anyway would let programs
+    /// believe ACLs work while permission checks ignore them. Refused, as virtiofsd does.
+    fn refuse_acl(&self, name: &CStr) -> io::Result<()> {
+        if !self.cfg.posix_acl && name.to_bytes().starts_with(b"system.posix_acl_") {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        Ok(())
     }
-    Ok(())
 }

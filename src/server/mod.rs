@@ -36,9 +36,11 @@ use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 use crate::passthrough::PassthroughFs;
 
 mod fast_read;
+pub mod init;
 mod locks;
 mod request;
 mod write;
+mod xattr;
 use crate::stats::Stats;
 use fast_read::FastRead;
 pub use locks::{install_wake_handler, Deferred};
@@ -48,6 +50,7 @@ pub mod opcode {
     pub const GETLK: u32 = 31;
     pub const SETLK: u32 = 32;
     pub const SETLKW: u32 = 33;
+    pub const SETXATTR: u32 = 21;
     pub const INIT: u32 = 26;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
@@ -81,6 +84,9 @@ pub struct FuseServer {
     panic_nodeid: Option<u64>,
     /// SETLKW requests waiting on their own threads.
     waiters: Arc<locks::Waiters>,
+    /// What the last INIT negotiated (atomics: read on every request that depends on it).
+    session_flags: std::sync::atomic::AtomicU64,
+    session_minor: std::sync::atomic::AtomicU32,
 }
 
 impl FuseServer {
@@ -90,6 +96,8 @@ impl FuseServer {
             fs,
             stats: Stats::default(),
             waiters: Arc::default(),
+            session_flags: Default::default(),
+            session_minor: Default::default(),
             panic_nodeid: std::env::var("VFSD_TEST_PANIC_NODEID")
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -262,7 +270,12 @@ impl FuseServer {
             opcode::INIT => {
                 // A new session: no wait of an earlier one goes on.
                 self.waiters.cancel_all();
-                self.serve_by_crate(mem, chain, req, hdr.opcode)
+                let r = self.init(req.args());
+                (reply(mem, chain, &hdr, r), false)
+            }
+            opcode::SETXATTR if self.session().has(crate::abi::flags::SETXATTR_EXT) => {
+                let r = xattr::setxattr_ext(&self.fs, &hdr, req.args()).map(|()| Vec::new());
+                (reply(mem, chain, &hdr, r), false)
             }
             opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
             opcode::WRITE => match write::write(&self.fs, mem, chain, req) {
@@ -347,6 +360,34 @@ impl FuseServer {
                     true,
                 )
             }
+        }
+    }
+
+    /// INIT (see `init`): negotiates the full 64-bit flags with the filesystem's wants.
+    fn init(&self, args: &[u8]) -> io::Result<Vec<u8>> {
+        let offer = init::parse(args)?;
+        let want = self.fs.negotiate(offer.flags);
+        let (out, session) =
+            init::reply(&offer, want).ok_or_else(|| io::Error::from_raw_os_error(libc::EPROTO))?;
+        if let Some(s) = session {
+            log::info!(
+                "FUSE INIT: guest 7.{} offered {:#x}; vfsd speaks 7.{}, enabled {:#x}",
+                offer.minor,
+                offer.flags,
+                s.minor,
+                s.flags
+            );
+            self.session_flags.store(s.flags, Ordering::Release);
+            self.session_minor.store(s.minor, Ordering::Release);
+        }
+        Ok(out)
+    }
+
+    /// What the last INIT negotiated.
+    pub fn session(&self) -> init::Session {
+        init::Session {
+            minor: self.session_minor.load(Ordering::Acquire),
+            flags: self.session_flags.load(Ordering::Acquire),
         }
     }
 

@@ -1,0 +1,124 @@
+//! FUSE_INIT as vfsd negotiates it (not the crate): the full 64-bit flags through
+//! INIT_EXT, the protocol minor, and `--allow-mmap`'s FUSE_DIRECT_IO_ALLOW_MMAP.
+
+mod common;
+
+use common::Daemon;
+use fuse_backend_rs::abi::fuse_abi::{InitIn, InitOut};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+
+const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+const SECURITY_CTX: u64 = 1 << 32;
+const INIT_EXT: u32 = 1 << 30;
+const ASYNC_READ: u64 = 1;
+
+fn fresh(d: &Daemon) -> FuseClient {
+    FuseClient::new(d.frontend(FrontendConfig::default()))
+}
+
+fn flags64(o: &InitOut) -> u64 {
+    o.flags as u64 | (o.flags2 as u64) << 32
+}
+
+#[test]
+fn allow_mmap_is_negotiated_through_the_second_flags_word() {
+    let d = Daemon::start(&["--cache", "never", "--allow-mmap"]);
+    let c = fresh(&d);
+    let out = c
+        .init_ext(44, ASYNC_READ | DIRECT_IO_ALLOW_MMAP | SECURITY_CTX)
+        .unwrap();
+    assert_eq!((out.major, out.minor), (7, 40));
+    let f = flags64(&out);
+    assert_ne!(f & DIRECT_IO_ALLOW_MMAP, 0, "flags {f:#x}");
+    assert_ne!(out.flags & INIT_EXT, 0, "flags2 is only read with INIT_EXT");
+    assert_eq!(
+        f & SECURITY_CTX,
+        0,
+        "not asked for: --security-label is off"
+    );
+    assert_ne!(f & ASYNC_READ, 0);
+    // The session works after it.
+    c.lookup(1, "nothing").unwrap_err();
+    c.getattr(1).unwrap();
+}
+
+#[test]
+fn without_allow_mmap_the_flag_stays_off() {
+    let d = Daemon::start(&["--cache", "never"]);
+    let out = fresh(&d)
+        .init_ext(44, ASYNC_READ | DIRECT_IO_ALLOW_MMAP)
+        .unwrap();
+    assert_eq!(flags64(&out) & DIRECT_IO_ALLOW_MMAP, 0);
+    assert_eq!(out.flags2, 0);
+    assert_eq!(out.flags & INIT_EXT, 0);
+}
+
+#[test]
+fn libvirt_spelling_of_allow_mmap() {
+    let d = Daemon::start(&["--cache", "never", "-o", "allow_mmap"]);
+    let out = fresh(&d).init_ext(44, DIRECT_IO_ALLOW_MMAP).unwrap();
+    assert_ne!(flags64(&out) & DIRECT_IO_ALLOW_MMAP, 0);
+}
+
+#[test]
+fn a_flag_in_the_second_word_is_ignored_without_init_ext() {
+    // The guest sends the 7.36 second half but does not set INIT_EXT: it must not count.
+    let d = Daemon::start(&["--allow-mmap"]);
+    let c = fresh(&d);
+    let mut second = [0u8; 48];
+    second[..4].copy_from_slice(&((DIRECT_IO_ALLOW_MMAP >> 32) as u32).to_ne_bytes());
+    let i = InitIn {
+        major: 7,
+        minor: 44,
+        max_readahead: 65536,
+        flags: ASYNC_READ as u32,
+    };
+    let b = c
+        .call(
+            FUSE_INIT,
+            0,
+            &[vm_memory::ByteValued::as_slice(&i), &second],
+            4096,
+        )
+        .unwrap();
+    let out: InitOut = decode(&b).unwrap();
+    assert_eq!(out.flags2, 0);
+}
+
+#[test]
+fn init_ext_without_the_second_half_is_einval() {
+    let d = Daemon::start(&[]);
+    let c = fresh(&d);
+    let i = InitIn {
+        major: 7,
+        minor: 44,
+        max_readahead: 65536,
+        flags: INIT_EXT,
+    };
+    let e = c
+        .call(FUSE_INIT, 0, &[vm_memory::ByteValued::as_slice(&i)], 4096)
+        .unwrap_err();
+    assert!(matches!(e, FuseError::Errno(libc::EINVAL)), "{e:?}");
+    // A proper INIT after it still works.
+    c.init().unwrap();
+    c.getattr(1).unwrap();
+}
+
+#[test]
+fn an_older_guest_gets_its_own_minor_and_no_second_word() {
+    let d = Daemon::start(&["--allow-mmap"]);
+    let out = fresh(&d)
+        .init_ext(31, ASYNC_READ | DIRECT_IO_ALLOW_MMAP)
+        .unwrap();
+    assert_eq!(out.minor, 31);
+    assert_eq!(out.flags2, 0);
+}
+
+#[test]
+fn max_write_and_max_pages_match_the_request_limit() {
+    let d = Daemon::start(&[]);
+    let out = fresh(&d).init().unwrap();
+    assert_eq!(out.max_pages, 256);
+    assert_eq!(out.max_write, 1 << 20);
+}
