@@ -198,7 +198,7 @@ for daemon in "${DAEMONS[@]}"; do
     if wanted features; then
         # Issue 12's features in one boot, each section with the options it needs.
         run_test "$daemon" "$label" features 0 600 "/guest-tests/features.sh" \
-            "--cache=never --allow-mmap"
+            "--cache=never --allow-mmap --posix-acl"
         finish_test "$label" features
         show '^features: [0-9]+ checks'
     fi
