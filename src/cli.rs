@@ -187,6 +187,11 @@ pub struct Opt {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_lock_waiters: usize,
 
+    /// Label new files, directories, symlinks and nodes with the security context (e.g.
+    /// SELinux) the guest sends with the create (negotiates FUSE_SECURITY_CTX; implies --xattr)
+    #[arg(long)]
+    pub security_label: bool,
+
     /// POSIX ACLs: the guest checks permissions against system.posix_acl_* ACLs kept on
     /// the host, default ACLs are inherited (implies --xattr)
     #[arg(long)]
@@ -279,8 +284,6 @@ pub struct Unsupported {
     pub translate_gid: Vec<String>,
     #[arg(long, hide = true, value_name = "RULES")]
     pub xattrmap: Option<String>,
-    #[arg(long, hide = true)]
-    pub security_label: bool,
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_mode: Option<String>,
     #[arg(long, hide = true, value_name = "MODE")]
@@ -301,7 +304,6 @@ impl Unsupported {
                 "--translate-uid/--translate-gid are not supported",
             ),
             (u.xattrmap.is_some(), "--xattrmap is not supported"),
-            (u.security_label, "--security-label is not supported"),
             (
                 u.migration_mode.is_some()
                     || u.migration_on_error.is_some()
@@ -383,6 +385,8 @@ impl Opt {
                         self.killpriv_v2 = false;
                         self.no_killpriv_v2 = true;
                     }
+                    "security_label" => self.security_label = true,
+                    "no_security_label" => self.security_label = false,
                     "posix_acl" => self.posix_acl = true,
                     "no_posix_acl" => self.posix_acl = false,
                     "allow_mmap" => self.allow_mmap = true,

@@ -274,6 +274,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.posix_acl = opt.posix_acl;
     // ACLs are extended attributes: --posix-acl implies --xattr, as in virtiofsd.
     cfg.xattr |= opt.posix_acl;
+    cfg.security_label = opt.security_label;
+    cfg.xattr |= opt.security_label;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -77,12 +77,17 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_fsetxattr,
     libc::SYS_flistxattr,
     libc::SYS_fremovexattr,
+    // Labels of new symlinks and special files, through /proc/self/fd (see create_ext).
+    libc::SYS_setxattr,
     libc::SYS_umask,
     libc::SYS_name_to_handle_at,
     // open_by_handle_at: only with file handles, see `rules`.
     // Acting as the guest caller when creating files.
     libc::SYS_setfsuid,
     libc::SYS_setfsgid,
+    // The caller's supplementary group for a create (FUSE_CREATE_SUPP_GROUP), per thread.
+    libc::SYS_setgroups,
+    libc::SYS_getgroups,
     libc::SYS_geteuid,
     libc::SYS_getegid,
     libc::SYS_getuid,

@@ -120,14 +120,44 @@ pub fn is_dot_or_dotdot(name: &CStr) -> bool {
 /// what a worker serving one request at a time needs.
 pub struct FsCred {
     switched: bool,
+    /// The thread's supplementary groups before `switch_with_groups` changed them.
+    groups: Option<Vec<libc::gid_t>>,
 }
 
 impl FsCred {
+    /// As `switch`, and with `groups` as the thread's supplementary groups, so the host
+    /// kernel's group-membership checks (e.g. keeping S_ISGID on a new file) see them.
+    pub fn switch_with_groups(uid: u32, gid: u32, groups: &[u32]) -> io::Result<FsCred> {
+        let mut cred = Self::switch(uid, gid)?;
+        if groups.is_empty() || !cred.switched {
+            return Ok(cred);
+        }
+        let mut old = vec![0 as libc::gid_t; 64];
+        // The raw syscalls act on this thread alone; glibc's wrappers would change every
+        // thread of the process.
+        // SAFETY: the kernel writes at most old.len() ids into the buffer.
+        let n = unsafe { libc::syscall(libc::SYS_getgroups, old.len() as i32, old.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        old.truncate(n as usize);
+        // SAFETY: groups is a live slice of gid_t-sized ids of the given length.
+        let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        cred.groups = Some(old);
+        Ok(cred)
+    }
+
     pub fn switch(uid: u32, gid: u32) -> io::Result<FsCred> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             // An unprivileged daemon creates files as itself, as virtiofsd does.
-            return Ok(FsCred { switched: false });
+            return Ok(FsCred {
+                switched: false,
+                groups: None,
+            });
         }
         // SAFETY: setfsgid/setfsuid only change this thread's credentials.
         unsafe {
@@ -140,12 +170,19 @@ impl FsCred {
                 return Err(errno(libc::EPERM));
             }
         }
-        Ok(FsCred { switched: true })
+        Ok(FsCred {
+            switched: true,
+            groups: None,
+        })
     }
 }
 
 impl Drop for FsCred {
     fn drop(&mut self) {
+        if let Some(g) = self.groups.take() {
+            // SAFETY: restores this thread's supplementary groups from a live slice.
+            unsafe { libc::syscall(libc::SYS_setgroups, g.len(), g.as_ptr()) };
+        }
         if self.switched {
             // SAFETY: restores this thread's filesystem ids to root's.
             unsafe {

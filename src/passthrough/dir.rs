@@ -95,10 +95,11 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.creator(ctx)?;
             // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
             cvt(unsafe { libc::symlinkat(linkname.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) })?;
         }
+        self.label_new(pfd.as_raw_fd(), name, false)?;
         self.do_lookup(parent, name)
     }
 
@@ -113,12 +114,13 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.creator(ctx)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe {
                 libc::mknodat(pfd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
             })?;
         }
+        self.label_new(pfd.as_raw_fd(), name, false)?;
         self.do_lookup(parent, name)
     }
 
@@ -132,10 +134,11 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.creator(ctx)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe { libc::mkdirat(pfd.as_raw_fd(), name.as_ptr(), mode) })?;
         }
+        self.label_new(pfd.as_raw_fd(), name, true)?;
         self.do_lookup(parent, name)
     }
 

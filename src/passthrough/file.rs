@@ -105,7 +105,7 @@ impl PassthroughFs {
             // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
             let pfd = p.path_fd()?;
             let created = {
-                let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+                let _cred = self.creator(ctx)?;
                 sys::openat(
                     pfd.as_raw_fd(),
                     name,
@@ -114,7 +114,14 @@ impl PassthroughFs {
                 )
             };
             match created {
-                Ok(fd) => return self.created(fd, hflags, flags),
+                Ok(fd) => {
+                    if let Err(e) = self.label_created_file(fd.as_raw_fd()) {
+                        // SAFETY: NUL-terminated name relative to the parent's fd.
+                        unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
+                        return Err(e);
+                    }
+                    return self.created(fd, hflags, flags);
+                }
                 Err(e)
                     if e.raw_os_error() == Some(libc::EEXIST)
                         && flags as i32 & libc::O_EXCL == 0 =>

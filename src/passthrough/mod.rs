@@ -9,6 +9,7 @@
 
 mod acl;
 mod attr;
+pub mod create_ext;
 mod dir;
 mod file;
 pub mod filelocks;
@@ -33,6 +34,7 @@ use fuse_backend_rs::api::filesystem::{
 };
 
 use crate::sys;
+pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
 pub use killpriv::needed as killpriv_needed;
@@ -87,6 +89,9 @@ pub struct Config {
     /// POSIX ACLs (`--posix-acl`): FUSE_POSIX_ACL and DONT_MASK are offered and the
     /// `system.posix_acl_*` names are passed to the host (see `acl`).
     pub posix_acl: bool,
+    /// Label new nodes with the guest's security context (`--security-label`,
+    /// FUSE_SECURITY_CTX; see `create_ext`).
+    pub security_label: bool,
 }
 
 impl Config {
@@ -110,6 +115,7 @@ impl Config {
             max_lock_waiters: 1024,
             allow_mmap: false,
             posix_acl: false,
+            security_label: false,
         }
     }
 
@@ -366,6 +372,14 @@ impl PassthroughFs {
         }
         if self.cfg.allow_mmap {
             want |= f::DIRECT_IO_ALLOW_MMAP;
+        }
+        if self.cfg.security_label {
+            want |= f::SECURITY_CTX;
+        }
+        // The caller's supplementary group matters when vfsd creates as the caller.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            want |= f::CREATE_SUPP_GROUP;
         }
         if self.cfg.posix_acl {
             // SETXATTR_EXT carries the kill-sgid flag of an ACL change (see `acl`).

@@ -35,6 +35,7 @@ use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
 use crate::passthrough::PassthroughFs;
 
+mod ext;
 mod fast_read;
 pub mod init;
 mod locks;
@@ -51,6 +52,10 @@ pub mod opcode {
     pub const SETLK: u32 = 32;
     pub const SETLKW: u32 = 33;
     pub const SETXATTR: u32 = 21;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const CREATE: u32 = 35;
     pub const INIT: u32 = 26;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
@@ -308,7 +313,32 @@ impl FuseServer {
                     false,
                 )
             }
-            op => self.serve_by_crate(mem, chain, req, op),
+            op @ (opcode::CREATE | opcode::MKDIR | opcode::MKNOD | opcode::SYMLINK) => {
+                match ext::take(req) {
+                    Ok(e) => crate::passthrough::create_ext::with(e, || {
+                        self.serve_by_crate(mem, chain, req, op)
+                    }),
+                    Err(e) => (
+                        reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(e))),
+                        true,
+                    ),
+                }
+            }
+            op => match ext::take(req) {
+                // Extensions on other requests carry nothing vfsd uses.
+                Ok(_) => self.serve_by_crate(mem, chain, req, op),
+                Err(e) if no_reply(op) => {
+                    debug!(
+                        "dropping a {} with bad extensions ({e})",
+                        crate::stats::opcode_name(op)
+                    );
+                    (0, true)
+                }
+                Err(e) => (
+                    reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(e))),
+                    true,
+                ),
+            },
         })
     }
 

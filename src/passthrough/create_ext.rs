@@ -1,0 +1,140 @@
+//! What a create request carries beside its arguments (the server decodes the request
+//! extensions, see `server::ext`): the new node's security context and the caller's
+//! supplementary group. The crate's `FileSystem` calls have no room for them, so the
+//! server puts them in a per-thread slot for the one call it makes (`with`), and the
+//! create paths read them here.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use fuse_backend_rs::api::filesystem::Context;
+
+use super::PassthroughFs;
+use crate::sys::{self, cvt};
+
+/// A security context for a new node (FUSE_SECURITY_CTX).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecCtx {
+    /// The xattr that holds it on a local filesystem, e.g. `security.selinux`.
+    pub name: CString,
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreateExt {
+    pub secctx: Option<SecCtx>,
+    /// Supplementary groups of the caller that matter for this create (FUSE_EXT_GROUPS:
+    /// the parent's group, when the caller is in it only as a supplementary group).
+    pub groups: Vec<u32>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<CreateExt> = RefCell::default();
+}
+
+/// Runs `f` (one filesystem call) with `ext` visible to the create paths; the slot is
+/// cleared afterwards, also when `f` panics.
+pub fn with<R>(ext: CreateExt, f: impl FnOnce() -> R) -> R {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            CURRENT.with(|c| *c.borrow_mut() = CreateExt::default());
+        }
+    }
+    CURRENT.with(|c| *c.borrow_mut() = ext);
+    let _clear = Clear;
+    f()
+}
+
+fn groups() -> Vec<u32> {
+    CURRENT.with(|c| c.borrow().groups.clone())
+}
+
+fn secctx() -> Option<SecCtx> {
+    CURRENT.with(|c| c.borrow().secctx.clone())
+}
+
+impl PassthroughFs {
+    /// Switches to the caller's credentials for a create, with the supplementary group
+    /// the request carried (only with `--create-supp-group` negotiated; see `server::ext`).
+    pub(super) fn creator(&self, ctx: &Context) -> io::Result<sys::FsCred> {
+        let g = groups();
+        sys::FsCred::switch_with_groups(ctx.uid, ctx.gid, &g)
+    }
+
+    /// Labels the node just created as `name` in `dir` with the request's security context,
+    /// before the guest hears of it. On failure the node is removed again (`rmdir` says
+    /// whether it is a directory), so a create never leaves an unlabeled node behind.
+    pub(super) fn label_new(&self, dir: RawFd, name: &CStr, rmdir: bool) -> io::Result<()> {
+        let Some(ctx) = secctx() else {
+            return Ok(());
+        };
+        let r = self.set_label(dir, name, &ctx);
+        if r.is_err() {
+            let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
+            // SAFETY: NUL-terminated name relative to the parent's fd.
+            unsafe { libc::unlinkat(dir, name.as_ptr(), flags) };
+        }
+        r
+    }
+
+    fn set_label(&self, dir: RawFd, name: &CStr, ctx: &SecCtx) -> io::Result<()> {
+        let path = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let st = sys::statx(path.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+            return self.set_label_on_path_fd(path.as_raw_fd(), ctx);
+        }
+        // A regular file or directory (checked above): opening it can't block or reach a device.
+        let fd = sys::openat(
+            self.proc_self_fd.as_raw_fd(),
+            &sys::fd_name(path.as_raw_fd()),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )?;
+        Self::fset_label(fd.as_raw_fd(), ctx)
+    }
+
+    /// Labels an open regular file or directory.
+    pub(super) fn fset_label(fd: RawFd, ctx: &SecCtx) -> io::Result<()> {
+        // SAFETY: NUL-terminated name; value is a live slice of the given length.
+        cvt(unsafe {
+            libc::fsetxattr(
+                fd,
+                ctx.name.as_ptr(),
+                ctx.value.as_ptr().cast(),
+                ctx.value.len(),
+                0,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The security context of the regular file just created and opened as `fd`.
+    pub(super) fn label_created_file(&self, fd: RawFd) -> io::Result<()> {
+        match secctx() {
+            Some(ctx) => Self::fset_label(fd, &ctx),
+            None => Ok(()),
+        }
+    }
+
+    /// Symlinks and special files can't be opened for I/O: their O_PATH fd is named
+    /// through /proc/self/fd, whose magic link the path-following setxattr resolves to
+    /// the node itself.
+    fn set_label_on_path_fd(&self, fd: RawFd, ctx: &SecCtx) -> io::Result<()> {
+        let p = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
+        // SAFETY: NUL-terminated path and name; value is a live slice of the given length.
+        cvt(unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                ctx.name.as_ptr(),
+                ctx.value.as_ptr().cast(),
+                ctx.value.len(),
+                0,
+            )
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! Request extensions on creates, through the real socket (FUSE 7.38): the security
+//! context (`--security-label`, FUSE_SECURITY_CTX) lands on the new node before the reply,
+//! and FUSE_EXT_GROUPS keeps S_ISGID for a caller in the parent's group only as a
+//! supplementary group (FUSE_CREATE_SUPP_GROUP). Malformed extensions get EINVAL.
+
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::{is_root, Daemon};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+use vm_memory::ByteValued;
+
+const ROOT: u64 = 1;
+const SECURITY_CTX: u64 = 1 << 32;
+const CREATE_SUPP_GROUP: u64 = 1 << 34;
+const LABEL: &[u8] = b"system_u:object_r:container_file_t:s0\0";
+
+fn pad8(mut v: Vec<u8>) -> Vec<u8> {
+    while !v.len().is_multiple_of(8) {
+        v.push(0);
+    }
+    v
+}
+
+/// The security-context extension as the guest kernel builds it.
+fn secctx_ext(name: &str, value: &[u8]) -> Vec<u8> {
+    let mut body = (value.len() as u32).to_ne_bytes().to_vec();
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    body.extend_from_slice(name.as_bytes());
+    body.push(0);
+    body.extend_from_slice(value);
+    let body = pad8(body);
+    let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
+    v.extend_from_slice(&1u32.to_ne_bytes());
+    v.extend(body);
+    v
+}
+
+fn groups_ext(groups: &[u32]) -> Vec<u8> {
+    let mut body = (groups.len() as u32).to_ne_bytes().to_vec();
+    for g in groups {
+        body.extend_from_slice(&g.to_ne_bytes());
+    }
+    let body = pad8(body);
+    let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
+    v.extend_from_slice(&32u32.to_ne_bytes());
+    v.extend(body);
+    v
+}
+
+/// Sends `op` with `args` and the extension block `ext` (total_extlen set in the header).
+fn call_ext(c: &FuseClient, op: u32, node: u64, args: &[&[u8]], ext: &[u8]) -> FResult<Vec<u8>> {
+    assert_eq!(ext.len() % 8, 0);
+    let mut parts: Vec<&[u8]> = args.to_vec();
+    parts.push(ext);
+    let (u, mut req) = c.build(op, node, &parts);
+    let units = (ext.len() / 8) as u16;
+    req[36..38].copy_from_slice(&units.to_ne_bytes());
+    let t = c.submit_bytes(1, &req, 4096, u)?;
+    c.wait(t)?.ok()
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    CString::new(s).unwrap().into_bytes_with_nul()
+}
+
+fn client(d: &Daemon, flags: u64) -> FuseClient {
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    c.init_ext(44, flags | INIT_BIG_WRITES as u64).unwrap();
+    c
+}
+
+fn host_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| buf[..r as usize].to_vec())
+}
+
+fn label_test(sandbox: &str) {
+    if !is_root() {
+        eprintln!("skipped: security.* xattrs need root");
+        return;
+    }
+    let d = Daemon::start(&["--security-label", "--sandbox", sandbox]);
+    let c = client(&d, SECURITY_CTX);
+    let ext = secctx_ext("security.selinux", LABEL);
+    let m = MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    let b = call_ext(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr("dir")], &ext).unwrap();
+    let _: EntryOut = decode(&b).unwrap();
+    let a = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o644,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    call_ext(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("file")], &ext).unwrap();
+    let n = MknodIn {
+        mode: libc::S_IFIFO | 0o644,
+        rdev: 0,
+        umask: 0,
+        padding: 0,
+    };
+    call_ext(&c, FUSE_MKNOD, ROOT, &[n.as_slice(), &cstr("fifo")], &ext).unwrap();
+    call_ext(
+        &c,
+        FUSE_SYMLINK,
+        ROOT,
+        &[&cstr("link"), &cstr("target")],
+        &ext,
+    )
+    .unwrap();
+    for name in ["dir", "file", "fifo", "link"] {
+        assert_eq!(
+            host_xattr(&d.share.join(name), "security.selinux").as_deref(),
+            Some(LABEL),
+            "{name} under --sandbox {sandbox}"
+        );
+    }
+    // The requests' names were not taken with the extension glued on.
+    let mut names: Vec<_> = std::fs::read_dir(&d.share)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["dir", "fifo", "file", "link"]);
+}
+
+#[test]
+fn security_label_is_negotiated_only_when_asked() {
+    let d = Daemon::start(&["--security-label"]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let o = c.init_ext(44, SECURITY_CTX).unwrap();
+    assert_ne!(o.flags2 as u64 & (SECURITY_CTX >> 32), 0);
+    let d = Daemon::start(&[]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let o = c.init_ext(44, SECURITY_CTX).unwrap();
+    assert_eq!(o.flags2 as u64 & (SECURITY_CTX >> 32), 0);
+}
+
+#[test]
+fn new_nodes_carry_the_guests_security_context() {
+    label_test("none");
+}
+
+#[test]
+fn a_supplementary_group_keeps_the_set_group_id_bit() {
+    if !is_root() {
+        eprintln!("skipped: needs root to create as another user");
+        return;
+    }
+    let d = Daemon::start(&["--sandbox", "none"]);
+    let c = client(&d, CREATE_SUPP_GROUP);
+    // A setgid directory of group 2000; the caller is uid/gid 1000 and in 2000 only as a
+    // supplementary group.
+    let dir = d.share.join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(0), Some(2000)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2777)).unwrap();
+    let e = c.lookup(ROOT, "shared").unwrap();
+    let caller = Caller {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    };
+    let a = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o2755,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    c.as_caller(caller, |c| {
+        call_ext(
+            c,
+            FUSE_CREATE,
+            e.nodeid,
+            &[a.as_slice(), &cstr("without")],
+            &[],
+        )
+        .unwrap();
+        call_ext(
+            c,
+            FUSE_CREATE,
+            e.nodeid,
+            &[a.as_slice(), &cstr("with")],
+            &groups_ext(&[2000]),
+        )
+        .unwrap();
+    });
+    let without = std::fs::metadata(dir.join("without")).unwrap();
+    let with = std::fs::metadata(dir.join("with")).unwrap();
+    assert_eq!((without.gid(), with.gid()), (2000, 2000));
+    assert_eq!(
+        without.mode() & 0o7777,
+        0o755,
+        "not a member: S_ISGID cleared"
+    );
+    assert_eq!(
+        with.mode() & 0o7777,
+        0o2755,
+        "member through the extension: kept"
+    );
+    assert_eq!(with.uid(), 1000);
+    // The worker's groups are restored: the next create without the extension clears it.
+    c.as_caller(caller, |c| {
+        call_ext(
+            c,
+            FUSE_CREATE,
+            e.nodeid,
+            &[a.as_slice(), &cstr("after")],
+            &[],
+        )
+        .unwrap();
+    });
+    let after = std::fs::metadata(dir.join("after")).unwrap();
+    assert_eq!(after.mode() & 0o7777, 0o755);
+}
+
+#[test]
+fn create_supp_group_is_offered_by_a_root_daemon() {
+    let d = Daemon::start(&[]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let o = c.init_ext(44, CREATE_SUPP_GROUP).unwrap();
+    let on = o.flags2 as u64 & (CREATE_SUPP_GROUP >> 32) != 0;
+    assert_eq!(on, is_root());
+}
+
+#[test]
+fn malformed_extensions_get_einval_and_create_nothing() {
+    let d = Daemon::start(&["--security-label"]);
+    let c = client(&d, SECURITY_CTX);
+    let m = MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    let bad: Vec<Vec<u8>> = vec![
+        // size 0
+        [0u32.to_ne_bytes(), 1u32.to_ne_bytes()].concat(),
+        // size past the block
+        [64u32.to_ne_bytes(), 1u32.to_ne_bytes()].concat(),
+        // a context name outside security.*
+        secctx_ext("user.evil", b"x"),
+        // 1000 groups in 8 bytes
+        [
+            16u32.to_ne_bytes(),
+            32u32.to_ne_bytes(),
+            1000u32.to_ne_bytes(),
+            [0; 4],
+        ]
+        .concat(),
+    ];
+    for (i, ext) in bad.iter().enumerate() {
+        let name = format!("bad{i}");
+        let r = call_ext(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr(&name)], ext);
+        assert!(
+            matches!(r, Err(FuseError::Errno(libc::EINVAL))),
+            "{i}: {r:?}"
+        );
+        assert!(!d.share.join(&name).exists());
+    }
+    // total_extlen larger than the whole request.
+    let (u, mut req) = c.build(FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr("huge")]);
+    req[36..38].copy_from_slice(&200u16.to_ne_bytes());
+    let t = c.submit_bytes(1, &req, 4096, u).unwrap();
+    let r = c.wait(t).unwrap().ok();
+    assert!(matches!(r, Err(FuseError::Errno(libc::EINVAL))), "{r:?}");
+    // An extension on a request that takes none is cut off and ignored.
+    let b = call_ext(&c, FUSE_LOOKUP, ROOT, &[&cstr("bad0")], &groups_ext(&[1])).unwrap_err();
+    assert!(matches!(b, FuseError::Errno(libc::ENOENT)), "{b:?}");
+    c.getattr(ROOT).unwrap();
+}
