@@ -95,7 +95,7 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.caller_cred(ctx)?;
             // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
             cvt(unsafe { libc::symlinkat(linkname.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) })?;
         }
@@ -113,7 +113,7 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.caller_cred(ctx)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe {
                 libc::mknodat(pfd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
@@ -132,7 +132,7 @@ impl PassthroughFs {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.caller_cred(ctx)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe { libc::mkdirat(pfd.as_raw_fd(), name.as_ptr(), mode) })?;
         }

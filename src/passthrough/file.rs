@@ -105,7 +105,7 @@ impl PassthroughFs {
             // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
             let pfd = p.path_fd()?;
             let created = {
-                let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+                let _cred = self.caller_cred(ctx)?;
                 sys::openat(
                     pfd.as_raw_fd(),
                     name,
@@ -133,7 +133,7 @@ impl PassthroughFs {
                                 .get(fh, entry.inode)
                                 .and_then(|h| sys::fstat(&h.fd))
                             {
-                                entry.attr = st;
+                                entry.attr = self.guest_attr(st);
                             }
                             Ok((entry, fh, opts))
                         }

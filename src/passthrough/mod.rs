@@ -12,6 +12,7 @@ mod dir;
 mod file;
 pub mod filelocks;
 pub mod handle;
+pub mod idtranslate;
 pub mod inode;
 mod killpriv;
 pub mod lock;
@@ -80,6 +81,8 @@ pub struct Config {
     pub max_locks: usize,
     /// SETLKW requests that may wait at once (`--max-lock-waiters`).
     pub max_lock_waiters: usize,
+    /// `--translate-uid` / `--translate-gid` (identity when not given).
+    pub id_translate: idtranslate::IdTranslate,
 }
 
 impl Config {
@@ -101,6 +104,7 @@ impl Config {
             flock: true,
             max_locks: 65536,
             max_lock_waiters: 1024,
+            id_translate: idtranslate::IdTranslate::default(),
         }
     }
 
@@ -272,11 +276,23 @@ impl PassthroughFs {
         Entry {
             inode: inode.nodeid,
             generation: 0,
-            attr: st,
+            attr: self.guest_attr(st),
             attr_flags: 0,
             attr_timeout: t,
             entry_timeout: t,
         }
+    }
+
+    /// Host attributes as the guest sees them (`--translate-uid/gid`): every attribute
+    /// reply passes here.
+    pub(crate) fn guest_attr(&self, st: libc::stat64) -> libc::stat64 {
+        self.cfg.id_translate.stat_to_guest(st)
+    }
+
+    /// Switches to the guest caller's ids, translated to host ids, for a create.
+    pub(crate) fn caller_cred(&self, ctx: &Context) -> io::Result<sys::FsCred> {
+        let ids = &self.cfg.id_translate;
+        sys::FsCred::switch(ids.uid.to_host(ctx.uid)?, ids.gid.to_host(ctx.gid)?)
     }
 
     pub(crate) fn attr_timeout(&self) -> Duration {
