@@ -270,6 +270,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     cfg.max_locks = opt.max_locks;
     cfg.max_lock_waiters = opt.max_lock_waiters;
+    cfg.id_translate = opt.id_translate()?;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));
