@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::passthrough::idtranslate::{IdTranslate, IdTranslation, Rule};
 use crate::passthrough::inode::FileHandleMode;
 use crate::passthrough::CachePolicy;
 
@@ -233,6 +234,17 @@ pub struct Opt {
     #[arg(long, value_name = "MAP", value_parser = crate::idmap::parse)]
     pub gid_map: Vec<crate::idmap::IdRange>,
 
+    /// Translate uids between guest and host inside vfsd, as virtiofsd: map:GUEST:HOST:COUNT,
+    /// guest:GUEST:HOST:COUNT, host:HOST:GUEST:COUNT, squash-guest:GUEST:HOST:COUNT,
+    /// squash-host:HOST:GUEST:COUNT or forbid-guest:GUEST:COUNT (repeatable; see
+    /// docs/translate.md)
+    #[arg(long, value_name = "RULE")]
+    pub translate_uid: Vec<String>,
+
+    /// Like --translate-uid, for gids
+    #[arg(long, value_name = "RULE")]
+    pub translate_gid: Vec<String>,
+
     /// Limit on open files (default: raise the soft limit to the hard limit)
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
@@ -278,10 +290,6 @@ pub struct Opt {
 /// virtiofsd options without an implementation in vfsd (hidden from --help).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Unsupported {
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub translate_uid: Vec<String>,
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub translate_gid: Vec<String>,
     #[arg(long, hide = true, value_name = "RULES")]
     pub xattrmap: Option<String>,
     #[arg(long, hide = true, value_name = "MODE")]
@@ -299,10 +307,6 @@ impl Unsupported {
     fn first(&self) -> Option<&'static str> {
         let u = self;
         [
-            (
-                !u.translate_uid.is_empty() || !u.translate_gid.is_empty(),
-                "--translate-uid/--translate-gid are not supported",
-            ),
             (u.xattrmap.is_some(), "--xattrmap is not supported"),
             (
                 u.migration_mode.is_some()
@@ -323,6 +327,7 @@ impl Opt {
         if let Some(msg) = self.unsupported.first() {
             return Err(msg.to_string());
         }
+        self.id_translate()?;
         if self.uid_map.is_empty() != self.gid_map.is_empty() {
             return Err("--uid-map and --gid-map go together".into());
         }
@@ -334,6 +339,23 @@ impl Opt {
             );
         }
         Ok(())
+    }
+
+    /// `--translate-uid` / `--translate-gid` as the filesystem applies them. Parsed here
+    /// rather than by clap so that a bad rule, like an overlap, is one line of error.
+    pub fn id_translate(&self) -> Result<IdTranslate, String> {
+        let table = |opt: &str, specs: &[String]| {
+            let rules = specs
+                .iter()
+                .map(|s| s.parse::<Rule>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{opt} {e}"))?;
+            IdTranslation::new(&rules).map_err(|e| format!("{opt} {e}"))
+        };
+        Ok(IdTranslate {
+            uid: table("--translate-uid", &self.translate_uid)?,
+            gid: table("--translate-gid", &self.translate_gid)?,
+        })
     }
 
     /// The id maps for the namespace sandbox, if any were given.
@@ -557,6 +579,56 @@ mod tests {
         o.check_supported().unwrap();
         assert!(!o.announce_submounts && o.preserve_noatime);
         assert_eq!(o.socket_path.as_deref(), Some(std::path::Path::new("/s")));
+    }
+
+    #[test]
+    fn translate_options_repeat_and_bad_rules_give_one_line() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["vfsd", "--fd=3", "--shared-dir", "/a"];
+            args.extend_from_slice(extra);
+            Opt::try_parse_from(args).unwrap()
+        };
+        let o = parse(&[
+            "--translate-uid=map:1000:2000:10",
+            "--translate-uid",
+            "squash-host:0:0:1000",
+            "--translate-gid=forbid-guest:0:100",
+        ]);
+        o.check_supported().unwrap();
+        let t = o.id_translate().unwrap();
+        assert_eq!(t.uid.to_host(1001).unwrap(), 2001);
+        assert_eq!(t.uid.to_guest(500), 0);
+        assert!(t.gid.to_host(5).is_err());
+        for (arg, want) in [
+            (
+                "--translate-uid=map:1:2",
+                "--translate-uid 'map:1:2': map takes 3",
+            ),
+            (
+                "--translate-gid=squash:1:2:3",
+                "--translate-gid 'squash:1:2:3': unknown type",
+            ),
+            (
+                "--translate-uid=map:1:0:4294967295",
+                "--translate-uid map:1:0:4294967295",
+            ),
+        ] {
+            let e = parse(&[arg]).check_supported().unwrap_err();
+            assert!(e.starts_with(want), "{arg}: {e}");
+            assert_eq!(e.lines().count(), 1);
+        }
+        let e = parse(&["--translate-uid=map:0:0:10", "--translate-uid=guest:5:0:1"])
+            .check_supported()
+            .unwrap_err();
+        assert!(e.contains("guest:5:0:1") && e.contains("overlaps"), "{e}");
+        // Not a -o option in virtiofsd either.
+        let mut o =
+            Opt::try_parse_from(["vfsd", "--fd=3", "-o", "source=/a,translate_uid=map:0:0:1"])
+                .unwrap();
+        assert!(o
+            .apply_compat_options()
+            .unwrap_err()
+            .contains("translate_uid"));
     }
 
     #[test]

@@ -276,6 +276,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.xattr |= opt.posix_acl;
     cfg.security_label = opt.security_label;
     cfg.xattr |= opt.security_label;
+    cfg.id_translate = opt.id_translate()?;
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -217,7 +217,6 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
     let sock = dir.path().join("s");
     let sock = sock.to_str().unwrap();
     for (opt, what) in [
-        ("--translate-uid=squash-host:0:1000:1", "--translate-uid"),
         ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
         ("--migration-mode=find-paths", "migration"),
     ] {

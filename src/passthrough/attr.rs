@@ -22,7 +22,7 @@ impl PassthroughFs {
             Some(fh) => sys::fstat(&self.handles.get(fh, inode)?.fd)?,
             None => sys::fstat(&i.path_fd()?)?,
         };
-        Ok((st, self.attr_timeout()))
+        Ok((self.guest_attr(st), self.attr_timeout()))
     }
 
     pub(super) fn do_setattr(
@@ -63,13 +63,14 @@ impl PassthroughFs {
         }
 
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            let ids = &self.cfg.id_translate;
             let uid = if valid.contains(SetattrValid::UID) {
-                attr.st_uid
+                ids.uid.to_host(attr.st_uid)?
             } else {
                 u32::MAX
             };
             let gid = if valid.contains(SetattrValid::GID) {
-                attr.st_gid
+                ids.gid.to_host(attr.st_gid)?
             } else {
                 u32::MAX
             };
@@ -196,7 +197,8 @@ impl PassthroughFs {
     /// ACCESS, checked against the host file's mode and owner as the guest caller.
     pub(super) fn do_access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
         let i = self.inode(inode)?;
-        let st = sys::fstat(&i.path_fd()?)?;
+        // Owner and group as the guest caller knows them.
+        let st = self.guest_attr(sys::fstat(&i.path_fd()?)?);
         let mask = mask as i32;
         if mask == libc::F_OK {
             return Ok(());

@@ -57,11 +57,20 @@ fn secctx() -> Option<SecCtx> {
 }
 
 impl PassthroughFs {
-    /// Switches to the caller's credentials for a create, with the supplementary group
-    /// the request carried (only with `--create-supp-group` negotiated; see `server::ext`).
+    /// Switches to the guest caller's ids (translated to host ids, `--translate-uid/gid`)
+    /// for a create, with the supplementary group the request carried (FUSE_EXT_GROUPS,
+    /// see `server::ext`).
     pub(super) fn creator(&self, ctx: &Context) -> io::Result<sys::FsCred> {
-        let g = groups();
-        sys::FsCred::switch_with_groups(ctx.uid, ctx.gid, &g)
+        let ids = &self.cfg.id_translate;
+        let groups = groups()
+            .into_iter()
+            .map(|g| ids.gid.to_host(g))
+            .collect::<io::Result<Vec<u32>>>()?;
+        sys::FsCred::switch_with_groups(
+            ids.uid.to_host(ctx.uid)?,
+            ids.gid.to_host(ctx.gid)?,
+            &groups,
+        )
     }
 
     /// Labels the node just created as `name` in `dir` with the request's security context,

@@ -140,7 +140,7 @@ impl PassthroughFs {
                                 .get(fh, entry.inode)
                                 .and_then(|h| sys::fstat(&h.fd))
                             {
-                                entry.attr = st;
+                                entry.attr = self.guest_attr(st);
                             }
                             Ok((entry, fh, opts))
                         }

@@ -14,6 +14,7 @@ mod dir;
 mod file;
 pub mod filelocks;
 pub mod handle;
+pub mod idtranslate;
 pub mod inode;
 mod killpriv;
 pub mod lock;
@@ -92,6 +93,8 @@ pub struct Config {
     /// Label new nodes with the guest's security context (`--security-label`,
     /// FUSE_SECURITY_CTX; see `create_ext`).
     pub security_label: bool,
+    /// `--translate-uid` / `--translate-gid` (identity when not given).
+    pub id_translate: idtranslate::IdTranslate,
 }
 
 impl Config {
@@ -116,6 +119,7 @@ impl Config {
             allow_mmap: false,
             posix_acl: false,
             security_label: false,
+            id_translate: idtranslate::IdTranslate::default(),
         }
     }
 
@@ -291,11 +295,17 @@ impl PassthroughFs {
         Entry {
             inode: inode.nodeid,
             generation: 0,
-            attr: st,
+            attr: self.guest_attr(st),
             attr_flags: 0,
             attr_timeout: t,
             entry_timeout: t,
         }
+    }
+
+    /// Host attributes as the guest sees them (`--translate-uid/gid`): every attribute
+    /// reply passes here.
+    pub(crate) fn guest_attr(&self, st: libc::stat64) -> libc::stat64 {
+        self.cfg.id_translate.stat_to_guest(st)
     }
 
     pub(crate) fn attr_timeout(&self) -> Duration {
