@@ -227,3 +227,37 @@ impl PassthroughFs {
         Ok(())
     }
 }
+
+impl PassthroughFs {
+    /// FUSE_STATX: the host's statx of the node (or of the open handle `fh`), with the
+    /// fields in `mask` the guest asked for (birth time among them) and ids as the guest
+    /// sees them. `sync` is the guest's AT_STATX_* sync type.
+    pub fn statx(
+        &self,
+        inode: u64,
+        fh: Option<u64>,
+        sync: i32,
+        mask: u32,
+    ) -> io::Result<(libc::statx, Duration)> {
+        let i = self.inode(inode)?;
+        let _g = i.is_reg().then(|| i.io.shared());
+        let flags = libc::AT_EMPTY_PATH | (sync & libc::AT_STATX_SYNC_TYPE);
+        let mask = mask | libc::STATX_BASIC_STATS;
+        let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+        let mut run = |fd: i32| {
+            // SAFETY: stx is a writable buffer of the right size; the path is empty and
+            // NUL-terminated, so only `fd` is looked at.
+            cvt(unsafe { libc::statx(fd, sys::EMPTY.as_ptr(), flags, mask, stx.as_mut_ptr()) })
+        };
+        match fh {
+            Some(fh) => run(self.handles.get(fh, inode)?.fd.as_raw_fd())?,
+            None => run(i.path_fd()?.as_raw_fd())?,
+        };
+        // SAFETY: statx succeeded and filled the (zeroed) structure.
+        let mut stx = unsafe { stx.assume_init() };
+        let ids = &self.cfg.id_translate;
+        stx.stx_uid = ids.uid.to_guest(stx.stx_uid);
+        stx.stx_gid = ids.gid.to_guest(stx.stx_gid);
+        Ok((stx, self.attr_timeout()))
+    }
+}

@@ -452,3 +452,48 @@ impl PassthroughFs {
         nowait_read(&h, size, |fd| unsafe { nowait::preadv2(fd, iov, offset) })
     }
 }
+
+impl PassthroughFs {
+    /// FUSE_TMPFILE: an unnamed regular file in directory `parent` (the host's O_TMPFILE),
+    /// open as the reply's handle. A later LINK gives it a name unless the guest asked
+    /// for O_EXCL, as on a local filesystem.
+    pub fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, u64, OpenOptions)> {
+        self.check_writable()?;
+        let p = self.inode(parent)?;
+        if !p.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let mode = self.creation_mode(parent, mode, umask)?;
+        // The guest's O_TMPFILE carries O_DIRECTORY; vfsd adds its own.
+        let guest = flags as i32 & !(libc::O_TMPFILE | libc::O_TRUNC);
+        let mut hflags = self.host_flags(guest as u32);
+        if hflags & libc::O_ACCMODE == libc::O_RDONLY {
+            // The kernel refuses a read-only O_TMPFILE before asking.
+            return Err(errno(libc::EINVAL));
+        }
+        hflags |= guest & libc::O_EXCL;
+        let pfd = p.path_fd()?;
+        let fd = {
+            let _cred = self.creator(ctx)?;
+            sys::openat(
+                pfd.as_raw_fd(),
+                c".",
+                hflags | libc::O_TMPFILE,
+                mode & 0o7777,
+            )?
+        };
+        self.label_created_file(fd.as_raw_fd())?;
+        self.created(
+            fd,
+            hflags & !libc::O_EXCL,
+            flags & !(libc::O_TMPFILE as u32),
+        )
+    }
+}

@@ -39,6 +39,7 @@ mod ext;
 mod fast_read;
 pub mod init;
 mod locks;
+mod newer;
 mod request;
 mod write;
 mod xattr;
@@ -65,6 +66,8 @@ pub mod opcode {
     pub const BATCH_FORGET: u32 = 42;
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const SYNCFS: u32 = 50;
+    pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
 }
 
 /// Opcodes fuse-backend-rs decodes itself.
@@ -300,6 +303,16 @@ impl FuseServer {
             opcode::SYNCFS => {
                 let r = self.fs.syncfs(hdr.nodeid);
                 (reply(mem, chain, &hdr, r.map(|_| Vec::new())), false)
+            }
+            opcode::TMPFILE => {
+                let r = ext::take(req)
+                    .map_err(io::Error::from_raw_os_error)
+                    .and_then(|e| newer::tmpfile(&self.fs, &req.hdr, req.args(), e));
+                (reply(mem, chain, &hdr, r), false)
+            }
+            opcode::STATX => {
+                let r = newer::statx(&self.fs, &hdr, req.args());
+                (reply(mem, chain, &hdr, r), false)
             }
             op if !crate_handles(op) => {
                 debug!("opcode {op} not supported");
