@@ -9,8 +9,10 @@
 #
 # Needs chattr and lsattr (busybox applets or e2fsprogs) in the guest, and vfsd with
 # CAP_LINUX_IMMUTABLE for root's +i/+a: --daemon-args --modcaps=+linux_immutable.
-# Runs in $VFSD_SHARE: /guest-tests/chattr.sh [LABEL]; with a busybox lacking the applets,
-# run it chrooted into a userland that has them (run-vm.sh --chroot).
+# Runs in $VFSD_SHARE: /guest-tests/chattr.sh [LABEL]. The initramfs's busybox (Debian's)
+# has no chattr applet, so run it chrooted into the host's userland, e.g.:
+#   scripts/run-vm.sh --share DIR:share0 --share /:host:ro --share-args host '--sandbox none' \
+#     --chroot host --daemon-args --modcaps=+linux_immutable -- /mnt/guest-tests/chattr.sh
 # Exit status: 0 if every check passed, 1 otherwise.
 
 LABEL=${1:-}
