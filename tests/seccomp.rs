@@ -53,6 +53,7 @@ fn workload(c: &FuseClient, name: &str) {
     c.release(g.nodeid, go.fh).unwrap();
     c.release(f.nodeid, o.fh).unwrap();
     let o = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    file_attributes(c, f.nodeid, o.fh);
     c.release(f.nodeid, o.fh).unwrap();
     c.setxattr(f.nodeid, "user.k", b"v", 0).unwrap();
     assert_eq!(c.getxattr(f.nodeid, "user.k", 64).unwrap(), b"v");
@@ -75,6 +76,21 @@ fn workload(c: &FuseClient, name: &str) {
     c.rmdir(ROOT, name).unwrap();
     c.forget(f.nodeid, 1).unwrap();
     c.syncfs().unwrap();
+}
+
+/// lsattr and chattr (the flags set back unchanged) as the guest sends them. A host
+/// filesystem without flags may refuse them, but the daemon must answer.
+fn file_attributes(c: &FuseClient, node: u64, fh: u64) {
+    use vfsd::passthrough::ioctl::{FS_IOC_FSGETXATTR, FS_IOC_GETFLAGS, FS_IOC_SETFLAGS};
+    let answered = |r: &FResult<(i32, Vec<u8>)>| !matches!(r, Err(FuseError::Io(_)));
+    let get = c.ioctl(node, fh, 0, FS_IOC_GETFLAGS, &[], 4);
+    assert!(answered(&get), "{get:?}");
+    if let Ok((0, flags)) = get {
+        let set = c.ioctl(node, fh, 0, FS_IOC_SETFLAGS, &flags, 0);
+        assert!(matches!(set, Ok((0, _))), "{set:?}");
+    }
+    let x = c.ioctl(node, fh, 0, FS_IOC_FSGETXATTR, &[], 28);
+    assert!(answered(&x), "{x:?}");
 }
 
 fn serves_everything_under_seccomp_kill(sandbox: &str, handles: &str) {
@@ -102,6 +118,7 @@ fn serves_everything_under_seccomp_kill(sandbox: &str, handles: &str) {
     // A statistics dump from the signal thread, under the filter too.
     unsafe { libc::kill(d.pid(), libc::SIGUSR1) };
     assert!(d.stats()["opcodes"]["MKNOD"]["count"].as_u64().unwrap() >= 2);
+    assert!(d.stats()["opcodes"]["IOCTL"]["count"].as_u64().unwrap() >= 6);
     drop(c);
     let st = d
         .wait_exit(Duration::from_secs(10))

@@ -16,6 +16,7 @@ pub mod filelocks;
 pub mod handle;
 pub mod idtranslate;
 pub mod inode;
+pub mod ioctl;
 mod killpriv;
 pub mod lock;
 pub mod nowait;
@@ -718,6 +719,19 @@ impl FileSystem for PassthroughFs {
 
     fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
         self.handles.remove(handle, inode).map(drop)
+    }
+
+    fn ioctl(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _flags: u32,
+        cmd: u32,
+        data: fuse_backend_rs::api::filesystem::IoctlData,
+        out_size: u32,
+    ) -> io::Result<fuse_backend_rs::api::filesystem::IoctlData<'_>> {
+        self.do_ioctl(ctx, inode, handle, cmd, data.data, out_size)
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
