@@ -7,12 +7,9 @@
 # 4. User nobody may set +d on its own file, but not +i or +a (no CAP_LINUX_IMMUTABLE),
 #    and may change nothing on root's file: EPERM, as on a local ext4.
 #
-# Needs chattr and lsattr (busybox applets or e2fsprogs) in the guest, and vfsd with
-# CAP_LINUX_IMMUTABLE for root's +i/+a: --daemon-args --modcaps=+linux_immutable.
-# Runs in $VFSD_SHARE: /guest-tests/chattr.sh [LABEL]. The initramfs's busybox (Debian's)
-# has no chattr applet, so run it chrooted into the host's userland, e.g.:
-#   scripts/run-vm.sh --share DIR:share0 --share /:host:ro --share-args host '--sandbox none' \
-#     --chroot host --daemon-args --modcaps=+linux_immutable -- /mnt/guest-tests/chattr.sh
+# Needs chattr and lsattr in the guest (the initramfs carries e2fsprogs' from the host),
+# and vfsd with CAP_LINUX_IMMUTABLE for root's +i/+a (in vfsd's default set).
+# Runs in $VFSD_SHARE: /guest-tests/chattr.sh [LABEL]; guest-tests/features.sh runs it.
 # Exit status: 0 if every check passed, 1 otherwise.
 
 LABEL=${1:-}
@@ -87,7 +84,7 @@ if chattr +i "$F" 2>/dev/null; then
     run root "echo rewritten > $F"
     check "content after -i" rewritten "$(cat "$F")"
 else
-    bad "root cannot set +i: vfsd needs CAP_LINUX_IMMUTABLE (--modcaps=+linux_immutable)"
+    bad "root cannot set +i: vfsd lacks CAP_LINUX_IMMUTABLE (was it started with --modcaps=-linux_immutable?)"
 fi
 
 # 3. +a.
@@ -101,7 +98,7 @@ more" "$(cat "$A")"
     run root "chattr -a $A"
     check "-a" no "$(has "$A" a)"
 else
-    bad "root cannot set +a: vfsd needs CAP_LINUX_IMMUTABLE (--modcaps=+linux_immutable)"
+    bad "root cannot set +a: vfsd lacks CAP_LINUX_IMMUTABLE (was it started with --modcaps=-linux_immutable?)"
 fi
 
 # 4. nobody.

@@ -10,6 +10,7 @@
 #   acl    POSIX ACLs (--posix-acl): nobody reads a root-only file through a named-user
 #          entry and loses access when it goes; a default ACL is inherited and the umask
 #          is ignored under it but applied elsewhere; chmod updates the ACL mask.
+#   chattr chattr/lsattr through FUSE_IOCTL: guest-tests/chattr.sh.
 #
 # Usage (in the guest): /guest-tests/features.sh [SECTION...] (default: all)
 # Prints "features: N checks passed, M failed"; exit status 0 if every check passed.
@@ -93,11 +94,17 @@ sec_acl() {
     check "acl: umask applied without a default ACL (file)" 640 "$(stat -c %a acl-p/f)"
 }
 
-SECTIONS=${*:-mmap acl}
+sec_chattr() {
+    echo "features: -- chattr/lsattr"
+    if sh /guest-tests/chattr.sh; then ok; else bad "chattr: guest-tests/chattr.sh failed (its lines above)"; fi
+}
+
+SECTIONS=${*:-mmap acl chattr}
 for s in $SECTIONS; do
     case $s in
         mmap) sec_mmap ;;
         acl) sec_acl ;;
+        chattr) sec_chattr ;;
         *) bad "unknown section '$s'" ;;
     esac
 done

@@ -78,7 +78,7 @@ if [ "$TOOLS" = 1 ]; then
     BINS+=("$FIO")
     BINS+=("$(cargo_tool pjdfstest pjdfstest "$PJDFSTEST_VERSION")")
     BINS+=("$(cargo_tool fsx fsx "$FSX_VERSION")")
-    for t in getfattr setfattr getfacl setfacl; do
+    for t in getfattr setfattr getfacl setfacl chattr lsattr; do
         p=$(find_tool $t); [ -n "$p" ] && BINS+=("$p")
     done
     # A real sleep binary: pjdfstest's ETXTBSY tests copy `which sleep` under

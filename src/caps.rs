@@ -1,5 +1,7 @@
 //! Capabilities when running as root: keep only what serving a share needs
-//! (virtiofsd's default set), adjustable with `--modcaps=+cap:-cap`.
+//! (virtiofsd's default set, plus CAP_LINUX_IMMUTABLE so guest root's `chattr +i/+a`
+//! works as on a local filesystem; a non-root guest user never gets it, since switching
+//! to the caller's fsuid drops it), adjustable with `--modcaps=+cap:-cap`.
 
 use caps::{CapSet, Capability, CapsHashSet};
 
@@ -12,6 +14,7 @@ const DEFAULT: &[Capability] = &[
     Capability::CAP_SETUID,
     Capability::CAP_MKNOD,
     Capability::CAP_SETFCAP,
+    Capability::CAP_LINUX_IMMUTABLE,
 ];
 
 /// Parses `+name:-name:…` (names with or without the `cap_` prefix, any case).

@@ -38,7 +38,8 @@ const NOATIME: u32 = 0x80;
 const XFLAG_NODUMP: u32 = 0x80;
 
 /// The daemon may set +i/+a for a root caller only with this capability.
-const IMMUTABLE_CAP: [&str; 2] = ["--modcaps", "+linux_immutable"];
+/// vfsd's default capabilities include CAP_LINUX_IMMUTABLE (see `caps`).
+const IMMUTABLE_CAP: [&str; 0] = [];
 
 fn host_open(p: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new()
@@ -254,8 +255,8 @@ fn root_without_the_immutable_capability_is_refused_like_the_host() {
         eprintln!("skipped: needs root");
         return;
     }
-    // vfsd's default capabilities (virtiofsd's) lack CAP_LINUX_IMMUTABLE.
-    let d = Daemon::start(&[]);
+    // vfsd keeps CAP_LINUX_IMMUTABLE by default; without it, root is refused.
+    let d = Daemon::start(&["--modcaps", "-linux_immutable"]);
     if !host_supports_flags(&d) {
         return;
     }

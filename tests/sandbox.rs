@@ -62,10 +62,10 @@ fn namespace_sandbox_pivots_into_the_share_and_closes_stray_fds() {
         "inherited fd left open"
     );
     // Capabilities: only virtiofsd's set (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETGID,
-    // SETUID, MKNOD, SETFCAP).
+    // SETUID, MKNOD, SETFCAP) plus LINUX_IMMUTABLE (guest root's chattr +i/+a).
     let cap = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
     let eff = u64::from_str_radix(cap.split_whitespace().nth(1).unwrap(), 16).unwrap();
-    let want = [0u64, 1, 3, 4, 6, 7, 27, 31]
+    let want = [0u64, 1, 3, 4, 6, 7, 9, 27, 31]
         .iter()
         .fold(0, |m, b| m | 1 << b);
     assert_eq!(eff, want, "{cap}");
