@@ -33,64 +33,9 @@ pub struct Stats {
     pub panics: AtomicU64,
 }
 
-/// FUSE opcode names as in the kernel's `enum fuse_opcode`.
+/// FUSE opcode names as in the kernel's `enum fuse_opcode` (from the dispatch table).
 pub fn opcode_name(op: u32) -> &'static str {
-    const NAMES: [&str; 53] = [
-        "0",
-        "LOOKUP",
-        "FORGET",
-        "GETATTR",
-        "SETATTR",
-        "READLINK",
-        "SYMLINK",
-        "7",
-        "MKNOD",
-        "MKDIR",
-        "UNLINK",
-        "RMDIR",
-        "RENAME",
-        "LINK",
-        "OPEN",
-        "READ",
-        "WRITE",
-        "STATFS",
-        "RELEASE",
-        "19",
-        "FSYNC",
-        "SETXATTR",
-        "GETXATTR",
-        "LISTXATTR",
-        "REMOVEXATTR",
-        "FLUSH",
-        "INIT",
-        "OPENDIR",
-        "READDIR",
-        "RELEASEDIR",
-        "FSYNCDIR",
-        "GETLK",
-        "SETLK",
-        "SETLKW",
-        "ACCESS",
-        "CREATE",
-        "INTERRUPT",
-        "BMAP",
-        "DESTROY",
-        "IOCTL",
-        "POLL",
-        "NOTIFY_REPLY",
-        "BATCH_FORGET",
-        "FALLOCATE",
-        "READDIRPLUS",
-        "RENAME2",
-        "LSEEK",
-        "COPY_FILE_RANGE",
-        "SETUPMAPPING",
-        "REMOVEMAPPING",
-        "SYNCFS",
-        "TMPFILE",
-        "STATX",
-    ];
-    NAMES.get(op as usize).copied().unwrap_or("OTHER")
+    crate::server::dispatch::name(op)
 }
 
 impl Default for Stats {
@@ -133,8 +78,13 @@ impl Stats {
                 continue;
             }
             let total = s.total_ns.load(Ordering::Relaxed);
+            // Unknown opcodes keep their number, so they don't share one key.
+            let name = match opcode_name(i as u32) {
+                "unknown" => format!("opcode {i}"),
+                n => n.to_string(),
+            };
             ops.insert(
-                opcode_name(i as u32).to_string(),
+                name,
                 json!({
                     "count": count,
                     "errors": s.errors.load(Ordering::Relaxed),

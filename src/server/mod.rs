@@ -1,12 +1,9 @@
 //! The FUSE server: turns one virtqueue descriptor chain into one FUSE request and reply.
 //!
 //! Most opcodes go to fuse-backend-rs's `Server`, which decodes them and calls the
-//! passthrough filesystem. vfsd answers a few itself, before the crate sees them:
-//! - COPY_FILE_RANGE and SYNCFS, which the crate (FUSE 7.33) would answer with ENOSYS;
-//! - DESTROY, whose reply the crate writes but reports as 0 bytes long;
-//! - opcodes the crate's `Opcode` enum has no variant for (0, 7, 19, 48 and up except the
-//!   ones above): its trace logging would transmute them into the enum (undefined
-//!   behaviour), so they never reach it and get ENOSYS here.
+//! passthrough filesystem. vfsd owns the protocol edge: INIT with the full 64-bit flags,
+//! request extensions, and every opcode the crate (FUSE 7.33) doesn't model or gets
+//! wrong. `dispatch::TABLE` lists which side serves each opcode, and why.
 //!
 //! The readable part of each request is copied out of guest memory once (`request`), and
 //! everything is decided on that copy: the crate decodes header and arguments from it, so a
@@ -35,6 +32,7 @@ use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
 use crate::passthrough::PassthroughFs;
 
+pub mod dispatch;
 mod ext;
 mod fast_read;
 pub mod init;
@@ -68,11 +66,6 @@ pub mod opcode {
     pub const SYNCFS: u32 = 50;
     pub const TMPFILE: u32 = 51;
     pub const STATX: u32 = 52;
-}
-
-/// Opcodes fuse-backend-rs decodes itself.
-fn crate_handles(op: u32) -> bool {
-    matches!(op, 1..=6 | 8..=18 | 20..=46)
 }
 
 /// Opcodes that never get a reply (FUSE spec).
@@ -314,7 +307,7 @@ impl FuseServer {
                 let r = newer::statx(&self.fs, &hdr, req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            op if !crate_handles(op) => {
+            op if dispatch::side(op) == dispatch::Side::Enosys => {
                 debug!("opcode {op} not supported");
                 (
                     reply(
