@@ -11,6 +11,15 @@
 #          entry and loses access when it goes; a default ACL is inherited and the umask
 #          is ignored under it but applied elsewhere; chmod updates the ACL mask.
 #   chattr chattr/lsattr through FUSE_IOCTL: guest-tests/chattr.sh.
+#   tmpfile O_TMPFILE (FUSE_TMPFILE) written, then linked with linkat(AT_EMPTY_PATH) by
+#          root and through /proc/self/fd by nobody; an O_EXCL one can't be linked.
+#   statx  the birth time (FUSE_STATX) is there and no later than the change time.
+#   ids    uid/gid translation (--translate-uid/gid map:65534:3000:1): nobody's new
+#          file shows as nobody in the guest; it is left in features-keep/ for the host
+#          to check it is owned by 3000 there.
+#   xattrmap  xattr mapping (--xattrmap, a rule that keeps security.* under
+#          user.virtiofs.): setfattr/getfattr of security.selinux round-trip; the host
+#          checks features-keep/labelled has it under the mapped name.
 #
 # Usage (in the guest): /guest-tests/features.sh [SECTION...] (default: all)
 # Prints "features: N checks passed, M failed"; exit status 0 if every check passed.
@@ -99,12 +108,66 @@ sec_chattr() {
     if sh /guest-tests/chattr.sh; then ok; else bad "chattr: guest-tests/chattr.sh failed (its lines above)"; fi
 }
 
-SECTIONS=${*:-mmap acl chattr}
+sec_tmpfile() {
+    echo "features: -- O_TMPFILE"
+    run "tmpfile: root, linkat(AT_EMPTY_PATH)" vfsd-newops tmpfile "$T" tmp-root
+    check "tmpfile: root's data" "tmpfile data" "$(cat tmp-root 2>&1)"
+    check "tmpfile: one link" 1 "$(stat -c %h tmp-root)"
+    run "tmpfile: nobody, linkat through /proc" nobody "vfsd-newops tmpfile $T tmp-nobody proc"
+    check "tmpfile: nobody's file" "tmpfile data 65534" "$(cat tmp-nobody) $(stat -c %u tmp-nobody)"
+    run "tmpfile: O_EXCL can't be linked" vfsd-newops tmpfile-excl "$T" tmp-excl
+    [ -e tmp-excl ] && bad "tmpfile: the O_EXCL tmpfile got a name" || ok
+}
+
+sec_statx() {
+    echo "features: -- statx birth time"
+    echo x > bt
+    b=$(vfsd-newops btime bt)
+    case $b in
+        none|''|0) bad "statx: no birth time ('$b')" ;;
+        *) ok; [ "$b" -le "$(stat -c %Z bt)" ] && ok || bad "statx: btime $b after ctime $(stat -c %Z bt)" ;;
+    esac
+}
+
+sec_ids() {
+    echo "features: -- uid/gid translation"
+    mkdir -p "$DIR/features-keep" && chmod 0777 "$DIR/features-keep"
+    rm -f "$DIR/features-keep/nobody-file"
+    run "ids: nobody creates a file" nobody "echo mine > $DIR/features-keep/nobody-file"
+    check "ids: the guest sees nobody as its owner" "65534:65534" \
+        "$(stat -c %u:%g "$DIR/features-keep/nobody-file")"
+    run "ids: nobody writes its own file" nobody "echo more >> $DIR/features-keep/nobody-file"
+    run "ids: chown to nobody" chown 65534:65534 "$DIR/features-keep"
+    check "ids: chown seen as nobody" "65534:65534" "$(stat -c %u:%g "$DIR/features-keep")"
+    chmod 0777 "$DIR/features-keep"
+}
+
+sec_xattrmap() {
+    echo "features: -- xattr mapping"
+    command -v setfattr > /dev/null || { bad "xattrmap: setfattr missing from the guest image"; return; }
+    mkdir -p "$DIR/features-keep"
+    echo x > "$DIR/features-keep/labelled"
+    run "xattrmap: setfattr security.selinux" \
+        setfattr -n security.selinux -v guest_label "$DIR/features-keep/labelled"
+    check "xattrmap: getfattr reads it back" guest_label \
+        "$(getfattr --only-values -n security.selinux "$DIR/features-keep/labelled" 2>&1)"
+    case $(getfattr -d -m - "$DIR/features-keep/labelled" 2>&1) in
+        *user.virtiofs.*) bad "xattrmap: the host's mapped name is visible in the guest" ;;
+        *security.selinux*) ok ;;
+        *) bad "xattrmap: listxattr lacks security.selinux" ;;
+    esac
+}
+
+SECTIONS=${*:-mmap acl chattr tmpfile statx ids xattrmap}
 for s in $SECTIONS; do
     case $s in
         mmap) sec_mmap ;;
         acl) sec_acl ;;
         chattr) sec_chattr ;;
+        tmpfile) sec_tmpfile ;;
+        statx) sec_statx ;;
+        ids) sec_ids ;;
+        xattrmap) sec_xattrmap ;;
         *) bad "unknown section '$s'" ;;
     esac
 done

@@ -172,6 +172,8 @@ if [ "$TOOLS" = 1 ]; then
             die "compiling guest-tests/src/vfsd-lock.c failed"
         "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-mmap" "$REPO/guest-tests/src/vfsd-mmap.c" ||
             die "compiling guest-tests/src/vfsd-mmap.c failed"
+        "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-newops" "$REPO/guest-tests/src/vfsd-newops.c" ||
+            die "compiling guest-tests/src/vfsd-newops.c failed"
     else
         log "warning: no C compiler ($CC); the xattr checks and the fsx O_DIRECT run will be skipped (apt-get install gcc)"
     fi

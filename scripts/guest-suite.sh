@@ -198,8 +198,17 @@ for daemon in "${DAEMONS[@]}"; do
     if wanted features; then
         # Issue 12's features in one boot, each section with the options it needs.
         run_test "$daemon" "$label" features 0 600 "/guest-tests/features.sh" \
-            "--cache=never --allow-mmap --posix-acl"
-        finish_test "$label" features
+            "--cache=never --allow-mmap --posix-acl --translate-uid=map:65534:3000:1 --translate-gid=map:65534:3000:1 --xattrmap=:prefix:all:security.:user.virtiofs.::ok:all:::"
+        why=
+        k=$TEST_DIR/share/features-keep
+        if [ "$TEST_OK" = 1 ]; then
+            # Host-side checks: the translated owner and the mapped xattr name.
+            [ "$(stat -c %u:%g "$k/nobody-file" 2>/dev/null)" = 3000:3000 ] ||
+                why="host-side check: nobody's file is owned by $(stat -c %u:%g "$k/nobody-file" 2>&1), not 3000:3000"
+            [ "$(getfattr --only-values -n user.virtiofs.security.selinux "$k/labelled" 2>/dev/null)" = guest_label ] ||
+                why="host-side check: security.selinux is not under user.virtiofs.security.selinux on the host"
+        fi
+        finish_test "$label" features "$why"
         show '^features: [0-9]+ checks'
     fi
 
