@@ -127,6 +127,12 @@ pub struct Opt {
     #[arg(long)]
     pub xattr: bool,
 
+    /// Map xattr names between guest and host with virtiofsd's rules (docs/xattrs.md), e.g.
+    /// ':map::user.virtiofs.:'. Replaces the default map, which stores the guest's
+    /// security.capability and trusted.* under the host prefix user.vfsd.
+    #[arg(long, value_name = "RULES")]
+    pub xattrmap: Option<String>,
+
     /// Refuse every modifying request with EROFS
     #[arg(long)]
     pub readonly: bool,
@@ -267,8 +273,6 @@ pub struct Unsupported {
     pub translate_uid: Vec<String>,
     #[arg(long, hide = true, value_name = "MAP")]
     pub translate_gid: Vec<String>,
-    #[arg(long, hide = true, value_name = "RULES")]
-    pub xattrmap: Option<String>,
     #[arg(long, hide = true)]
     pub security_label: bool,
     #[arg(long, hide = true)]
@@ -294,7 +298,6 @@ impl Unsupported {
                 !u.translate_uid.is_empty() || !u.translate_gid.is_empty(),
                 "--translate-uid/--translate-gid are not supported",
             ),
-            (u.xattrmap.is_some(), "--xattrmap is not supported"),
             (u.security_label, "--security-label is not supported"),
             (u.posix_acl, "--posix-acl is not supported"),
             (
@@ -319,6 +322,10 @@ impl Opt {
     pub fn check_supported(&self) -> Result<(), String> {
         if let Some(msg) = self.unsupported.first() {
             return Err(msg.to_string());
+        }
+        if let Some(rules) = &self.xattrmap {
+            crate::passthrough::xattrmap::XattrMap::parse(rules)
+                .map_err(|e| format!("--xattrmap: {e}"))?;
         }
         if self.uid_map.is_empty() != self.gid_map.is_empty() {
             return Err("--uid-map and --gid-map go together".into());
@@ -365,6 +372,7 @@ impl Opt {
                         })?
                     }
                     "xattr" => self.xattr = true,
+                    "xattrmap" => self.xattrmap = Some(need(value)?),
                     "no_xattr" => self.xattr = false,
                     "writeback" => self.writeback = true,
                     "no_writeback" => self.writeback = false,
@@ -532,7 +540,15 @@ mod tests {
             ":ok:all:::",
         ])
         .unwrap();
-        assert!(o.check_supported().unwrap_err().contains("--xattrmap"));
+        o.check_supported().unwrap();
+        let mut o =
+            Opt::try_parse_from(["vfsd", "--fd=3", "-o", "source=/a,xattrmap=:ok:al:::"]).unwrap();
+        o.apply_compat_options().unwrap();
+        let e = o.check_supported().unwrap_err();
+        assert!(
+            e.starts_with("--xattrmap: rule 1: unknown scope 'al'"),
+            "{e}"
+        );
         // Negations of what vfsd does anyway are fine.
         let o = Opt::try_parse_from([
             "vfsd",

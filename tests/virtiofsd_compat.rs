@@ -218,7 +218,6 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
     let sock = sock.to_str().unwrap();
     for (opt, what) in [
         ("--translate-uid=squash-host:0:1000:1", "--translate-uid"),
-        ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
         ("--migration-mode=find-paths", "migration"),
     ] {
         let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);

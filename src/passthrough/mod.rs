@@ -17,6 +17,7 @@ mod killpriv;
 pub mod lock;
 pub mod nowait;
 mod xattr;
+pub mod xattrmap;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -35,6 +36,7 @@ use crate::sys;
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
 pub use killpriv::needed as killpriv_needed;
+pub use killpriv::set_mapped_capability;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
@@ -80,6 +82,9 @@ pub struct Config {
     pub max_locks: usize,
     /// SETLKW requests that may wait at once (`--max-lock-waiters`).
     pub max_lock_waiters: usize,
+    /// How guest xattr names map to host names (`--xattrmap`; by default
+    /// `xattrmap::DEFAULT_RULES`, which keeps privileged names under a private prefix).
+    pub xattrmap: xattrmap::XattrMap,
 }
 
 impl Config {
@@ -101,6 +106,7 @@ impl Config {
             flock: true,
             max_locks: 65536,
             max_lock_waiters: 1024,
+            xattrmap: xattrmap::XattrMap::builtin(),
         }
     }
 
