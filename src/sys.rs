@@ -250,3 +250,148 @@ pub fn group_id(name: &str) -> io::Result<Option<libc::gid_t>> {
         }
     }
 }
+
+/// The `*xattrat` calls (Linux 6.13), numbered alike on every architecture; the libc crate
+/// does not define them for x86_64 yet.
+pub const SYS_SETXATTRAT: libc::c_long = 463;
+pub const SYS_GETXATTRAT: libc::c_long = 464;
+pub const SYS_LISTXATTRAT: libc::c_long = 465;
+pub const SYS_REMOVEXATTRAT: libc::c_long = 466;
+
+/// `struct xattr_args` of the `*xattrat` calls.
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+
+/// Set once the kernel answers ENOSYS to an `*xattrat` call.
+static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs an xattr call on `path` relative to `dir`, following a final (magic) link: `at`
+/// is the `*xattrat` form; `cwd` the older path form, run with this thread's working
+/// directory at `dir` where the kernel lacks `*xattrat`.
+fn xattr_on_path(
+    dir: RawFd,
+    at: impl FnOnce() -> i64,
+    cwd: impl FnOnce() -> i64,
+) -> io::Result<usize> {
+    use std::sync::atomic::Ordering;
+    if !NO_XATTRAT.load(Ordering::Relaxed) {
+        match cvt(at()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                NO_XATTRAT.store(true, Ordering::Relaxed)
+            }
+            r => return r.map(|n| n as usize),
+        }
+    }
+    in_dir(dir, cwd)
+}
+
+/// Runs `f` with this thread's working directory at `dir`. The thread first gets a
+/// working directory of its own (unshare CLONE_FS), so the other threads' stays put.
+pub fn in_dir(dir: RawFd, f: impl FnOnce() -> i64) -> io::Result<usize> {
+    thread_local!(static OWN_CWD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if !OWN_CWD.get() {
+        // SAFETY: plain syscall; it only detaches this thread's fs information.
+        cvt(unsafe { libc::unshare(libc::CLONE_FS) })?;
+        OWN_CWD.set(true);
+    }
+    // SAFETY: plain syscall on an fd the caller holds.
+    cvt(unsafe { libc::fchdir(dir) })?;
+    cvt(f()).map(|n| n as usize)
+}
+
+/// getxattr of the file `path` names relative to `dir` (following it); `buf` empty asks
+/// for the size.
+pub fn getxattr_path(dir: RawFd, path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    let args = XattrArgs {
+        value: ptr as u64,
+        size: len as u32,
+        flags: 0,
+    };
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings; the kernel writes at most `len` bytes at `ptr`.
+        || unsafe {
+            libc::syscall(
+                SYS_GETXATTRAT,
+                dir,
+                path.as_ptr(),
+                0,
+                name.as_ptr(),
+                &args as *const XattrArgs,
+                std::mem::size_of::<XattrArgs>(),
+            )
+        },
+        // SAFETY: as above.
+        || unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len) as i64 },
+    )
+}
+
+/// setxattr of the file `path` names relative to `dir` (following it).
+pub fn setxattr_path(
+    dir: RawFd,
+    path: &CStr,
+    name: &CStr,
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
+    let args = XattrArgs {
+        value: value.as_ptr() as u64,
+        size: value.len() as u32,
+        flags: flags as u32,
+    };
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings; the kernel only reads `value`.
+        || unsafe {
+            libc::syscall(
+                SYS_SETXATTRAT,
+                dir,
+                path.as_ptr(),
+                0,
+                name.as_ptr(),
+                &args as *const XattrArgs,
+                std::mem::size_of::<XattrArgs>(),
+            )
+        },
+        // SAFETY: as above.
+        || unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            ) as i64
+        },
+    )
+    .map(drop)
+}
+
+/// listxattr of the file `path` names relative to `dir` (following it).
+pub fn listxattr_path(dir: RawFd, path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated path; the kernel writes at most `len` bytes at `ptr`.
+        || unsafe { libc::syscall(SYS_LISTXATTRAT, dir, path.as_ptr(), 0, ptr, len) },
+        // SAFETY: as above.
+        || unsafe { libc::listxattr(path.as_ptr(), ptr.cast(), len) as i64 },
+    )
+}
+
+/// removexattr of the file `path` names relative to `dir` (following it).
+pub fn removexattr_path(dir: RawFd, path: &CStr, name: &CStr) -> io::Result<()> {
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings.
+        || unsafe { libc::syscall(SYS_REMOVEXATTRAT, dir, path.as_ptr(), 0, name.as_ptr()) },
+        // SAFETY: as above.
+        || unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) as i64 },
+    )
+    .map(drop)
+}
