@@ -395,3 +395,51 @@ pub fn removexattr_path(dir: RawFd, path: &CStr, name: &CStr) -> io::Result<()> 
     )
     .map(drop)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback for kernels without `*xattrat`: path calls on a /proc/self/fd name
+    /// from a thread's own working directory, leaving the other threads' alone.
+    #[test]
+    fn xattrs_through_a_thread_cwd_at_proc_self_fd() {
+        let dir = tempfile::tempdir().unwrap();
+        let file =
+            CString::new(dir.path().join("f").into_os_string().into_encoded_bytes()).unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let before = std::env::current_dir().unwrap();
+        let pfd = openat(libc::AT_FDCWD, &file, libc::O_PATH, 0).unwrap();
+        let proc_fd = openat(
+            libc::AT_FDCWD,
+            c"/proc/self/fd",
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            0,
+        )
+        .unwrap();
+        let (dirfd, name) = (proc_fd.as_raw_fd(), fd_name(pfd.as_raw_fd()));
+        let n = name.clone();
+        std::thread::spawn(move || {
+            in_dir(dirfd, || {
+                // SAFETY: NUL-terminated strings and a live value.
+                let r = unsafe {
+                    libc::setxattr(n.as_ptr(), c"user.t".as_ptr(), c"v".as_ptr().cast(), 1, 0)
+                };
+                r as i64
+            })
+            .unwrap();
+            let cwd = std::fs::read_link("/proc/thread-self/cwd").unwrap();
+            assert!(cwd.ends_with("fd"), "{cwd:?}");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            std::env::current_dir().unwrap(),
+            before,
+            "other threads keep theirs"
+        );
+        let mut buf = [0u8; 8];
+        assert_eq!(getxattr_path(dirfd, &name, c"user.t", &mut buf).unwrap(), 1);
+        assert_eq!(&buf[..1], b"v");
+    }
+}
