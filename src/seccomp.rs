@@ -340,6 +340,27 @@ mod tests {
             ret(unsafe { libc::syscall(crate::sys::SYS_LISTXATTRAT, -1, 0usize, 0, 0usize, 0) })
         });
         assert!(matches!(r, Ok(e) if e != 0), "{r:?}");
+        // The fallback for kernels without *xattrat: a thread cwd and the path calls.
+        let r = under_filter(false, || {
+            let Ok(dir) = crate::sys::openat(
+                libc::AT_FDCWD,
+                c"/proc/self/fd",
+                libc::O_RDONLY | libc::O_DIRECTORY,
+                0,
+            ) else {
+                return 1;
+            };
+            let mut buf = [0u8; 64];
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+            // SAFETY: NUL-terminated path; the kernel writes at most 64 bytes.
+            let mut list =
+                || unsafe { libc::listxattr(c"0".as_ptr(), buf.as_mut_ptr().cast(), 64) };
+            match crate::sys::in_dir(fd, || list() as i64) {
+                Ok(_) => 0,
+                Err(e) => e.raw_os_error().unwrap_or(1),
+            }
+        });
+        assert_ne!(r, KILLED);
         assert_eq!(
             // SAFETY: detaches only this (single-threaded) child's fs information.
             under_filter(false, || ret(unsafe {

@@ -334,7 +334,13 @@ fn symlinks_fifos_and_devices_have_xattrs_in_every_sandbox_without_being_opened(
     std::fs::write(reference.path().join("f"), b"").unwrap();
     special_files(reference.path());
 
-    for sandbox in ["namespace", "chroot", "none"] {
+    for (sandbox, handles) in [
+        ("namespace", "never"),
+        ("chroot", "never"),
+        ("none", "never"),
+        // Nodes without an fd of their own: the O_PATH fd comes from the handle.
+        ("namespace", "mandatory"),
+    ] {
         let d = Daemon::start(&[
             "--xattr",
             "--xattrmap=:ok:all:::",
@@ -344,12 +350,15 @@ fn symlinks_fifos_and_devices_have_xattrs_in_every_sandbox_without_being_opened(
             sandbox,
             "--seccomp",
             "kill",
+            "--inode-file-handles",
+            handles,
         ]);
+        let sandbox = format!("{sandbox}, handles {handles}");
         std::fs::write(d.path("f"), b"").unwrap();
         special_files(&d.share);
         let watch = OpenWatch::new(&[&d.path("p"), &d.path("c")]);
         let c = d.client();
-        with_watchdog(sandbox, || {
+        with_watchdog(&sandbox, || {
             for name in ["l", "p", "c"] {
                 let what = format!("{sandbox} {name}");
                 let n = c.lookup(ROOT, name).unwrap().nodeid;

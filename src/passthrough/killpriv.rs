@@ -75,13 +75,38 @@ static MAPPED_CAP: OnceLock<Option<CString>> = OnceLock::new();
 
 /// Records where `map` stores the guest's `security.capability` (once, at start-up).
 pub fn set_mapped_capability(map: &XattrMap) {
-    let name = match map.to_host(CAP) {
+    let _ = MAPPED_CAP.set(mapped_name(map));
+}
+
+/// The host name `map` gives `security.capability`, if not itself (none where the map
+/// refuses the name: the guest can't have set one).
+fn mapped_name(map: &XattrMap) -> Option<CString> {
+    match map.to_host(CAP) {
         HostName::Name(n) if n.as_ref() != CAP => Some(n.into_owned()),
         _ => None,
-    };
-    let _ = MAPPED_CAP.set(name);
+    }
 }
 
 fn mapped_capability() -> Option<&'static CStr> {
     MAPPED_CAP.get()?.as_deref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mapped_capability_name_follows_the_map() {
+        let name = |rules: &str| mapped_name(&XattrMap::parse(rules).unwrap());
+        assert_eq!(
+            mapped_name(&XattrMap::builtin()).as_deref(),
+            Some(c"user.vfsd.security.capability")
+        );
+        assert_eq!(
+            name(":map::user.virtiofs.:").as_deref(),
+            Some(c"user.virtiofs.security.capability")
+        );
+        assert_eq!(name(":ok:all:::"), None, "the real name, removed anyway");
+        assert_eq!(name(":bad:all:security.:security.::ok:all:::"), None);
+    }
 }
