@@ -420,3 +420,14 @@ fn the_default_map_keeps_privileged_names_off_special_files() {
         }
     });
 }
+
+#[test]
+fn a_read_only_share_says_erofs_before_the_map_refuses() {
+    let d = Daemon::start(&["--xattr", "--readonly"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap().nodeid;
+    assert_eq!(errno(c.setxattr(f, "user.vfsd.x", b"1", 0)), libc::EROFS);
+    assert_eq!(errno(c.removexattr(f, "user.vfsd.x")), libc::EROFS);
+    assert_eq!(errno(c.getxattr(f, "user.vfsd.x", 64)), libc::ENODATA);
+}

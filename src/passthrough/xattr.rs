@@ -74,9 +74,14 @@ impl Target<'_> {
 }
 
 impl PassthroughFs {
-    fn xattrs_enabled(&self) -> io::Result<()> {
+    /// ENOSYS without `--xattr`, EROFS for a change to a read-only share: both before
+    /// the name is mapped, so they win over the map's errnos.
+    fn xattr_checks(&self, write: bool) -> io::Result<()> {
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
+        }
+        if write {
+            self.check_writable()?;
         }
         Ok(())
     }
@@ -86,12 +91,8 @@ impl PassthroughFs {
     fn with_xattr_target<R>(
         &self,
         inode: u64,
-        write: bool,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
-        if write {
-            self.check_writable()?;
-        }
         let i = self.inode(inode)?;
         if i.is_reg() || i.is_dir() {
             let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
@@ -110,10 +111,10 @@ impl PassthroughFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
-        self.xattrs_enabled()?;
+        self.xattr_checks(true)?;
         refuse_acl(name)?;
         let host = self.cfg.xattrmap.to_host(name).or_errno(false)?;
-        self.with_xattr_target(inode, true, |t| t.set(&host, value, flags as i32))
+        self.with_xattr_target(inode, |t| t.set(&host, value, flags as i32))
     }
 
     pub(super) fn do_getxattr(
@@ -122,11 +123,11 @@ impl PassthroughFs {
         name: &CStr,
         size: u32,
     ) -> io::Result<GetxattrReply> {
-        self.xattrs_enabled()?;
+        self.xattr_checks(false)?;
         refuse_acl(name)?;
         let host = self.cfg.xattrmap.to_host(name).or_errno(true)?;
         let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        let n = self.with_xattr_target(inode, false, |t| t.get(&host, &mut buf))?;
+        let n = self.with_xattr_target(inode, |t| t.get(&host, &mut buf))?;
         if size == 0 {
             return Ok(GetxattrReply::Count(n as u32));
         }
@@ -135,11 +136,11 @@ impl PassthroughFs {
     }
 
     pub(super) fn do_listxattr(&self, inode: u64, size: u32) -> io::Result<ListxattrReply> {
-        self.xattrs_enabled()?;
+        self.xattr_checks(false)?;
         // The whole host list, whatever the guest's size: mapping can hide and shorten
         // names, so only the mapped list tells the size the guest needs.
         let mut buf = vec![0u8; XATTR_MAX];
-        let n = self.with_xattr_target(inode, false, |t| t.list(&mut buf))?;
+        let n = self.with_xattr_target(inode, |t| t.list(&mut buf))?;
         let names = self.cfg.xattrmap.list_to_guest(&buf[..n]);
         if size == 0 {
             return Ok(ListxattrReply::Count(names.len() as u32));
@@ -151,10 +152,10 @@ impl PassthroughFs {
     }
 
     pub(super) fn do_removexattr(&self, inode: u64, name: &CStr) -> io::Result<()> {
-        self.xattrs_enabled()?;
+        self.xattr_checks(true)?;
         refuse_acl(name)?;
         let host = self.cfg.xattrmap.to_host(name).or_errno(false)?;
-        self.with_xattr_target(inode, true, |t| t.remove(&host))
+        self.with_xattr_target(inode, |t| t.remove(&host))
     }
 }
 

@@ -130,7 +130,7 @@ impl XattrMap {
         let mut chars = s.chars().peekable();
         let mut n = 0;
         loop {
-            while chars.next_if(|c| c.is_whitespace()).is_some() {}
+            while chars.next_if(char::is_ascii_whitespace).is_some() {}
             let Some(sep) = chars.next() else { break };
             n += 1;
             let err = |msg: String| ParseError { rule: Some(n), msg };
@@ -142,7 +142,7 @@ impl XattrMap {
                 b"map" => {
                     let key = field(&mut chars, sep, "key").map_err(err)?;
                     let prepend = field(&mut chars, sep, "prepend").map_err(err)?;
-                    if chars.any(|c| !c.is_whitespace()) {
+                    if chars.any(|c| !c.is_ascii_whitespace()) {
                         return Err(err("a 'map' rule must be the last rule".into()));
                     }
                     rules.push(Rule::all(Kind::Prefix, &key, &prepend));
