@@ -129,7 +129,7 @@ pub struct Opt {
 
     /// Map xattr names between guest and host with virtiofsd's rules (docs/xattrs.md), e.g.
     /// ':map::user.virtiofs.:'. Replaces the default map, which stores the guest's
-    /// security.capability and trusted.* under the host prefix user.vfsd.
+    /// security.capability and trusted.* as host names user.vfsd.* instead
     #[arg(long, value_name = "RULES")]
     pub xattrmap: Option<String>,
 
