@@ -128,6 +128,12 @@ pub struct Opt {
     #[arg(long)]
     pub xattr: bool,
 
+    /// Map xattr names between guest and host with virtiofsd's rules (docs/xattrs.md), e.g.
+    /// ':map::user.virtiofs.:'. Replaces the default map, which stores the guest's
+    /// security.capability and trusted.* as host names user.vfsd.* instead
+    #[arg(long, value_name = "RULES")]
+    pub xattrmap: Option<String>,
+
     /// Refuse every modifying request with EROFS
     #[arg(long)]
     pub readonly: bool,
@@ -290,32 +296,27 @@ pub struct Opt {
 /// virtiofsd options without an implementation in vfsd (hidden from --help).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Unsupported {
-    #[arg(long, hide = true, value_name = "RULES")]
-    pub xattrmap: Option<String>,
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_mode: Option<String>,
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_on_error: Option<String>,
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_verify_handles: Option<String>,
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_confirm_paths: Option<String>,
+    #[arg(long, hide = true)]
+    pub migration_verify_handles: bool,
+    #[arg(long, hide = true)]
+    pub migration_confirm_paths: bool,
 }
 
 impl Unsupported {
     /// The first unsupported option given, with what to do instead.
     fn first(&self) -> Option<&'static str> {
         let u = self;
-        [
-            (u.xattrmap.is_some(), "--xattrmap is not supported"),
-            (
-                u.migration_mode.is_some()
-                    || u.migration_on_error.is_some()
-                    || u.migration_verify_handles.is_some()
-                    || u.migration_confirm_paths.is_some(),
-                "migration options are not supported: vfsd does not support migrating the device",
-            ),
-        ]
+        [(
+            u.migration_mode.is_some()
+                || u.migration_on_error.is_some()
+                || u.migration_verify_handles
+                || u.migration_confirm_paths,
+            "migration options are not supported: vfsd does not support migrating the device",
+        )]
         .into_iter()
         .find_map(|(given, msg)| given.then_some(msg))
     }
@@ -328,6 +329,10 @@ impl Opt {
             return Err(msg.to_string());
         }
         self.id_translate()?;
+        if let Some(rules) = &self.xattrmap {
+            crate::passthrough::xattrmap::XattrMap::parse(rules)
+                .map_err(|e| format!("--xattrmap: {e}"))?;
+        }
         if self.uid_map.is_empty() != self.gid_map.is_empty() {
             return Err("--uid-map and --gid-map go together".into());
         }
@@ -390,6 +395,7 @@ impl Opt {
                         })?
                     }
                     "xattr" => self.xattr = true,
+                    "xattrmap" => self.xattrmap = Some(need(value)?),
                     "no_xattr" => self.xattr = false,
                     "writeback" => self.writeback = true,
                     "no_writeback" => self.writeback = false,
@@ -563,7 +569,15 @@ mod tests {
             ":ok:all:::",
         ])
         .unwrap();
-        assert!(o.check_supported().unwrap_err().contains("--xattrmap"));
+        o.check_supported().unwrap();
+        let mut o =
+            Opt::try_parse_from(["vfsd", "--fd=3", "-o", "source=/a,xattrmap=:ok:al:::"]).unwrap();
+        o.apply_compat_options().unwrap();
+        let e = o.check_supported().unwrap_err();
+        assert!(
+            e.starts_with("--xattrmap: rule 1: unknown scope 'al'"),
+            "{e}"
+        );
         // Negations of what vfsd does anyway are fine.
         let o = Opt::try_parse_from([
             "vfsd",

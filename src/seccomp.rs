@@ -77,8 +77,18 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_fsetxattr,
     libc::SYS_flistxattr,
     libc::SYS_fremovexattr,
-    // Labels of new symlinks and special files, through /proc/self/fd (see create_ext).
+    // Xattrs of files never opened (symlinks, FIFOs, devices): the *xattrat calls on a
+    // /proc/self/fd name, or on kernels before 6.13 the path calls from a thread's own
+    // working directory (fchdir; unshare: see `rules`).
+    crate::sys::SYS_GETXATTRAT,
+    crate::sys::SYS_SETXATTRAT,
+    crate::sys::SYS_LISTXATTRAT,
+    crate::sys::SYS_REMOVEXATTRAT,
+    libc::SYS_getxattr,
     libc::SYS_setxattr,
+    libc::SYS_listxattr,
+    libc::SYS_removexattr,
+    libc::SYS_fchdir,
     libc::SYS_umask,
     libc::SYS_name_to_handle_at,
     // open_by_handle_at: only with file handles, see `rules`.
@@ -229,6 +239,16 @@ fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<Secco
     if file_handles {
         rules.insert(libc::SYS_open_by_handle_at, vec![]);
     }
+    // A thread's own working directory (sys::in_dir) and nothing else.
+    rules.insert(
+        libc::SYS_unshare,
+        vec![rule(vec![cond(
+            0,
+            Len::Qword,
+            Op::Eq,
+            libc::CLONE_FS as u64,
+        )?])?],
+    );
     Ok(rules)
 }
 
@@ -322,6 +342,51 @@ mod tests {
     }
 
     const KILLED: Result<i32, i32> = Err(libc::SIGSYS);
+
+    #[test]
+    fn xattrs_of_unopened_files_are_allowed_and_unshare_only_detaches_the_cwd() {
+        // Answered by the kernel (EFAULT, or ENOSYS before 6.13), not killed.
+        let r = under_filter(false, || {
+            // SAFETY: a bad fd and null pointers: the kernel refuses before reading.
+            ret(unsafe { libc::syscall(crate::sys::SYS_LISTXATTRAT, -1, 0usize, 0, 0usize, 0) })
+        });
+        assert!(matches!(r, Ok(e) if e != 0), "{r:?}");
+        // The fallback for kernels without *xattrat: a thread cwd and the path calls.
+        let r = under_filter(false, || {
+            let Ok(dir) = crate::sys::openat(
+                libc::AT_FDCWD,
+                c"/proc/self/fd",
+                libc::O_RDONLY | libc::O_DIRECTORY,
+                0,
+            ) else {
+                return 1;
+            };
+            let mut buf = [0u8; 64];
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+            // SAFETY: NUL-terminated path; the kernel writes at most 64 bytes.
+            let mut list =
+                || unsafe { libc::listxattr(c"0".as_ptr(), buf.as_mut_ptr().cast(), 64) };
+            match crate::sys::in_dir(fd, || list() as i64) {
+                Ok(_) => 0,
+                Err(e) => e.raw_os_error().unwrap_or(1),
+            }
+        });
+        assert_ne!(r, KILLED);
+        assert_eq!(
+            // SAFETY: detaches only this (single-threaded) child's fs information.
+            under_filter(false, || ret(unsafe {
+                libc::syscall(libc::SYS_unshare, libc::CLONE_FS)
+            })),
+            Ok(0)
+        );
+        assert_eq!(
+            under_filter(false, || {
+                // SAFETY: refused by the filter before the kernel sees it.
+                ret(unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_FS | libc::CLONE_NEWNS) })
+            }),
+            KILLED
+        );
+    }
 
     #[test]
     fn threads_start_through_clone_and_clone3_says_enosys() {

@@ -287,3 +287,196 @@ pub fn group_id(name: &str) -> io::Result<Option<libc::gid_t>> {
         }
     }
 }
+
+/// The `*xattrat` calls (Linux 6.13), numbered alike on every architecture; the libc crate
+/// does not define them for x86_64 yet.
+pub const SYS_SETXATTRAT: libc::c_long = 463;
+pub const SYS_GETXATTRAT: libc::c_long = 464;
+pub const SYS_LISTXATTRAT: libc::c_long = 465;
+pub const SYS_REMOVEXATTRAT: libc::c_long = 466;
+
+/// `struct xattr_args` of the `*xattrat` calls.
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+
+/// Set once the kernel answers ENOSYS to an `*xattrat` call.
+static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs an xattr call on `path` relative to `dir`, following a final (magic) link: `at`
+/// is the `*xattrat` form; `cwd` the older path form, run with this thread's working
+/// directory at `dir` where the kernel lacks `*xattrat`.
+fn xattr_on_path(
+    dir: RawFd,
+    at: impl FnOnce() -> i64,
+    cwd: impl FnOnce() -> i64,
+) -> io::Result<usize> {
+    use std::sync::atomic::Ordering;
+    if !NO_XATTRAT.load(Ordering::Relaxed) {
+        match cvt(at()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                NO_XATTRAT.store(true, Ordering::Relaxed)
+            }
+            r => return r.map(|n| n as usize),
+        }
+    }
+    in_dir(dir, cwd)
+}
+
+/// Runs `f` with this thread's working directory at `dir`. The thread first gets a
+/// working directory of its own (unshare CLONE_FS), so the other threads' stays put.
+pub fn in_dir(dir: RawFd, f: impl FnOnce() -> i64) -> io::Result<usize> {
+    thread_local!(static OWN_CWD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if !OWN_CWD.get() {
+        // SAFETY: plain syscall; it only detaches this thread's fs information.
+        cvt(unsafe { libc::unshare(libc::CLONE_FS) })?;
+        OWN_CWD.set(true);
+    }
+    // SAFETY: plain syscall on an fd the caller holds.
+    cvt(unsafe { libc::fchdir(dir) })?;
+    cvt(f()).map(|n| n as usize)
+}
+
+/// getxattr of the file `path` names relative to `dir` (following it); `buf` empty asks
+/// for the size.
+pub fn getxattr_path(dir: RawFd, path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    let args = XattrArgs {
+        value: ptr as u64,
+        size: len as u32,
+        flags: 0,
+    };
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings; the kernel writes at most `len` bytes at `ptr`.
+        || unsafe {
+            libc::syscall(
+                SYS_GETXATTRAT,
+                dir,
+                path.as_ptr(),
+                0,
+                name.as_ptr(),
+                &args as *const XattrArgs,
+                std::mem::size_of::<XattrArgs>(),
+            )
+        },
+        // SAFETY: as above.
+        || unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), ptr.cast(), len) as i64 },
+    )
+}
+
+/// setxattr of the file `path` names relative to `dir` (following it).
+pub fn setxattr_path(
+    dir: RawFd,
+    path: &CStr,
+    name: &CStr,
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
+    let args = XattrArgs {
+        value: value.as_ptr() as u64,
+        size: value.len() as u32,
+        flags: flags as u32,
+    };
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings; the kernel only reads `value`.
+        || unsafe {
+            libc::syscall(
+                SYS_SETXATTRAT,
+                dir,
+                path.as_ptr(),
+                0,
+                name.as_ptr(),
+                &args as *const XattrArgs,
+                std::mem::size_of::<XattrArgs>(),
+            )
+        },
+        // SAFETY: as above.
+        || unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            ) as i64
+        },
+    )
+    .map(drop)
+}
+
+/// listxattr of the file `path` names relative to `dir` (following it).
+pub fn listxattr_path(dir: RawFd, path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated path; the kernel writes at most `len` bytes at `ptr`.
+        || unsafe { libc::syscall(SYS_LISTXATTRAT, dir, path.as_ptr(), 0, ptr, len) },
+        // SAFETY: as above.
+        || unsafe { libc::listxattr(path.as_ptr(), ptr.cast(), len) as i64 },
+    )
+}
+
+/// removexattr of the file `path` names relative to `dir` (following it).
+pub fn removexattr_path(dir: RawFd, path: &CStr, name: &CStr) -> io::Result<()> {
+    xattr_on_path(
+        dir,
+        // SAFETY: NUL-terminated strings.
+        || unsafe { libc::syscall(SYS_REMOVEXATTRAT, dir, path.as_ptr(), 0, name.as_ptr()) },
+        // SAFETY: as above.
+        || unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) as i64 },
+    )
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback for kernels without `*xattrat`: path calls on a /proc/self/fd name
+    /// from a thread's own working directory, leaving the other threads' alone.
+    #[test]
+    fn xattrs_through_a_thread_cwd_at_proc_self_fd() {
+        let dir = tempfile::tempdir().unwrap();
+        let file =
+            CString::new(dir.path().join("f").into_os_string().into_encoded_bytes()).unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let before = std::env::current_dir().unwrap();
+        let pfd = openat(libc::AT_FDCWD, &file, libc::O_PATH, 0).unwrap();
+        let proc_fd = openat(
+            libc::AT_FDCWD,
+            c"/proc/self/fd",
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            0,
+        )
+        .unwrap();
+        let (dirfd, name) = (proc_fd.as_raw_fd(), fd_name(pfd.as_raw_fd()));
+        let n = name.clone();
+        std::thread::spawn(move || {
+            in_dir(dirfd, || {
+                // SAFETY: NUL-terminated strings and a live value.
+                let r = unsafe {
+                    libc::setxattr(n.as_ptr(), c"user.t".as_ptr(), c"v".as_ptr().cast(), 1, 0)
+                };
+                r as i64
+            })
+            .unwrap();
+            let cwd = std::fs::read_link("/proc/thread-self/cwd").unwrap();
+            assert!(cwd.ends_with("fd"), "{cwd:?}");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            std::env::current_dir().unwrap(),
+            before,
+            "other threads keep theirs"
+        );
+        let mut buf = [0u8; 8];
+        assert_eq!(getxattr_path(dirfd, &name, c"user.t", &mut buf).unwrap(), 1);
+        assert_eq!(&buf[..1], b"v");
+    }
+}

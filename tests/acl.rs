@@ -270,3 +270,40 @@ fn setxattr_ext_sized(c: &FuseClient, node: u64, size: u32, value: &[u8]) -> FRe
     c.call(FUSE_SETXATTR, node, &[&fixed, b"user.x\0", value], 64)
         .map(drop)
 }
+
+#[test]
+fn acl_entries_are_translated_with_the_ids() {
+    let d = Daemon::start(&[
+        "--posix-acl",
+        "--translate-uid",
+        "map:1000:2000:10",
+        "--translate-gid",
+        "map:1000:3000:10",
+    ]);
+    let (c, _) = acl_client(&d);
+    let e = create_umask(&c, ROOT, "t", 0o640, 0);
+    const GROUP: u16 = 8;
+    let guest = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 1003),
+        (GROUP_OBJ, 4, NONE),
+        (GROUP, 4, 1005),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    setxattr_ext(&c, e.nodeid, "system.posix_acl_access", &guest, 0).unwrap();
+    let host = host_xattr(&d.share.join("t"), "system.posix_acl_access").unwrap();
+    let want_host = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 2003),
+        (GROUP_OBJ, 4, NONE),
+        (GROUP, 4, 3005),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    assert_eq!(host, want_host);
+    assert_eq!(
+        c.getxattr(e.nodeid, "system.posix_acl_access", 4096).unwrap(),
+        guest
+    );
+}

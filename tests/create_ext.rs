@@ -154,6 +154,11 @@ fn new_nodes_carry_the_guests_security_context() {
 }
 
 #[test]
+fn new_nodes_carry_the_guests_security_context_in_the_namespace_sandbox() {
+    label_test("namespace");
+}
+
+#[test]
 fn a_supplementary_group_keeps_the_set_group_id_bit() {
     if !is_root() {
         eprintln!("skipped: needs root to create as another user");

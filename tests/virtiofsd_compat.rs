@@ -216,14 +216,17 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s");
     let sock = sock.to_str().unwrap();
-    for (opt, what) in [
-        ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
-        ("--migration-mode=find-paths", "migration"),
+    // Migration is the one virtiofsd feature left out (QEMU 7.2 can't migrate the device).
+    for opt in [
+        "--migration-mode=find-paths",
+        "--migration-on-error=abort",
+        "--migration-verify-handles",
+        "--migration-confirm-paths",
     ] {
         let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);
         assert_eq!(code, Some(1), "{opt}");
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(what) && err.contains("not supported"), "{err}");
+        assert!(err.contains("migration") && err.contains("not supported"), "{err}");
     }
     assert!(
         !std::path::Path::new(sock).exists(),

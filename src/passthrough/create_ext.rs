@@ -90,60 +90,53 @@ impl PassthroughFs {
     }
 
     fn set_label(&self, dir: RawFd, name: &CStr, ctx: &SecCtx) -> io::Result<()> {
+        let host = self.label_name(ctx)?;
         let path = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::statx(path.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
         let kind = st.st_mode & libc::S_IFMT;
+        let proc_name = sys::fd_name(path.as_raw_fd());
         if kind != libc::S_IFREG && kind != libc::S_IFDIR {
-            return self.set_label_on_path_fd(path.as_raw_fd(), ctx);
+            // Symlinks and special files are never opened: labelled through their
+            // /proc/self/fd name, as `xattr` does.
+            return sys::setxattr_path(
+                self.proc_self_fd.as_raw_fd(),
+                &proc_name,
+                &host,
+                &ctx.value,
+                0,
+            );
         }
         // A regular file or directory (checked above): opening it can't block or reach a device.
         let fd = sys::openat(
             self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(path.as_raw_fd()),
+            &proc_name,
             libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
             0,
         )?;
-        Self::fset_label(fd.as_raw_fd(), ctx)
+        Self::fset_label(fd.as_raw_fd(), &host, &ctx.value)
+    }
+
+    /// The host name of the context's xattr, through the xattr map (`--xattrmap`).
+    fn label_name(&self, ctx: &SecCtx) -> io::Result<CString> {
+        self.cfg
+            .xattrmap
+            .to_host(&ctx.name)
+            .or_errno(false)
+            .map(|n| n.into_owned())
     }
 
     /// Labels an open regular file or directory.
-    pub(super) fn fset_label(fd: RawFd, ctx: &SecCtx) -> io::Result<()> {
+    fn fset_label(fd: RawFd, name: &CStr, value: &[u8]) -> io::Result<()> {
         // SAFETY: NUL-terminated name; value is a live slice of the given length.
-        cvt(unsafe {
-            libc::fsetxattr(
-                fd,
-                ctx.name.as_ptr(),
-                ctx.value.as_ptr().cast(),
-                ctx.value.len(),
-                0,
-            )
-        })?;
+        cvt(unsafe { libc::fsetxattr(fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0) })?;
         Ok(())
     }
 
     /// The security context of the regular file just created and opened as `fd`.
     pub(super) fn label_created_file(&self, fd: RawFd) -> io::Result<()> {
         match secctx() {
-            Some(ctx) => Self::fset_label(fd, &ctx),
+            Some(ctx) => Self::fset_label(fd, &self.label_name(&ctx)?, &ctx.value),
             None => Ok(()),
         }
-    }
-
-    /// Symlinks and special files can't be opened for I/O: their O_PATH fd is named
-    /// through /proc/self/fd, whose magic link the path-following setxattr resolves to
-    /// the node itself.
-    fn set_label_on_path_fd(&self, fd: RawFd, ctx: &SecCtx) -> io::Result<()> {
-        let p = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
-        // SAFETY: NUL-terminated path and name; value is a live slice of the given length.
-        cvt(unsafe {
-            libc::setxattr(
-                p.as_ptr(),
-                ctx.name.as_ptr(),
-                ctx.value.as_ptr().cast(),
-                ctx.value.len(),
-                0,
-            )
-        })?;
-        Ok(())
     }
 }

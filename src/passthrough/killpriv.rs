@@ -7,8 +7,12 @@
 //! does it itself, whether or not the guest set a KILL_SUIDGID flag: a non-root guest user
 //! never has CAP_FSETID, and a hostile guest kernel would not ask.
 
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::OnceLock;
+
+use super::xattrmap::{HostName, XattrMap};
 
 use crate::sys::{self, cvt};
 
@@ -19,7 +23,8 @@ pub fn needed(uid: u32, guest_asked: bool) -> bool {
 }
 
 /// Drops set-id bits and the file capability of the regular file open as `fd` (an fd
-/// opened for I/O, not O_PATH), as a write by a caller without CAP_FSETID would.
+/// opened for I/O, not O_PATH), as a write by a caller without CAP_FSETID would: the host's
+/// `security.capability` and the name a guest's capability is mapped to.
 pub fn kill_suidgid(fd: RawFd) -> io::Result<()> {
     let st = sys::statx(fd, sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
@@ -35,16 +40,73 @@ pub fn kill_suidgid(fd: RawFd) -> io::Result<()> {
         // SAFETY: plain syscall on an fd the caller owns.
         cvt(unsafe { libc::fchmod(fd, mode & !kill) })?;
     }
-    // Only remove a capability that is there: removing security.* names needs
-    // CAP_SETFCAP even when there is nothing to remove, which an unprivileged daemon
-    // lacks (every non-root write would fail with EPERM).
-    // SAFETY: NUL-terminated name; size 0 only asks for the length.
-    let has = unsafe { libc::fgetxattr(fd, CAP.as_ptr(), std::ptr::null_mut(), 0) } >= 0;
-    if has {
-        // SAFETY: NUL-terminated name; plain syscall on an fd the caller owns.
-        cvt(unsafe { libc::fremovexattr(fd, CAP.as_ptr()) })?;
+    for name in [CAP].into_iter().chain(mapped_capability()) {
+        remove_if_present(fd, name)?;
     }
     Ok(())
 }
 
-const CAP: &std::ffi::CStr = c"security.capability";
+/// Removes xattr `name` of `fd` if it is there. Only a name that is there is removed:
+/// removing security.* names needs CAP_SETFCAP even when there is nothing to remove,
+/// which an unprivileged daemon lacks (every non-root write would fail with EPERM).
+fn remove_if_present(fd: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: NUL-terminated name; size 0 only asks for the length.
+    let has = unsafe { libc::fgetxattr(fd, name.as_ptr(), std::ptr::null_mut(), 0) } >= 0;
+    if has {
+        // SAFETY: NUL-terminated name; plain syscall on an fd the caller owns.
+        match cvt(unsafe { libc::fremovexattr(fd, name.as_ptr()) }) {
+            // Gone in between (another writer dropped it first).
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+            r => {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
+
+const CAP: &CStr = c"security.capability";
+
+/// The host name a guest's `security.capability` is stored under when the xattr map
+/// renames it (`user.vfsd.security.capability` by default). A capability the guest set
+/// lives there, so a write must drop it too. Process-wide because the callers of
+/// `kill_suidgid` only hold an fd; a daemon serves one filesystem with one map.
+static MAPPED_CAP: OnceLock<Option<CString>> = OnceLock::new();
+
+/// Records where `map` stores the guest's `security.capability` (once, at start-up).
+pub fn set_mapped_capability(map: &XattrMap) {
+    let _ = MAPPED_CAP.set(mapped_name(map));
+}
+
+/// The host name `map` gives `security.capability`, if not itself (none where the map
+/// refuses the name: the guest can't have set one).
+fn mapped_name(map: &XattrMap) -> Option<CString> {
+    match map.to_host(CAP) {
+        HostName::Name(n) if n.as_ref() != CAP => Some(n.into_owned()),
+        _ => None,
+    }
+}
+
+fn mapped_capability() -> Option<&'static CStr> {
+    MAPPED_CAP.get()?.as_deref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mapped_capability_name_follows_the_map() {
+        let name = |rules: &str| mapped_name(&XattrMap::parse(rules).unwrap());
+        assert_eq!(
+            mapped_name(&XattrMap::builtin()).as_deref(),
+            Some(c"user.vfsd.security.capability")
+        );
+        assert_eq!(
+            name(":map::user.virtiofs.:").as_deref(),
+            Some(c"user.virtiofs.security.capability")
+        );
+        assert_eq!(name(":ok:all:::"), None, "the real name, removed anyway");
+        assert_eq!(name(":bad:all:security.:security.::ok:all:::"), None);
+    }
+}

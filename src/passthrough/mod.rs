@@ -21,6 +21,7 @@ mod killpriv;
 pub mod lock;
 pub mod nowait;
 mod xattr;
+pub mod xattrmap;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -40,6 +41,7 @@ pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
 pub use killpriv::needed as killpriv_needed;
+pub use killpriv::set_mapped_capability;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
@@ -96,6 +98,9 @@ pub struct Config {
     pub security_label: bool,
     /// `--translate-uid` / `--translate-gid` (identity when not given).
     pub id_translate: idtranslate::IdTranslate,
+    /// How guest xattr names map to host names (`--xattrmap`; by default
+    /// `xattrmap::DEFAULT_RULES`, which keeps privileged names under a private prefix).
+    pub xattrmap: xattrmap::XattrMap,
 }
 
 impl Config {
@@ -121,6 +126,7 @@ impl Config {
             posix_acl: false,
             security_label: false,
             id_translate: idtranslate::IdTranslate::default(),
+            xattrmap: xattrmap::XattrMap::builtin(),
         }
     }
 

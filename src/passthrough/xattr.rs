@@ -1,35 +1,108 @@
 //! Extended attributes (only with `--xattr`; otherwise ENOSYS, which tells the guest to
 //! stop asking).
 //!
+//! Guest names go through the xattr map (`Config::xattrmap`, see `xattrmap`) on the way in,
+//! and listxattr replies on the way out.
+//!
 //! Regular files and directories are opened through /proc/self/fd and use the f*xattr
-//! calls. Other file types get EPERM/ENODATA: opening a FIFO or device on the host is not
-//! safe, and the user.* namespace does not exist on them anyway.
+//! calls. Symlinks, FIFOs, sockets and devices are never opened (a FIFO open blocks, a
+//! device open reaches hardware): their O_PATH fd is named as `N` inside the
+//! /proc/self/fd directory fd, and the path-following xattr calls resolve that magic link
+//! to the inode itself. The host kernel then applies its own rules (no `user.*` on them).
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, RawFd};
 
 use fuse_backend_rs::api::filesystem::{GetxattrReply, ListxattrReply};
 
+use super::idtranslate::Direction;
 use super::PassthroughFs;
-use crate::sys::{cvt, errno};
+use crate::sys::{self, cvt, errno};
 
 /// Largest value or list the VFS allows (XATTR_SIZE_MAX / XATTR_LIST_MAX).
 const XATTR_MAX: usize = 65536;
 
+/// Where an xattr call goes.
+enum Target<'a> {
+    /// An fd opened for reading.
+    Fd(RawFd),
+    /// `name` (an O_PATH fd's number) inside the /proc/self/fd directory fd.
+    Proc(RawFd, &'a CStr),
+}
+
+impl Target<'_> {
+    fn get(&self, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            // SAFETY: the kernel writes at most buf.len() bytes (0 asks for the size only).
+            Target::Fd(fd) => cvt(unsafe {
+                libc::fgetxattr(fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            })
+            .map(|n| n as usize),
+            Target::Proc(dir, path) => sys::getxattr_path(dir, path, name, buf),
+        }
+    }
+
+    fn set(&self, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+        match *self {
+            // SAFETY: name is NUL-terminated and value is a live slice of the given length.
+            Target::Fd(fd) => cvt(unsafe {
+                libc::fsetxattr(fd, name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+            })
+            .map(drop),
+            Target::Proc(dir, path) => sys::setxattr_path(dir, path, name, value, flags),
+        }
+    }
+
+    fn list(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            // SAFETY: the kernel writes at most buf.len() bytes.
+            Target::Fd(fd) => {
+                cvt(unsafe { libc::flistxattr(fd, buf.as_mut_ptr().cast(), buf.len()) })
+                    .map(|n| n as usize)
+            }
+            Target::Proc(dir, path) => sys::listxattr_path(dir, path, buf),
+        }
+    }
+
+    fn remove(&self, name: &CStr) -> io::Result<()> {
+        match *self {
+            // SAFETY: name is NUL-terminated.
+            Target::Fd(fd) => cvt(unsafe { libc::fremovexattr(fd, name.as_ptr()) }).map(drop),
+            Target::Proc(dir, path) => sys::removexattr_path(dir, path, name),
+        }
+    }
+}
+
 impl PassthroughFs {
-    fn xattr_fd(&self, inode: u64, write: bool) -> io::Result<OwnedFd> {
+    /// ENOSYS without `--xattr`, EROFS for a change to a read-only share: both before
+    /// the name is mapped, so they win over the map's errnos.
+    fn xattr_checks(&self, write: bool) -> io::Result<()> {
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
         if write {
             self.check_writable()?;
         }
+        Ok(())
+    }
+
+    /// Runs `f` on the node's file, reached without opening anything but a regular file
+    /// or directory.
+    fn with_xattr_target<R>(
+        &self,
+        inode: u64,
+        f: impl FnOnce(&Target) -> io::Result<R>,
+    ) -> io::Result<R> {
         let i = self.inode(inode)?;
-        if !i.is_reg() && !i.is_dir() {
-            return Err(errno(if write { libc::EPERM } else { libc::ENODATA }));
+        if i.is_reg() || i.is_dir() {
+            let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
+            return f(&Target::Fd(fd.as_raw_fd()));
         }
-        self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)
+        // Held while its /proc name is in use.
+        let pfd = i.path_fd()?;
+        let name = sys::fd_name(pfd.as_raw_fd());
+        f(&Target::Proc(self.proc_self_fd.as_raw_fd(), &name))
     }
 
     pub(super) fn do_setxattr(
@@ -39,19 +112,11 @@ impl PassthroughFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
+        self.xattr_checks(true)?;
         self.refuse_acl(name)?;
-        let fd = self.xattr_fd(inode, true)?;
-        // SAFETY: name is NUL-terminated and value is a live slice of the given length.
-        cvt(unsafe {
-            libc::fsetxattr(
-                fd.as_raw_fd(),
-                name.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                flags as i32,
-            )
-        })?;
-        Ok(())
+        let host = self.cfg.xattrmap.to_host(name).or_errno(false)?;
+        let value = self.acl_ids(name, value, Direction::ToHost)?;
+        self.with_xattr_target(inode, |t| t.set(&host, &value, flags as i32))
     }
 
     pub(super) fn do_getxattr(
@@ -60,45 +125,40 @@ impl PassthroughFs {
         name: &CStr,
         size: u32,
     ) -> io::Result<GetxattrReply> {
+        self.xattr_checks(false)?;
         self.refuse_acl(name)?;
-        let fd = self.xattr_fd(inode, false)?;
+        let host = self.cfg.xattrmap.to_host(name).or_errno(true)?;
         let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        // SAFETY: the kernel writes at most buf.len() bytes (0 asks for the size only).
-        let n = cvt(unsafe {
-            libc::fgetxattr(
-                fd.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        })? as usize;
+        let n = self.with_xattr_target(inode, |t| t.get(&host, &mut buf))?;
         if size == 0 {
             return Ok(GetxattrReply::Count(n as u32));
         }
         buf.truncate(n);
+        let buf = self.acl_ids(name, &buf, Direction::ToGuest)?.into_owned();
         Ok(GetxattrReply::Value(buf))
     }
 
     pub(super) fn do_listxattr(&self, inode: u64, size: u32) -> io::Result<ListxattrReply> {
-        let fd = self.xattr_fd(inode, false)?;
-        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        // SAFETY: the kernel writes at most buf.len() bytes (0 asks for the size only).
-        let n =
-            cvt(unsafe { libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })?
-                as usize;
+        self.xattr_checks(false)?;
+        // The whole host list, whatever the guest's size: mapping can hide and shorten
+        // names, so only the mapped list tells the size the guest needs.
+        let mut buf = vec![0u8; XATTR_MAX];
+        let n = self.with_xattr_target(inode, |t| t.list(&mut buf))?;
+        let names = self.cfg.xattrmap.list_to_guest(&buf[..n]);
         if size == 0 {
-            return Ok(ListxattrReply::Count(n as u32));
+            return Ok(ListxattrReply::Count(names.len() as u32));
         }
-        buf.truncate(n);
-        Ok(ListxattrReply::Names(buf))
+        if names.len() > size as usize {
+            return Err(errno(libc::ERANGE));
+        }
+        Ok(ListxattrReply::Names(names))
     }
 
     pub(super) fn do_removexattr(&self, inode: u64, name: &CStr) -> io::Result<()> {
+        self.xattr_checks(true)?;
         self.refuse_acl(name)?;
-        let fd = self.xattr_fd(inode, true)?;
-        // SAFETY: name is NUL-terminated.
-        cvt(unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) })?;
-        Ok(())
+        let host = self.cfg.xattrmap.to_host(name).or_errno(false)?;
+        self.with_xattr_target(inode, |t| t.remove(&host))
     }
 }
 
@@ -111,5 +171,26 @@ impl PassthroughFs {
             return Err(errno(libc::EOPNOTSUPP));
         }
         Ok(())
+    }
+
+    /// An ACL's user and group ids as the other side sees them (`--translate-uid/gid`);
+    /// other values, and every value without translation, pass unchanged.
+    fn acl_ids<'a>(
+        &self,
+        name: &CStr,
+        value: &'a [u8],
+        dir: Direction,
+    ) -> io::Result<std::borrow::Cow<'a, [u8]>> {
+        let ids = &self.cfg.id_translate;
+        let acl = matches!(
+            name.to_bytes(),
+            b"system.posix_acl_access" | b"system.posix_acl_default"
+        );
+        if !acl || ids.is_identity() {
+            return Ok(std::borrow::Cow::Borrowed(value));
+        }
+        Ok(std::borrow::Cow::Owned(
+            ids.translate_acl_xattr(value, dir)?,
+        ))
     }
 }

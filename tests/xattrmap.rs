@@ -1,0 +1,433 @@
+//! xattr name mapping (`--xattrmap` and the default map) and xattrs of files vfsd never
+//! opens (symlinks, FIFOs, devices), through the real vhost-user socket; the host side is
+//! checked with the host's own xattr calls.
+
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{errno, is_root, run_vfsd, Daemon};
+use vfsd::frontend::fuse::*;
+
+const ROOT: u64 = 1;
+const NOBODY: Caller = Caller {
+    uid: 65534,
+    gid: 65534,
+    pid: 4242,
+};
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+/// lgetxattr on the host: the value, or the errno.
+fn host_get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (p, n) = (cpath(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// lsetxattr on the host: Ok or the errno.
+fn host_set(p: &Path, name: &str, v: &[u8]) -> Result<(), i32> {
+    let (p, n) = (cpath(p), CString::new(name).unwrap());
+    // SAFETY: NUL-terminated strings and a live buffer.
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    if r < 0 {
+        Err(last_errno())
+    } else {
+        Ok(())
+    }
+}
+
+fn names(list: &[u8]) -> Vec<String> {
+    list.split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8(n.to_vec()).unwrap())
+        .collect()
+}
+
+fn host_list(p: &Path) -> Vec<String> {
+    let p = cpath(p);
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: NUL-terminated path; the kernel writes at most buf.len() bytes.
+    let r = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(r >= 0, "llistxattr: {}", std::io::Error::last_os_error());
+    names(&buf[..r as usize])
+}
+
+fn guest_list(c: &FuseClient, node: u64) -> Vec<String> {
+    let count = c.listxattr(node, 0).unwrap();
+    let count = u32::from_ne_bytes(count[..4].try_into().unwrap());
+    let list = c.listxattr(node, 65536).unwrap();
+    assert_eq!(
+        list.len() as u32,
+        count,
+        "LISTXATTR size 0 gives the mapped size"
+    );
+    if count > 0 {
+        assert_eq!(errno(c.listxattr(node, count - 1)), libc::ERANGE);
+    }
+    names(&list)
+}
+
+#[test]
+fn a_rule_string_maps_guest_names_and_filters_the_host_list() {
+    let rules = ":prefix:all:security.:user.virtiofs.:
+                 :bad:server::security.:
+                 :bad:client:user.virtiofs.::
+                 /unsupported/all/trusted./trusted./
+                 /bad/all/user.secret./user.secret./
+                 :ok:all:::";
+    let d = Daemon::start(&["--xattr", "--xattrmap", rules]);
+    let p = d.path("f");
+    std::fs::write(&p, b"").unwrap();
+    host_set(&p, "user.secret.k", b"host").unwrap();
+    host_set(&p, "user.plain", b"2").unwrap();
+    if is_root() {
+        // The host's own label: hidden from the guest, untouched by it.
+        host_set(&p, "security.hostlabel", b"host_t").unwrap();
+    }
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap().nodeid;
+
+    c.setxattr(f, "security.selinux", b"guest_t", 0).unwrap();
+    assert_eq!(
+        host_get(&p, "user.virtiofs.security.selinux").unwrap(),
+        b"guest_t"
+    );
+    assert!(host_get(&p, "security.selinux").is_err());
+    assert_eq!(c.getxattr(f, "security.selinux", 64).unwrap(), b"guest_t");
+    let mut list = guest_list(&c, f);
+    list.sort();
+    assert_eq!(list, ["security.selinux", "user.plain"]);
+
+    // bad: EPERM to set and remove, ENODATA to read, hidden from the list.
+    assert_eq!(
+        errno(c.setxattr(f, "user.virtiofs.x", b"1", 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(c.getxattr(f, "user.virtiofs.security.selinux", 64)),
+        libc::ENODATA
+    );
+    assert_eq!(
+        errno(c.removexattr(f, "user.virtiofs.security.selinux")),
+        libc::EPERM
+    );
+    assert_eq!(errno(c.setxattr(f, "user.secret.k", b"1", 0)), libc::EPERM);
+    assert_eq!(errno(c.getxattr(f, "user.secret.k", 64)), libc::ENODATA);
+    assert_eq!(host_get(&p, "user.secret.k").unwrap(), b"host");
+    // unsupported: EOPNOTSUPP every way.
+    assert_eq!(errno(c.setxattr(f, "trusted.t", b"1", 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(c.getxattr(f, "trusted.t", 64)), libc::EOPNOTSUPP);
+    assert_eq!(errno(c.removexattr(f, "trusted.t")), libc::EOPNOTSUPP);
+
+    c.removexattr(f, "security.selinux").unwrap();
+    assert_eq!(
+        host_get(&p, "user.virtiofs.security.selinux"),
+        Err(libc::ENODATA)
+    );
+    if is_root() {
+        assert_eq!(host_get(&p, "security.hostlabel").unwrap(), b"host_t");
+    }
+}
+
+#[test]
+fn an_unparsable_map_stops_start_up_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let sock = sock.to_str().unwrap();
+    for (map, what) in [
+        (
+            "--xattrmap=:ok:all:::/ok/some///",
+            "--xattrmap: rule 2: unknown scope 'some'",
+        ),
+        (
+            "--xattrmap=:prefix:all:a.",
+            "--xattrmap: rule 1: key is not terminated",
+        ),
+        ("--xattrmap=:map:a.:b.::ok:all:::", "must be the last rule"),
+    ] {
+        let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", map]);
+        assert_eq!(code, Some(1), "{map}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(what), "{err}");
+    }
+    let o = "source=/,xattrmap=:tomato:all:::";
+    let (code, err) = run_vfsd(&["--socket-path", sock, "-o", o]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("unknown type 'tomato'"), "{err}");
+    assert!(!Path::new(sock).exists());
+}
+
+/// VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
+fn file_capability() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
+    v.extend_from_slice(&(1u32 << 13).to_le_bytes());
+    v.extend_from_slice(&[0u8; 12]);
+    v
+}
+
+#[test]
+fn by_default_a_guest_capability_lives_under_the_private_prefix() {
+    let d = Daemon::start(&["--xattr", "--cache", "never"]);
+    std::fs::set_permissions(&d.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let p = d.path("setcap-me");
+    std::fs::write(&p, vec![7u8; 4096]).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cap = file_capability();
+    let c = d.client();
+    let f = c.lookup(ROOT, "setcap-me").unwrap().nodeid;
+
+    // What setcap does, as guest root.
+    c.setxattr(f, "security.capability", &cap, 0).unwrap();
+    assert_eq!(host_get(&p, "user.vfsd.security.capability").unwrap(), cap);
+    assert_eq!(
+        host_get(&p, "security.capability"),
+        Err(libc::ENODATA),
+        "no real capability on the host"
+    );
+    assert_eq!(c.getxattr(f, "security.capability", 64).unwrap(), cap);
+    c.setxattr(f, "trusted.overlay.opaque", b"y", 0).unwrap();
+    assert_eq!(
+        host_get(&p, "user.vfsd.trusted.overlay.opaque").unwrap(),
+        b"y"
+    );
+    let mut list = guest_list(&c, f);
+    list.sort();
+    assert_eq!(list, ["security.capability", "trusted.overlay.opaque"]);
+
+    // The private names can't be reached directly: no forged capability.
+    assert_eq!(
+        errno(c.setxattr(f, "user.vfsd.security.capability", &cap, 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(c.getxattr(f, "user.vfsd.security.capability", 64)),
+        libc::ENODATA
+    );
+    assert_eq!(
+        errno(c.removexattr(f, "user.vfsd.trusted.overlay.opaque")),
+        libc::EPERM
+    );
+    // Names merely starting alike are the guest's own.
+    c.setxattr(f, "user.vfsdx", b"1", 0).unwrap();
+    assert_eq!(host_get(&p, "user.vfsdx").unwrap(), b"1");
+
+    if is_root() {
+        // A real host capability is hidden: the guest's name reaches its own.
+        host_set(&p, "security.capability", &cap).unwrap();
+        let list = guest_list(&c, f);
+        assert_eq!(
+            list.iter().filter(|n| *n == "security.capability").count(),
+            1,
+            "{list:?}"
+        );
+    }
+
+    // A non-root write drops the guest's capability (and the host's).
+    let o = c.open(f, libc::O_RDWR as u32).unwrap();
+    c.as_caller(NOBODY, |c| c.write(f, o.fh, 0, b"changed"))
+        .unwrap();
+    assert_eq!(
+        host_get(&p, "user.vfsd.security.capability"),
+        Err(libc::ENODATA)
+    );
+    assert_eq!(host_get(&p, "security.capability"), Err(libc::ENODATA));
+    assert_eq!(
+        errno(c.getxattr(f, "security.capability", 64)),
+        libc::ENODATA
+    );
+    assert!(host_list(&p).contains(&"user.vfsd.trusted.overlay.opaque".to_string()));
+}
+
+/// Aborts the test binary if `f` has not returned in time (a FIFO opened for reading
+/// without O_NONBLOCK would block forever).
+fn with_watchdog<R>(what: &str, f: impl FnOnce() -> R) -> R {
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let what = what.to_string();
+    std::thread::spawn(move || {
+        for _ in 0..600 {
+            std::thread::sleep(Duration::from_millis(100));
+            if d.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+        eprintln!("{what}: no reply in 60 s (did vfsd open a FIFO?)");
+        std::process::exit(1);
+    });
+    let r = f();
+    done.store(true, Ordering::Relaxed);
+    r
+}
+
+/// An inotify watch for opens (O_PATH opens don't count).
+struct OpenWatch(i32);
+
+impl OpenWatch {
+    fn new(paths: &[&Path]) -> OpenWatch {
+        // SAFETY: plain syscalls with NUL-terminated paths.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0);
+        for p in paths {
+            let p = cpath(p);
+            // SAFETY: as above.
+            let wd = unsafe { libc::inotify_add_watch(fd, p.as_ptr(), libc::IN_OPEN) };
+            assert!(wd >= 0, "{}", std::io::Error::last_os_error());
+        }
+        OpenWatch(fd)
+    }
+
+    fn opened(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into a live buffer.
+        unsafe { libc::read(self.0, buf.as_mut_ptr().cast(), buf.len()) > 0 }
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        // SAFETY: our own fd.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// Makes a symlink, a FIFO and a character device in `dir`.
+fn special_files(dir: &Path) {
+    std::os::unix::fs::symlink("f", dir.join("l")).unwrap();
+    for (name, mode, dev) in [
+        ("p", libc::S_IFIFO | 0o666, 0),
+        ("c", libc::S_IFCHR | 0o666, libc::makedev(1, 3)),
+    ] {
+        let p = cpath(&dir.join(name));
+        // SAFETY: NUL-terminated path.
+        let r = unsafe { libc::mknod(p.as_ptr(), mode, dev) };
+        assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[test]
+fn symlinks_fifos_and_devices_have_xattrs_in_every_sandbox_without_being_opened() {
+    if !is_root() {
+        eprintln!("skipped: mknod and trusted.* need root");
+        return;
+    }
+    // The host kernel's answers on the same kinds of files, for comparison.
+    let reference = tempfile::tempdir().unwrap();
+    std::fs::write(reference.path().join("f"), b"").unwrap();
+    special_files(reference.path());
+
+    for (sandbox, handles) in [
+        ("namespace", "never"),
+        ("chroot", "never"),
+        ("none", "never"),
+        // Nodes without an fd of their own: the O_PATH fd comes from the handle.
+        ("namespace", "mandatory"),
+    ] {
+        let d = Daemon::start(&[
+            "--xattr",
+            "--xattrmap=:ok:all:::",
+            // trusted.* needs CAP_SYS_ADMIN on the host.
+            "--modcaps=+sys_admin",
+            "--sandbox",
+            sandbox,
+            "--seccomp",
+            "kill",
+            "--inode-file-handles",
+            handles,
+        ]);
+        let sandbox = format!("{sandbox}, handles {handles}");
+        std::fs::write(d.path("f"), b"").unwrap();
+        special_files(&d.share);
+        let watch = OpenWatch::new(&[&d.path("p"), &d.path("c")]);
+        let c = d.client();
+        with_watchdog(&sandbox, || {
+            for name in ["l", "p", "c"] {
+                let what = format!("{sandbox} {name}");
+                let n = c.lookup(ROOT, name).unwrap().nodeid;
+                let host = d.path(name);
+                let twin = reference.path().join(name);
+
+                c.setxattr(n, "trusted.t", b"v", 0).unwrap();
+                assert_eq!(host_get(&host, "trusted.t").unwrap(), b"v", "{what}");
+                assert_eq!(c.getxattr(n, "trusted.t", 64).unwrap(), b"v", "{what}");
+                assert_eq!(guest_list(&c, n), host_list(&host), "{what}");
+                assert!(guest_list(&c, n).contains(&"trusted.t".into()), "{what}");
+                c.removexattr(n, "trusted.t").unwrap();
+                assert_eq!(host_get(&host, "trusted.t"), Err(libc::ENODATA), "{what}");
+                assert_eq!(errno(c.getxattr(n, "trusted.t", 64)), libc::ENODATA);
+
+                // user.* exists only on regular files and directories: the host says so.
+                let set = host_set(&twin, "user.u", b"1").unwrap_err();
+                assert_eq!(set, libc::EPERM, "{what}");
+                assert_eq!(errno(c.setxattr(n, "user.u", b"1", 0)), set, "{what}");
+                let get = host_get(&twin, "user.u").unwrap_err();
+                assert_eq!(errno(c.getxattr(n, "user.u", 64)), get, "{what}");
+            }
+        });
+        // The symlink's own xattrs, not its target's.
+        assert!(host_list(&d.path("f")).is_empty());
+        assert!(
+            !watch.opened(),
+            "{sandbox}: vfsd opened the FIFO or the device"
+        );
+        assert!(
+            d.stats().is_object(),
+            "{sandbox}: the daemon survived seccomp"
+        );
+    }
+}
+
+#[test]
+fn the_default_map_keeps_privileged_names_off_special_files() {
+    if !is_root() {
+        eprintln!("skipped: mknod needs root");
+        return;
+    }
+    let d = Daemon::start(&["--xattr"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    special_files(&d.share);
+    let c = d.client();
+    with_watchdog("default map", || {
+        for name in ["l", "p", "c"] {
+            let n = c.lookup(ROOT, name).unwrap().nodeid;
+            // Mapped to user.vfsd.*, which the host has no room for on these files.
+            assert_eq!(errno(c.setxattr(n, "trusted.t", b"v", 0)), libc::EPERM);
+            let cap = file_capability();
+            assert_eq!(
+                errno(c.setxattr(n, "security.capability", &cap, 0)),
+                libc::EPERM
+            );
+            assert_eq!(errno(c.getxattr(n, "trusted.t", 64)), libc::ENODATA);
+            assert!(guest_list(&c, n).is_empty(), "{name}");
+        }
+    });
+}
+
+#[test]
+fn a_read_only_share_says_erofs_before_the_map_refuses() {
+    let d = Daemon::start(&["--xattr", "--readonly"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "f").unwrap().nodeid;
+    assert_eq!(errno(c.setxattr(f, "user.vfsd.x", b"1", 0)), libc::EROFS);
+    assert_eq!(errno(c.removexattr(f, "user.vfsd.x")), libc::EROFS);
+    assert_eq!(errno(c.getxattr(f, "user.vfsd.x", 64)), libc::ENODATA);
+}
