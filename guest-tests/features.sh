@@ -150,8 +150,8 @@ sec_xattrmap() {
     run "xattrmap: setfattr security.selinux" \
         setfattr -n security.selinux -v guest_label "$DIR/features-keep/labelled"
     check "xattrmap: getfattr reads it back" guest_label \
-        "$(getfattr --only-values -n security.selinux "$DIR/features-keep/labelled" 2>&1)"
-    case $(getfattr -d -m - "$DIR/features-keep/labelled" 2>&1) in
+        "$(getfattr --absolute-names --only-values -n security.selinux "$DIR/features-keep/labelled" 2>&1)"
+    case $(getfattr --absolute-names -d -m - "$DIR/features-keep/labelled" 2>&1) in
         *user.virtiofs.*) bad "xattrmap: the host's mapped name is visible in the guest" ;;
         *security.selinux*) ok ;;
         *) bad "xattrmap: listxattr lacks security.selinux" ;;

@@ -303,7 +303,8 @@ fn acl_entries_are_translated_with_the_ids() {
     ]);
     assert_eq!(host, want_host);
     assert_eq!(
-        c.getxattr(e.nodeid, "system.posix_acl_access", 4096).unwrap(),
+        c.getxattr(e.nodeid, "system.posix_acl_access", 4096)
+            .unwrap(),
         guest
     );
 }

@@ -493,3 +493,35 @@ fn readonly_share_gets_but_never_sets() {
     assert_eq!(errno(fsx_set(&c, f.nodeid, o.fh, &[0; 7])), libc::EROFS);
     c.release(f.nodeid, o.fh).unwrap();
 }
+
+/// With `--translate-uid/gid`, the caller's ids are translated for the flag change as for
+/// every other request: a guest user changes flags of its own (translated) file.
+#[test]
+fn a_translated_caller_sets_flags_on_its_own_file() {
+    if !is_root() {
+        eprintln!("skipped: needs root to act as another user");
+        return;
+    }
+    let d = Daemon::start(&[
+        "--translate-uid",
+        &format!("map:{}:5000:1", USER.uid),
+        "--translate-gid",
+        &format!("map:{}:5000:1", USER.gid),
+    ]);
+    if !host_supports_flags(&d) {
+        return;
+    }
+    let _unflag = Unflag(vec![d.path("mine")]);
+    std::fs::set_permissions(&d.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let c = d.client();
+    c.as_caller(USER, |c| {
+        let (m, o) = c.create(ROOT, "mine", libc::O_RDWR as u32, 0o644).unwrap();
+        c.release(m.nodeid, o.fh).unwrap();
+        chattr(c, m.nodeid, false, NODUMP, 0).unwrap();
+    });
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(d.path("mine")).unwrap()),
+        5000
+    );
+    assert_eq!(host_flags(&d.path("mine")) & NODUMP, NODUMP);
+}

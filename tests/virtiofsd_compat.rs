@@ -226,7 +226,10 @@ fn unimplemented_virtiofsd_options_fail_with_one_clear_line() {
         let (code, err) = run_vfsd(&["--socket-path", sock, "--shared-dir", "/", opt]);
         assert_eq!(code, Some(1), "{opt}");
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("migration") && err.contains("not supported"), "{err}");
+        assert!(
+            err.contains("migration") && err.contains("not supported"),
+            "{err}"
+        );
     }
     assert!(
         !std::path::Path::new(sock).exists(),

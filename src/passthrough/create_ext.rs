@@ -58,7 +58,8 @@ fn secctx() -> Option<SecCtx> {
 
 impl PassthroughFs {
     /// Switches to the guest caller's ids (translated to host ids, `--translate-uid/gid`)
-    /// for a create, with the supplementary group the request carried (FUSE_EXT_GROUPS,
+    /// for a create (or a flag change made as the caller), with the supplementary group the
+    /// request carried (FUSE_EXT_GROUPS,
     /// see `server::ext`).
     pub(super) fn creator(&self, ctx: &Context) -> io::Result<sys::FsCred> {
         let ids = &self.cfg.id_translate;

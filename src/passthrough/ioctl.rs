@@ -194,7 +194,7 @@ impl PassthroughFs {
         };
         let mut arg = arg_from(input);
         if cmd.is_set() {
-            let _cred = sys::FsCred::switch(ctx.uid, ctx.gid)?;
+            let _cred = self.creator(ctx)?;
             host_ioctl(&fd, cmd, &mut arg)?;
             return Ok(IoctlData {
                 result: 0,
