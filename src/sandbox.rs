@@ -201,9 +201,31 @@ fn namespace(
     )
     .map_err(|e| err("mount /proc", e))?;
     let proc_self_fd = open_proc_self_fd()?;
-    let dir = cpath(shared_dir)?;
-    mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC)
-        .map_err(|e| err("bind-mount the shared dir", e))?;
+    let mut dir = cpath(shared_dir)?;
+    if dir.as_bytes() == b"/" {
+        // pivot_root can't make the current root mount the new root (EBUSY): bind a copy
+        // of it below a private tmpfs (over /proc, whose fd is already open) and pivot
+        // into that.
+        let stage = CString::new("/proc").unwrap();
+        let tmpfs = CString::new("tmpfs").unwrap();
+        mount(
+            Some(&tmpfs),
+            &stage,
+            Some(&tmpfs),
+            libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOSUID,
+        )
+        .map_err(|e| err("mount a staging tmpfs", e))?;
+        let copy = CString::new("/proc/root").unwrap();
+        // SAFETY: NUL-terminated path.
+        cvt(unsafe { libc::mkdir(copy.as_ptr(), 0o755) })
+            .map_err(|e| err("make the staging directory", e))?;
+        mount(Some(&dir), &copy, None, libc::MS_BIND | libc::MS_REC)
+            .map_err(|e| err("bind-mount the shared dir", e))?;
+        dir = copy;
+    } else {
+        mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC)
+            .map_err(|e| err("bind-mount the shared dir", e))?;
+    }
     // The daemon never opens a device node for the guest; with nodev on the whole share a
     // bug that tried would get EACCES from the host instead of a host device.
     set_nodev_recursive(&dir).map_err(|e| err("mount the shared dir nodev", e))?;

@@ -423,3 +423,26 @@ fn no_directory_outside_the_share_stays_open_in_the_sandbox() {
         assert!(s["opcodes"]["WRITE"]["count"].as_u64().unwrap() >= 1);
     }
 }
+
+/// `--shared-dir /` under the namespace sandbox (the xfstests runner shares the host's
+/// root read-only): pivot_root can't pivot into the current root mount itself, so vfsd
+/// pivots into a copy of it. Read-only use only; the test changes nothing.
+#[test]
+fn the_host_root_can_be_shared_in_the_namespace_sandbox() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = Daemon::start_on(
+        std::path::Path::new("/"),
+        &["--sandbox", "namespace", "--readonly"],
+    );
+    let c = d.client();
+    let etc = c.lookup(1, "etc").unwrap();
+    assert_eq!(etc.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    let host = std::fs::metadata("/etc").unwrap();
+    assert_eq!(etc.attr.ino, std::os::unix::fs::MetadataExt::ino(&host));
+    // The daemon's root is a copy of the host's root, not the host's mount itself.
+    let pid = serving_pid(&d);
+    assert_ne!(pid, d.pid());
+}
