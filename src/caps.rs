@@ -48,6 +48,13 @@ pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
+    // Files are created as the guest caller (fsuid/fsgid, and the one supplementary group
+    // a request may carry): the daemon's own supplementary groups must not count in the
+    // host's checks. Not fatal where a user namespace denies setgroups.
+    // SAFETY: an empty list; glibc applies it to every thread.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        log::debug!("setgroups: {}", std::io::Error::last_os_error());
+    }
     let mut keep: CapsHashSet = DEFAULT.iter().copied().collect();
     for &(add, cap) in modcaps {
         if add {

@@ -69,6 +69,9 @@ fn namespace_sandbox_pivots_into_the_share_and_closes_stray_fds() {
         .iter()
         .fold(0, |m, b| m | 1 << b);
     assert_eq!(eff, want, "{cap}");
+    // No supplementary groups of its own: creates count only the guest caller's.
+    let groups = status.lines().find(|l| l.starts_with("Groups:")).unwrap();
+    assert_eq!(groups.split_whitespace().count(), 1, "{groups}");
     // Its network namespace is not the host's.
     let ns = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
     assert_ne!(ns(pid), ns(std::process::id() as i32));
@@ -445,4 +448,47 @@ fn the_host_root_can_be_shared_in_the_namespace_sandbox() {
     // The daemon's root is a copy of the host's root, not the host's mount itself.
     let pid = serving_pid(&d);
     assert_ne!(pid, d.pid());
+}
+
+/// A root daemon drops its own supplementary groups in every sandbox mode, so a create
+/// made as a guest caller never counts the daemon's groups (only the one the request
+/// carries with FUSE_CREATE_SUPP_GROUP). Started through `setpriv --groups` so it has some.
+#[test]
+fn a_root_daemon_keeps_no_supplementary_groups() {
+    if !is_root()
+        || std::process::Command::new("setpriv")
+            .arg("--help")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipped: needs root and setpriv");
+        return;
+    }
+    for sandbox in ["none", "chroot", "namespace"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("share")).unwrap();
+        let sock = dir.path().join("s");
+        let mut child = std::process::Command::new("setpriv")
+            .args(["--groups=5,6", "--"])
+            .arg(common::vfsd_bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(dir.path().join("share"))
+            .args(["--sandbox", sandbox, "--log-level", "error"])
+            .spawn()
+            .unwrap();
+        common::wait_for_socket(&sock);
+        let c = vfsd::frontend::fuse::FuseClient::new(
+            vfsd::frontend::Frontend::connect(&sock, Default::default()).unwrap(),
+        );
+        c.init().unwrap();
+        let pid = common::serving_pid(child.id() as i32);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let groups = status.lines().find(|l| l.starts_with("Groups:")).unwrap();
+        drop(c);
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        assert_eq!(groups.split_whitespace().count(), 1, "{sandbox}: {groups}");
+    }
 }

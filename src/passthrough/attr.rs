@@ -84,6 +84,11 @@ impl PassthroughFs {
                     libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
                 )
             })?;
+            if i.is_reg() {
+                // As the host kernel drops a file capability on chown.
+                let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
+                super::killpriv::kill_mapped_capability(fd.as_raw_fd())?;
+            }
         }
 
         if valid.contains(SetattrValid::SIZE) {

@@ -166,6 +166,11 @@ impl Table {
             // Covers nothing, as in virtiofsd.
             return Ok(());
         }
+        if let Target::Shift(base) = target {
+            // The target range must fit too: wrapping past 4294967295 would land on 0.
+            base.checked_add(count)
+                .ok_or_else(|| format!("target range {base} + {count} goes past 4294967295"))?;
+        }
         let at = self.0.partition_point(|s| s.start < start);
         let clash = |s: &Span| s.start < end && start < s.end;
         if self.0.get(at).is_some_and(clash) || at > 0 && clash(&self.0[at - 1]) {
@@ -187,7 +192,8 @@ impl Table {
             return Some(id);
         }
         match s.target {
-            Target::Shift(base) => Some(base.wrapping_add(id - s.start)),
+            // `add` checked that the whole target range fits.
+            Target::Shift(base) => Some(base + (id - s.start)),
             Target::Squash(to) => Some(to),
             Target::Forbid => None,
         }

@@ -46,6 +46,15 @@ pub fn kill_suidgid(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// After a chown of the regular file open as `fd`: the host kernel drops a real
+/// `security.capability` itself, but not the name the xattr map keeps a guest's under.
+pub fn kill_mapped_capability(fd: RawFd) -> io::Result<()> {
+    match mapped_capability() {
+        Some(name) => remove_if_present(fd, name),
+        None => Ok(()),
+    }
+}
+
 /// Removes xattr `name` of `fd` if it is there. Only a name that is there is removed:
 /// removing security.* names needs CAP_SETFCAP even when there is nothing to remove,
 /// which an unprivileged daemon lacks (every non-root write would fail with EPERM).

@@ -300,7 +300,9 @@ impl FuseServer {
             opcode::TMPFILE => {
                 let r = ext::take(req)
                     .map_err(io::Error::from_raw_os_error)
-                    .and_then(|e| newer::tmpfile(&self.fs, &req.hdr, req.args(), e));
+                    .and_then(|e| {
+                        newer::tmpfile(&self.fs, &req.hdr, req.args(), self.negotiated(e))
+                    });
                 (reply(mem, chain, &hdr, r), false)
             }
             opcode::STATX => {
@@ -321,7 +323,7 @@ impl FuseServer {
             }
             op @ (opcode::CREATE | opcode::MKDIR | opcode::MKNOD | opcode::SYMLINK) => {
                 match ext::take(req) {
-                    Ok(e) => crate::passthrough::create_ext::with(e, || {
+                    Ok(e) => crate::passthrough::create_ext::with(self.negotiated(e), || {
                         self.serve_by_crate(mem, chain, req, op)
                     }),
                     Err(e) => (
@@ -417,6 +419,20 @@ impl FuseServer {
             self.session_minor.store(s.minor, Ordering::Release);
         }
         Ok(out)
+    }
+
+    /// The parts of a create's extensions this session agreed to: a guest can't have a
+    /// security context applied without `--security-label`, nor a group without
+    /// FUSE_CREATE_SUPP_GROUP, by sending the block anyway.
+    fn negotiated(&self, mut e: crate::passthrough::CreateExt) -> crate::passthrough::CreateExt {
+        let s = self.session();
+        if !s.has(crate::abi::flags::SECURITY_CTX) {
+            e.secctx = None;
+        }
+        if !s.has(crate::abi::flags::CREATE_SUPP_GROUP) {
+            e.groups.clear();
+        }
+        e
     }
 
     /// What the last INIT negotiated.
