@@ -286,9 +286,11 @@ fn chown_drops_the_mapped_file_capability() {
     let f = c.lookup(ROOT, "setcap-me").unwrap().nodeid;
     c.setxattr(f, "security.capability", &file_capability(), 0)
         .unwrap();
-    let mut s = SetattrIn::default();
-    s.valid = FATTR_UID;
-    s.uid = 1234;
+    let s = SetattrIn {
+        valid: FATTR_UID,
+        uid: 1234,
+        ..Default::default()
+    };
     c.setattr(f, &s).unwrap();
     assert_eq!(std::fs::metadata(&p).unwrap().uid(), 1234);
     assert_eq!(
