@@ -5,7 +5,8 @@
 #    writes 4 KiB with O_DIRECT, writes through the page cache, truncates and
 #    fallocates; after each the mode must be 0777 (S_ISUID gone, S_ISGID gone as
 #    group-exec is set), as on a local file system. S_ISGID without group-exec
-#    stays. Root's own writes keep 06777.
+#    stays only when nobody is in the file's group (the host kernel's
+#    setattr_should_drop_sgid). Root's own writes keep 06777.
 # 2. nobody can mkdir, touch, mkfifo, ln -s, ln and mv in a 0777 subdirectory
 #    (these failed with EPERM under --inode-file-handles mandatory/prefer).
 #
@@ -63,10 +64,14 @@ for op in $OPS; do
     fresh 06777
     run_as nobody "$name" "$cmd"
     check "$name by nobody clears S_ISUID and S_ISGID" 777 "$(mode "$F")"
-    # S_ISGID without group-exec marks mandatory locking, not a set-gid program: kept.
+    # S_ISGID without group-exec: kept only for a member of the file's group.
     fresh 06767
     run_as nobody "$name" "$cmd"
-    check "$name by nobody clears S_ISUID, keeps S_ISGID without group-exec" 2767 "$(mode "$F")"
+    check "$name by nobody (not in the group) clears S_ISUID and S_ISGID without group-exec" 767 "$(mode "$F")"
+    fresh 06767
+    chgrp 65534 "$F" && chmod 06767 "$F"
+    run_as nobody "$name" "$cmd"
+    check "$name by nobody (in the group) clears S_ISUID, keeps S_ISGID without group-exec" 2767 "$(mode "$F")"
     fresh 06777
     run_as root "$name" "$cmd"
     check "$name by root keeps both" 6777 "$(mode "$F")"

@@ -31,11 +31,11 @@ impl PassthroughFs {
         attr: libc::stat64,
         handle: Option<u64>,
         valid: SetattrValid,
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<(libc::stat64, Duration)> {
         self.check_writable()?;
         // An explicit new mode in the same request wins over the privilege drop.
-        let kill = kill && !valid.contains(SetattrValid::MODE);
+        let kill = kill.filter(|_| !valid.contains(SetattrValid::MODE));
         let i = self.inode(inode)?;
         let h = match handle {
             Some(fh) => Some(self.handles.get(fh, inode)?),
@@ -111,8 +111,8 @@ impl PassthroughFs {
                     reopened.as_raw_fd()
                 }
             };
-            if kill {
-                super::killpriv::kill_suidgid(fd)?;
+            if let Some(gid) = kill {
+                super::killpriv::kill_suidgid(fd, gid)?;
             }
             // SAFETY: plain syscall on an fd we own.
             cvt(unsafe { libc::ftruncate64(fd, size) })?;

@@ -54,7 +54,7 @@ impl PassthroughFs {
         &self,
         inode: u64,
         flags: u32,
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<(u64, OpenOptions)> {
         let i = self.inode(inode)?;
         let hflags = self.host_flags(flags);
@@ -67,8 +67,8 @@ impl PassthroughFs {
             let g = i.io.exclusive();
             let _w = i.io.write_started(&g);
             let fd = self.reopen(&i, hflags)?;
-            if kill {
-                killpriv::kill_suidgid(fd.as_raw_fd())?;
+            if let Some(gid) = kill {
+                killpriv::kill_suidgid(fd.as_raw_fd(), gid)?;
             }
             fd
         } else {
@@ -94,7 +94,7 @@ impl PassthroughFs {
         name: &CStr,
         flags: u32,
         mode: u32,
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
         let hflags = self.host_flags(flags) & !libc::O_TRUNC;
@@ -204,7 +204,7 @@ impl PassthroughFs {
         r: &mut dyn ZeroCopyReader,
         size: u32,
         offset: u64,
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<usize> {
         self.write_locked(inode, handle, offset, size as usize, kill, |h| {
             sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset))
@@ -219,13 +219,13 @@ impl PassthroughFs {
         handle: u64,
         offset: u64,
         size: usize,
-        kill: bool,
+        kill: Option<u32>,
         write: impl FnOnce(&Handle) -> io::Result<usize>,
     ) -> io::Result<usize> {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
-        if kill {
-            killpriv::kill_suidgid(h.fd.as_raw_fd())?;
+        if let Some(gid) = kill {
+            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid)?;
         }
         let end = offset
             .checked_add(size as u64)
@@ -246,7 +246,7 @@ impl PassthroughFs {
         fh: u64,
         offset: u64,
         iov: &[libc::iovec],
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<usize> {
         let size = iov.iter().map(|v| v.iov_len).sum();
         self.write_locked(nodeid, fh, offset, size, kill, |h| {
@@ -290,12 +290,12 @@ impl PassthroughFs {
         mode: u32,
         offset: u64,
         length: u64,
-        kill: bool,
+        kill: Option<u32>,
     ) -> io::Result<()> {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
-        if kill {
-            killpriv::kill_suidgid(h.fd.as_raw_fd())?;
+        if let Some(gid) = kill {
+            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid)?;
         }
         let g = h.inode.io.exclusive();
         let _w = h.inode.io.write_started(&g);
@@ -327,6 +327,7 @@ impl PassthroughFs {
     pub fn copy_file_range(
         &self,
         uid: u32,
+        gid: u32,
         inode_in: u64,
         fh_in: u64,
         off_in: u64,
@@ -345,8 +346,8 @@ impl PassthroughFs {
         if hout.flags & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(errno(libc::EBADF));
         }
-        if killpriv::needed(uid, false) {
-            killpriv::kill_suidgid(hout.fd.as_raw_fd())?;
+        if let Some(gid) = killpriv::needed(uid, gid, false) {
+            killpriv::kill_suidgid(hout.fd.as_raw_fd(), gid)?;
         }
         // Two inodes' locks: always taken lower node id first, so copies in opposite
         // directions can't deadlock (found by the fuzz harness).

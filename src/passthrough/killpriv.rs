@@ -16,24 +16,27 @@ use super::xattrmap::{HostName, XattrMap};
 
 use crate::sys::{self, cvt};
 
-/// Whether a data change for guest user `uid` must drop privileges. `guest_asked` is the
-/// request's KILL_SUIDGID flag (the guest kernel found the caller without CAP_FSETID).
-pub fn needed(uid: u32, guest_asked: bool) -> bool {
-    guest_asked || uid != 0
+/// Whether a data change by guest user `uid` must drop privileges: Some(the caller's host
+/// gid, which decides S_ISGID without group-exec) or None. `guest_asked` is the request's
+/// KILL_SUIDGID flag (the guest kernel found the caller without CAP_FSETID).
+pub fn needed(uid: u32, host_gid: u32, guest_asked: bool) -> Option<u32> {
+    (guest_asked || uid != 0).then_some(host_gid)
 }
 
 /// Drops set-id bits and the file capability of the regular file open as `fd` (an fd
-/// opened for I/O, not O_PATH), as a write by a caller without CAP_FSETID would: the host's
+/// opened for I/O, not O_PATH), as a write by a caller without CAP_FSETID whose group is
+/// `gid` would (the kernel's `setattr_should_drop_suidgid`): the host's
 /// `security.capability` and the name a guest's capability is mapped to.
-pub fn kill_suidgid(fd: RawFd) -> io::Result<()> {
+pub fn kill_suidgid(fd: RawFd, gid: u32) -> io::Result<()> {
     let st = sys::statx(fd, sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(());
     }
     let mode = st.st_mode & 0o7777;
     let mut kill = mode & libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 {
-        // Without group-exec, S_ISGID marks mandatory locking and stays.
+    if mode & libc::S_IXGRP != 0 || st.st_gid != gid {
+        // Without group-exec, S_ISGID stays only for a member of the file's group (the
+        // request names one group; a supplementary membership can't be seen).
         kill |= mode & libc::S_ISGID;
     }
     if kill != 0 {

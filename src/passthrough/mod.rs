@@ -311,6 +311,16 @@ impl PassthroughFs {
 
     /// Host attributes as the guest sees them (`--translate-uid/gid`): every attribute
     /// reply passes here.
+    /// The caller's gid on the host (`--translate-gid`); one no host file has when the
+    /// translation forbids it, so no group membership is assumed.
+    pub fn host_gid(&self, ctx: &Context) -> u32 {
+        self.cfg
+            .id_translate
+            .gid
+            .to_host(ctx.gid)
+            .unwrap_or(u32::MAX)
+    }
+
     pub(crate) fn guest_attr(&self, st: libc::stat64) -> libc::stat64 {
         self.cfg.id_translate.stat_to_guest(st)
     }
@@ -472,7 +482,11 @@ impl FileSystem for PassthroughFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(libc::stat64, Duration)> {
-        let kill = killpriv::needed(ctx.uid, valid.contains(SetattrValid::KILL_SUIDGID));
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            valid.contains(SetattrValid::KILL_SUIDGID),
+        );
         self.do_setattr(inode, attr, handle, valid, kill)
     }
 
@@ -552,7 +566,11 @@ impl FileSystem for PassthroughFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        let kill = killpriv::needed(ctx.uid, fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+        );
         let (fh, opts) = self.do_open(inode, flags, kill)?;
         Ok((Some(fh), opts, None))
     }
@@ -564,7 +582,11 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let kill = killpriv::needed(ctx.uid, args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+        );
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
         let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, mode, kill)?;
         Ok((entry, Some(fh), opts, None))
@@ -597,7 +619,11 @@ impl FileSystem for PassthroughFs {
         _flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        let kill = killpriv::needed(ctx.uid, fuse_flags & WRITE_KILL_PRIV != 0);
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            fuse_flags & WRITE_KILL_PRIV != 0,
+        );
         self.do_write(inode, handle, r, size, offset, kill)
     }
 
@@ -620,7 +646,7 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        let kill = killpriv::needed(ctx.uid, false);
+        let kill = killpriv::needed(ctx.uid, self.host_gid(ctx), false);
         self.do_fallocate(inode, handle, mode, offset, length, kill)
     }
 

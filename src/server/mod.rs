@@ -460,6 +460,8 @@ impl FuseServer {
                 let len = a.len.min(u32::MAX as u64 & !0xfff);
                 self.fs.copy_file_range(
                     hdr.uid,
+                    self.fs
+                        .host_gid(&fuse_backend_rs::api::filesystem::Context::from(hdr)),
                     hdr.nodeid,
                     a.fh_in,
                     a.offset_in,

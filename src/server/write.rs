@@ -68,7 +68,9 @@ where
         return Err(libc::EINVAL);
     }
     let hdr = req.hdr;
-    let kill = crate::passthrough::killpriv_needed(hdr.uid, args.fuse_flags & WRITE_KILL_PRIV != 0);
+    let gid = fs.host_gid(&fuse_backend_rs::api::filesystem::Context::from(&hdr));
+    let kill =
+        crate::passthrough::killpriv_needed(hdr.uid, gid, args.fuse_flags & WRITE_KILL_PRIV != 0);
     // SAFETY: each iovec spans mapped guest memory (get_slice checked the bounds) that
     // stays mapped while `mem` lives, for the whole call; pwritev only reads it.
     let r = unsafe { fs.write_iov(hdr.nodeid, args.fh, args.offset, &iov, kill) };
