@@ -164,6 +164,31 @@ fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
     assert_eq!(read_counts(&d, 8), (0, 8));
 }
 
+/// A host filesystem without RWF_NOWAIT (tmpfs here, a GlusterFS FUSE mount in issue 14)
+/// is found out once: handles opened on it afterwards never try.
+#[test]
+fn rwf_nowait_is_given_up_once_per_host_filesystem() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let _tmpfs = Tmpfs::mount(mnt.path(), None);
+    let data = pattern(8192, 16);
+    for name in ["a", "b", "c"] {
+        std::fs::write(mnt.path().join(name), &data).unwrap();
+    }
+    let d = Daemon::start_on(mnt.path(), &[]);
+    let c = d.client();
+    for name in ["a", "b", "c", "a", "b"] {
+        let (node, fh) = open_file(&c, name);
+        assert_eq!(c.read(node, fh, 0, 4096).unwrap(), &data[..4096]);
+        c.release(node, fh).unwrap();
+    }
+    assert_eq!(read_counts(&d, 5), (0, 5));
+    assert_eq!(d.stats()["nowait_unsupported"].as_u64(), Some(1));
+}
+
 #[test]
 fn without_a_pool_every_read_is_served_in_place() {
     let d = Daemon::start(&["--thread-pool-size", "0"]);

@@ -74,12 +74,13 @@ impl PassthroughFs {
         } else {
             self.reopen(&i, hflags)?
         };
+        let nowait = self.nowait_unsupported.worth_trying(i.key.mnt_id);
         let fh = self.handles.insert(Handle {
             inode: i,
             fd,
             flags: hflags,
             dir: None,
-            nowait_reads: AtomicBool::new(true),
+            nowait_reads: AtomicBool::new(nowait),
         });
         Ok((fh, self.file_open_options(flags)))
     }
@@ -174,12 +175,13 @@ impl PassthroughFs {
         let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
         let inode = self.inodes.lookup_insert(path_fd, &st)?;
         let entry = self.entry(&inode, st.st);
+        let nowait = self.nowait_unsupported.worth_trying(inode.key.mnt_id);
         let fh = self.handles.insert(Handle {
             inode,
             fd,
             flags: hflags,
             dir: None,
-            nowait_reads: AtomicBool::new(true),
+            nowait_reads: AtomicBool::new(nowait),
         });
         Ok((entry, fh, self.file_open_options(flags)))
     }
@@ -415,6 +417,7 @@ fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
 fn nowait_read(
     h: &Handle,
     size: usize,
+    unsupported: &nowait::Unsupported,
     read: impl FnOnce(std::os::fd::RawFd) -> io::Result<usize>,
 ) -> Option<usize> {
     // O_DIRECT reads always wait for the device, RWF_NOWAIT or not.
@@ -425,8 +428,10 @@ fn nowait_read(
     match read(h.fd.as_raw_fd()) {
         Ok(n) if n == size => Some(n),
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-            // This host filesystem has no RWF_NOWAIT: stop trying on this handle.
+            // This host filesystem has no RWF_NOWAIT: stop trying on this handle, and on
+            // every handle opened on it from now on.
             h.nowait_reads.store(false, Ordering::Relaxed);
+            unsupported.record(h.inode.key.mnt_id);
             None
         }
         _ => None,
@@ -450,7 +455,9 @@ impl PassthroughFs {
         let h = self.handles.get(fh, nodeid).ok()?;
         let size = iov.iter().map(|v| v.iov_len).sum();
         // SAFETY: the caller vouches for the iovecs.
-        nowait_read(&h, size, |fd| unsafe { nowait::preadv2(fd, iov, offset) })
+        nowait_read(&h, size, &self.nowait_unsupported, |fd| unsafe {
+            nowait::preadv2(fd, iov, offset)
+        })
     }
 }
 

@@ -153,6 +153,8 @@ pub struct FsCounters {
     pub locks_held: usize,
     pub lock_waiters: usize,
     pub lock_enolck: u64,
+    /// RWF_NOWAIT reads answered EOPNOTSUPP (at most about one per host filesystem).
+    pub nowait_unsupported: u64,
 }
 
 pub struct InodeCounters {
@@ -171,6 +173,8 @@ pub struct PassthroughFs {
     proc_self_fd: OwnedFd,
     /// Whether the guest accepted the writeback cache at INIT.
     writeback: std::sync::atomic::AtomicBool,
+    /// Host filesystems without RWF_NOWAIT (see `nowait`).
+    nowait_unsupported: nowait::Unsupported,
     /// The guest sends creates' modes without its umask applied (FUSE_DONT_MASK, with
     /// `--posix-acl`); see `acl`.
     dont_mask: std::sync::atomic::AtomicBool,
@@ -218,6 +222,7 @@ impl PassthroughFs {
             handles: HandleTable::new(),
             proc_self_fd,
             writeback: std::sync::atomic::AtomicBool::new(false),
+            nowait_unsupported: Default::default(),
             dont_mask: std::sync::atomic::AtomicBool::new(false),
             submounts: std::sync::atomic::AtomicBool::new(false),
         })
@@ -245,6 +250,10 @@ impl PassthroughFs {
                 .locks
                 .counters
                 .enolck
+                .load(std::sync::atomic::Ordering::Relaxed),
+            nowait_unsupported: self
+                .nowait_unsupported
+                .seen
                 .load(std::sync::atomic::Ordering::Relaxed),
         };
         for inode in self.inodes.snapshot() {

@@ -11,6 +11,39 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+/// Host filesystems (by mount id) found without RWF_NOWAIT (EOPNOTSUPP, e.g. a GlusterFS
+/// FUSE mount): a handle opened there never tries, so the cost of finding out is paid
+/// once per filesystem, not once per handle. Read at OPEN, written once per filesystem;
+/// the READ path itself reads only its handle's flag.
+#[derive(Default)]
+pub struct Unsupported {
+    mounts: RwLock<Vec<u64>>,
+    /// EOPNOTSUPP answers seen (statistics: at most one per filesystem and racing READ).
+    pub seen: AtomicU64,
+}
+
+impl Unsupported {
+    /// Whether a handle on mount `mnt_id` should try no-wait reads.
+    pub fn worth_trying(&self, mnt_id: u64) -> bool {
+        !self
+            .mounts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&mnt_id)
+    }
+
+    /// Records that mount `mnt_id` answered EOPNOTSUPP.
+    pub fn record(&self, mnt_id: u64) {
+        self.seen.fetch_add(1, Ordering::Relaxed);
+        let mut m = self.mounts.write().unwrap_or_else(|e| e.into_inner());
+        if !m.contains(&mnt_id) {
+            m.push(mnt_id);
+        }
+    }
+}
 
 /// `preadv2(fd, iov, offset, RWF_NOWAIT)`.
 ///
