@@ -26,25 +26,11 @@ impl PassthroughFs {
         if !self.dont_mask.load(Ordering::Relaxed) {
             return Ok(mode);
         }
-        let dir = self.inode(parent)?;
-        let fd = self.reopen(&dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        // SAFETY: NUL-terminated name; size 0 only asks for the value's length.
-        let n = unsafe {
-            libc::fgetxattr(
-                fd.as_raw_fd(),
-                DEFAULT_ACL.as_ptr(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        let has_default = if n >= 0 {
-            true
-        } else {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ENODATA | libc::EOPNOTSUPP) => false,
-                _ => return Err(e),
-            }
+        // An empty buffer only asks for the value's length.
+        let has_default = match self.with_xattr_target(parent, |t| t.get(DEFAULT_ACL, &mut [])) {
+            Ok(_) => true,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => false,
+            Err(e) => return Err(e),
         };
         Ok(if has_default { mode } else { mode & !umask })
     }

@@ -11,8 +11,9 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use fuse_backend_rs::api::filesystem::Context;
 
+use super::xattr::Target;
 use super::PassthroughFs;
-use crate::sys::{self, cvt};
+use crate::sys;
 
 /// A security context for a new node (FUSE_SECURITY_CTX).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,27 +95,10 @@ impl PassthroughFs {
         let host = self.label_name(ctx)?;
         let path = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::statx(path.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
-        let kind = st.st_mode & libc::S_IFMT;
-        let proc_name = sys::fd_name(path.as_raw_fd());
-        if kind != libc::S_IFREG && kind != libc::S_IFDIR {
-            // Symlinks and special files are never opened: labelled through their
-            // /proc/self/fd name, as `xattr` does.
-            return sys::setxattr_path(
-                self.proc_self_fd.as_raw_fd(),
-                &proc_name,
-                &host,
-                &ctx.value,
-                0,
-            );
-        }
-        // A regular file or directory (checked above): opening it can't block or reach a device.
-        let fd = sys::openat(
-            self.proc_self_fd.as_raw_fd(),
-            &proc_name,
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
-            0,
-        )?;
-        Self::fset_label(fd.as_raw_fd(), &host, &ctx.value)
+        // Symlinks and special files are never opened (see `xattr`).
+        self.with_path_target(path.as_raw_fd(), st.st_mode & libc::S_IFMT, |t| {
+            t.set(&host, &ctx.value, 0)
+        })
     }
 
     /// The host name of the context's xattr, through the xattr map (`--xattrmap`).
@@ -126,17 +110,10 @@ impl PassthroughFs {
             .map(|n| n.into_owned())
     }
 
-    /// Labels an open regular file or directory.
-    fn fset_label(fd: RawFd, name: &CStr, value: &[u8]) -> io::Result<()> {
-        // SAFETY: NUL-terminated name; value is a live slice of the given length.
-        cvt(unsafe { libc::fsetxattr(fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0) })?;
-        Ok(())
-    }
-
     /// The security context of the regular file just created and opened as `fd`.
     pub(super) fn label_created_file(&self, fd: RawFd) -> io::Result<()> {
         match secctx() {
-            Some(ctx) => Self::fset_label(fd, &self.label_name(&ctx)?, &ctx.value),
+            Some(ctx) => Target::Fd(fd).set(&self.label_name(&ctx)?, &ctx.value, 0),
             None => Ok(()),
         }
     }

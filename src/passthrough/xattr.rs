@@ -24,7 +24,7 @@ use crate::sys::{self, cvt, errno};
 const XATTR_MAX: usize = 65536;
 
 /// Where an xattr call goes.
-enum Target<'a> {
+pub(super) enum Target<'a> {
     /// An fd opened for reading.
     Fd(RawFd),
     /// `name` (an O_PATH fd's number) inside the /proc/self/fd directory fd.
@@ -32,7 +32,7 @@ enum Target<'a> {
 }
 
 impl Target<'_> {
-    fn get(&self, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    pub(super) fn get(&self, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
         match *self {
             // SAFETY: the kernel writes at most buf.len() bytes (0 asks for the size only).
             Target::Fd(fd) => cvt(unsafe {
@@ -43,7 +43,7 @@ impl Target<'_> {
         }
     }
 
-    fn set(&self, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    pub(super) fn set(&self, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
         match *self {
             // SAFETY: name is NUL-terminated and value is a live slice of the given length.
             Target::Fd(fd) => cvt(unsafe {
@@ -54,7 +54,7 @@ impl Target<'_> {
         }
     }
 
-    fn list(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(super) fn list(&self, buf: &mut [u8]) -> io::Result<usize> {
         match *self {
             // SAFETY: the kernel writes at most buf.len() bytes.
             Target::Fd(fd) => {
@@ -65,7 +65,7 @@ impl Target<'_> {
         }
     }
 
-    fn remove(&self, name: &CStr) -> io::Result<()> {
+    pub(super) fn remove(&self, name: &CStr) -> io::Result<()> {
         match *self {
             // SAFETY: name is NUL-terminated.
             Target::Fd(fd) => cvt(unsafe { libc::fremovexattr(fd, name.as_ptr()) }).map(drop),
@@ -89,7 +89,7 @@ impl PassthroughFs {
 
     /// Runs `f` on the node's file, reached without opening anything but a regular file
     /// or directory.
-    fn with_xattr_target<R>(
+    pub(super) fn with_xattr_target<R>(
         &self,
         inode: u64,
         f: impl FnOnce(&Target) -> io::Result<R>,
@@ -101,7 +101,29 @@ impl PassthroughFs {
         }
         // Held while its /proc name is in use.
         let pfd = i.path_fd()?;
-        let name = sys::fd_name(pfd.as_raw_fd());
+        self.with_path_target(pfd.as_raw_fd(), i.file_type, f)
+    }
+
+    /// Runs `f` on the file behind O_PATH fd `path` of type `kind` (`S_IFMT` bits): a
+    /// regular file or directory is opened through /proc/self/fd, anything else is only
+    /// named there.
+    pub(super) fn with_path_target<R>(
+        &self,
+        path: RawFd,
+        kind: u32,
+        f: impl FnOnce(&Target) -> io::Result<R>,
+    ) -> io::Result<R> {
+        let name = sys::fd_name(path);
+        if kind == libc::S_IFREG || kind == libc::S_IFDIR {
+            // Opening a regular file or directory can't block or reach a device.
+            let fd = sys::openat(
+                self.proc_self_fd.as_raw_fd(),
+                &name,
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+                0,
+            )?;
+            return f(&Target::Fd(fd.as_raw_fd()));
+        }
         f(&Target::Proc(self.proc_self_fd.as_raw_fd(), &name))
     }
 
