@@ -14,7 +14,7 @@
 
 use std::ffi::CStr;
 
-use super::request::{Request, HDR_LEN};
+use super::request::{decode, Request, HDR_LEN};
 use crate::passthrough::{CreateExt, SecCtx};
 
 /// Types at or below this count security contexts (`fuse_secctx_header.nr_secctx`).
@@ -45,8 +45,9 @@ pub fn take(req: &mut Request) -> Result<CreateExt, i32> {
     parse(&block)
 }
 
+/// A u32 at byte `at` of `b`, if `b` is long enough.
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    decode(b.get(at..)?)
 }
 
 /// Decodes an extension block: `fuse_ext_header`s, each followed by its data.

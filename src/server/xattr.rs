@@ -7,15 +7,26 @@ use std::io;
 
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+use vm_memory::ByteValued;
 
-use super::request::HDR_LEN;
+use super::request::{decode, HDR_LEN};
 use crate::passthrough::PassthroughFs;
 
 /// The guest found the caller entitled to neither the file's group nor CAP_FSETID: an
 /// ACL change must clear S_ISGID, as the host kernel would for such a caller.
 const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
-/// size, flags, setxattr_flags, padding.
-const SETXATTR_IN_EXT_LEN: usize = 16;
+
+/// `fuse_setxattr_in` with FUSE_SETXATTR_EXT.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SetxattrInExt {
+    size: u32,
+    flags: u32,
+    setxattr_flags: u32,
+    padding: u32,
+}
+// SAFETY: plain integers, no padding.
+unsafe impl ByteValued for SetxattrInExt {}
 
 /// Serves one extended SETXATTR whose arguments (after the header) are `args`.
 pub fn setxattr_ext(fs: &PassthroughFs, hdr: &InHeader, args: &[u8]) -> io::Result<()> {
@@ -23,17 +34,15 @@ pub fn setxattr_ext(fs: &PassthroughFs, hdr: &InHeader, args: &[u8]) -> io::Resu
     // Only what the header claims belongs to the request.
     let body_len = (hdr.len as usize).checked_sub(HDR_LEN).ok_or_else(inval)?;
     let args = args.get(..body_len).ok_or_else(inval)?;
-    let fixed = args.get(..SETXATTR_IN_EXT_LEN).ok_or_else(inval)?;
-    let word = |i: usize| u32::from_ne_bytes(fixed[i * 4..i * 4 + 4].try_into().unwrap());
-    let (size, flags, setxattr_flags) = (word(0), word(1), word(2));
-    let rest = &args[SETXATTR_IN_EXT_LEN..];
+    let a: SetxattrInExt = decode(args).ok_or_else(inval)?;
+    let rest = &args[std::mem::size_of::<SetxattrInExt>()..];
     let name = CStr::from_bytes_until_nul(rest).map_err(|_| inval())?;
     let value = &rest[name.to_bytes_with_nul().len()..];
-    if value.len() != size as usize {
+    if value.len() != a.size as usize {
         return Err(inval());
     }
-    fs.setxattr(&Context::from(hdr), hdr.nodeid, name, value, flags)?;
-    if setxattr_flags & SETXATTR_ACL_KILL_SGID != 0 {
+    fs.setxattr(&Context::from(hdr), hdr.nodeid, name, value, a.flags)?;
+    if a.setxattr_flags & SETXATTR_ACL_KILL_SGID != 0 {
         fs.acl_kill_sgid(hdr.nodeid)?;
     }
     Ok(())
