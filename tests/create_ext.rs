@@ -7,9 +7,8 @@ mod common;
 
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
 
-use common::{is_root, Daemon};
+use common::{ext, host_getxattr, is_root, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -19,51 +18,6 @@ const ROOT: u64 = 1;
 const SECURITY_CTX: u64 = 1 << 32;
 const CREATE_SUPP_GROUP: u64 = 1 << 34;
 const LABEL: &[u8] = b"system_u:object_r:container_file_t:s0\0";
-
-fn pad8(mut v: Vec<u8>) -> Vec<u8> {
-    while !v.len().is_multiple_of(8) {
-        v.push(0);
-    }
-    v
-}
-
-/// The security-context extension as the guest kernel builds it.
-fn secctx_ext(name: &str, value: &[u8]) -> Vec<u8> {
-    let mut body = (value.len() as u32).to_ne_bytes().to_vec();
-    body.extend_from_slice(&0u32.to_ne_bytes());
-    body.extend_from_slice(name.as_bytes());
-    body.push(0);
-    body.extend_from_slice(value);
-    let body = pad8(body);
-    let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
-    v.extend_from_slice(&1u32.to_ne_bytes());
-    v.extend(body);
-    v
-}
-
-fn groups_ext(groups: &[u32]) -> Vec<u8> {
-    let mut body = (groups.len() as u32).to_ne_bytes().to_vec();
-    for g in groups {
-        body.extend_from_slice(&g.to_ne_bytes());
-    }
-    let body = pad8(body);
-    let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
-    v.extend_from_slice(&32u32.to_ne_bytes());
-    v.extend(body);
-    v
-}
-
-/// Sends `op` with `args` and the extension block `ext` (total_extlen set in the header).
-fn call_ext(c: &FuseClient, op: u32, node: u64, args: &[&[u8]], ext: &[u8]) -> FResult<Vec<u8>> {
-    assert_eq!(ext.len() % 8, 0);
-    let mut parts: Vec<&[u8]> = args.to_vec();
-    parts.push(ext);
-    let (u, mut req) = c.build(op, node, &parts);
-    let units = (ext.len() / 8) as u16;
-    req[36..38].copy_from_slice(&units.to_ne_bytes());
-    let t = c.submit_bytes(1, &req, 4096, u)?;
-    c.wait(t)?.ok()
-}
 
 fn cstr(s: &str) -> Vec<u8> {
     CString::new(s).unwrap().into_bytes_with_nul()
@@ -75,15 +29,6 @@ fn client(d: &Daemon, flags: u64) -> FuseClient {
     c
 }
 
-fn host_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let p = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| buf[..r as usize].to_vec())
-}
-
 fn label_test(sandbox: &str) {
     if !is_root() {
         eprintln!("skipped: security.* xattrs need root");
@@ -91,12 +36,12 @@ fn label_test(sandbox: &str) {
     }
     let d = Daemon::start(&["--security-label", "--sandbox", sandbox]);
     let c = client(&d, SECURITY_CTX);
-    let ext = secctx_ext("security.selinux", LABEL);
+    let ext = ext::secctx("security.selinux", LABEL);
     let m = MkdirIn {
         mode: 0o755,
         umask: 0,
     };
-    let b = call_ext(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr("dir")], &ext).unwrap();
+    let b = ext::call(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr("dir")], &ext).unwrap();
     let _: EntryOut = decode(&b).unwrap();
     let a = CreateIn {
         flags: (libc::O_RDWR | libc::O_CREAT) as u32,
@@ -104,15 +49,15 @@ fn label_test(sandbox: &str) {
         umask: 0,
         fuse_flags: 0,
     };
-    call_ext(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("file")], &ext).unwrap();
+    ext::call(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("file")], &ext).unwrap();
     let n = MknodIn {
         mode: libc::S_IFIFO | 0o644,
         rdev: 0,
         umask: 0,
         padding: 0,
     };
-    call_ext(&c, FUSE_MKNOD, ROOT, &[n.as_slice(), &cstr("fifo")], &ext).unwrap();
-    call_ext(
+    ext::call(&c, FUSE_MKNOD, ROOT, &[n.as_slice(), &cstr("fifo")], &ext).unwrap();
+    ext::call(
         &c,
         FUSE_SYMLINK,
         ROOT,
@@ -122,7 +67,9 @@ fn label_test(sandbox: &str) {
     .unwrap();
     for name in ["dir", "file", "fifo", "link"] {
         assert_eq!(
-            host_xattr(&d.share.join(name), "security.selinux").as_deref(),
+            host_getxattr(&d.share.join(name), "security.selinux")
+                .ok()
+                .as_deref(),
             Some(LABEL),
             "{name} under --sandbox {sandbox}"
         );
@@ -185,7 +132,7 @@ fn a_supplementary_group_keeps_the_set_group_id_bit() {
         fuse_flags: 0,
     };
     c.as_caller(caller, |c| {
-        call_ext(
+        ext::call(
             c,
             FUSE_CREATE,
             e.nodeid,
@@ -193,12 +140,12 @@ fn a_supplementary_group_keeps_the_set_group_id_bit() {
             &[],
         )
         .unwrap();
-        call_ext(
+        ext::call(
             c,
             FUSE_CREATE,
             e.nodeid,
             &[a.as_slice(), &cstr("with")],
-            &groups_ext(&[2000]),
+            &ext::groups(&[2000]),
         )
         .unwrap();
     });
@@ -218,7 +165,7 @@ fn a_supplementary_group_keeps_the_set_group_id_bit() {
     assert_eq!(with.uid(), 1000);
     // The worker's groups are restored: the next create without the extension clears it.
     c.as_caller(caller, |c| {
-        call_ext(
+        ext::call(
             c,
             FUSE_CREATE,
             e.nodeid,
@@ -254,7 +201,7 @@ fn malformed_extensions_get_einval_and_create_nothing() {
         // size past the block
         [64u32.to_ne_bytes(), 1u32.to_ne_bytes()].concat(),
         // a context name outside security.*
-        secctx_ext("user.evil", b"x"),
+        ext::secctx("user.evil", b"x"),
         // 1000 groups in 8 bytes
         [
             16u32.to_ne_bytes(),
@@ -266,7 +213,7 @@ fn malformed_extensions_get_einval_and_create_nothing() {
     ];
     for (i, ext) in bad.iter().enumerate() {
         let name = format!("bad{i}");
-        let r = call_ext(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr(&name)], ext);
+        let r = ext::call(&c, FUSE_MKDIR, ROOT, &[m.as_slice(), &cstr(&name)], ext);
         assert!(
             matches!(r, Err(FuseError::Errno(libc::EINVAL))),
             "{i}: {r:?}"
@@ -280,7 +227,7 @@ fn malformed_extensions_get_einval_and_create_nothing() {
     let r = c.wait(t).unwrap().ok();
     assert!(matches!(r, Err(FuseError::Errno(libc::EINVAL))), "{r:?}");
     // An extension on a request that takes none is cut off and ignored.
-    let b = call_ext(&c, FUSE_LOOKUP, ROOT, &[&cstr("bad0")], &groups_ext(&[1])).unwrap_err();
+    let b = ext::call(&c, FUSE_LOOKUP, ROOT, &[&cstr("bad0")], &ext::groups(&[1])).unwrap_err();
     assert!(matches!(b, FuseError::Errno(libc::ENOENT)), "{b:?}");
     c.getattr(ROOT).unwrap();
 }

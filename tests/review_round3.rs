@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use common::{errno, is_root, Daemon};
+use common::{errno, host_getxattr as host_get, host_setxattr as host_set, is_root, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, SetattrIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -22,33 +22,6 @@ const SECURITY_CTX: u64 = 1 << 32;
 
 fn cstr(s: &str) -> Vec<u8> {
     CString::new(s).unwrap().into_bytes_with_nul()
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
-}
-
-fn host_get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (p, n) = (cpath(p), CString::new(name).unwrap());
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
-    }
-    buf.truncate(r as usize);
-    Ok(buf)
-}
-
-fn host_set(p: &Path, name: &str, v: &[u8]) -> Result<(), i32> {
-    let (p, n) = (cpath(p), CString::new(name).unwrap());
-    // SAFETY: NUL-terminated strings and a live buffer.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
-    } else {
-        Ok(())
-    }
 }
 
 /// VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
@@ -181,33 +154,6 @@ fn ioctl_setflags_refuses_a_forbidden_guest_uid() {
     });
 }
 
-/// Sends `op` with `args` and the extension block `ext` (total_extlen set in the header).
-fn call_ext(c: &FuseClient, op: u32, node: u64, args: &[&[u8]], ext: &[u8]) -> FResult<Vec<u8>> {
-    assert_eq!(ext.len() % 8, 0);
-    let mut parts: Vec<&[u8]> = args.to_vec();
-    parts.push(ext);
-    let (u, mut req) = c.build(op, node, &parts);
-    let units = (ext.len() / 8) as u16;
-    req[36..38].copy_from_slice(&units.to_ne_bytes());
-    let t = c.submit_bytes(1, &req, 4096, u)?;
-    c.wait(t)?.ok()
-}
-
-fn secctx_ext(name: &str, value: &[u8]) -> Vec<u8> {
-    let mut body = (value.len() as u32).to_ne_bytes().to_vec();
-    body.extend_from_slice(&0u32.to_ne_bytes());
-    body.extend_from_slice(name.as_bytes());
-    body.push(0);
-    body.extend_from_slice(value);
-    while !body.len().is_multiple_of(8) {
-        body.push(0);
-    }
-    let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
-    v.extend_from_slice(&1u32.to_ne_bytes());
-    v.extend(body);
-    v
-}
-
 /// Finding 2: the security-context extension is applied whatever was configured and
 /// negotiated (`create_ext.rs` label_new/label_created_file only look at the thread slot,
 /// `ext.rs` parses it on every create). Without `--security-label` (SECURITY_CTX not
@@ -241,8 +187,8 @@ fn security_context_is_ignored_unless_negotiated() {
         umask: 0,
         fuse_flags: 0,
     };
-    let ext = secctx_ext("security.capability", &file_capability());
-    let r = call_ext(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("bin")], &ext);
+    let ext = common::ext::secctx("security.capability", &file_capability());
+    let r = common::ext::call(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("bin")], &ext);
     let p = d.path("bin");
     if p.exists() {
         assert_eq!(

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{errno, is_root, run_vfsd, Daemon};
+use common::{
+    errno, host_getxattr as host_get, host_setxattr as host_set, is_root, run_vfsd, Daemon,
+};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;
@@ -23,35 +25,6 @@ const NOBODY: Caller = Caller {
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-/// lgetxattr on the host: the value, or the errno.
-fn host_get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (p, n) = (cpath(p), CString::new(name).unwrap());
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(last_errno());
-    }
-    buf.truncate(r as usize);
-    Ok(buf)
-}
-
-/// lsetxattr on the host: Ok or the errno.
-fn host_set(p: &Path, name: &str, v: &[u8]) -> Result<(), i32> {
-    let (p, n) = (cpath(p), CString::new(name).unwrap());
-    // SAFETY: NUL-terminated strings and a live buffer.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    if r < 0 {
-        Err(last_errno())
-    } else {
-        Ok(())
-    }
 }
 
 fn names(list: &[u8]) -> Vec<String> {

@@ -436,3 +436,85 @@ impl Drop for BindMount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+fn cpath(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// lgetxattr on the host (a symlink's own xattrs): the value, or the errno.
+pub fn host_getxattr(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated strings; the kernel writes at most buf.len() bytes.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// lsetxattr on the host: Ok or the errno.
+pub fn host_setxattr(p: &Path, name: &str, v: &[u8]) -> Result<(), i32> {
+    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: NUL-terminated strings and a live buffer.
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        Ok(())
+    }
+}
+
+/// Request extensions (FUSE 7.38) as the guest kernel builds them.
+pub mod ext {
+    use vfsd::frontend::fuse::{FResult, FuseClient};
+
+    fn block(kind: u32, mut body: Vec<u8>) -> Vec<u8> {
+        while !body.len().is_multiple_of(8) {
+            body.push(0);
+        }
+        let mut v = ((8 + body.len()) as u32).to_ne_bytes().to_vec();
+        v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend(body);
+        v
+    }
+
+    /// One security context (`fuse_secctx_header` with nr_secctx 1).
+    pub fn secctx(name: &str, value: &[u8]) -> Vec<u8> {
+        let mut body = (value.len() as u32).to_ne_bytes().to_vec();
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        body.extend_from_slice(name.as_bytes());
+        body.push(0);
+        body.extend_from_slice(value);
+        block(1, body)
+    }
+
+    /// FUSE_EXT_GROUPS.
+    pub fn groups(groups: &[u32]) -> Vec<u8> {
+        let mut body = (groups.len() as u32).to_ne_bytes().to_vec();
+        for g in groups {
+            body.extend_from_slice(&g.to_ne_bytes());
+        }
+        block(32, body)
+    }
+
+    /// Sends `op` with `args` and the extension block `ext` (total_extlen set in the
+    /// header).
+    pub fn call(
+        c: &FuseClient,
+        op: u32,
+        node: u64,
+        args: &[&[u8]],
+        ext: &[u8],
+    ) -> FResult<Vec<u8>> {
+        assert_eq!(ext.len() % 8, 0);
+        let mut parts: Vec<&[u8]> = args.to_vec();
+        parts.push(ext);
+        let (u, mut req) = c.build(op, node, &parts);
+        let units = (ext.len() / 8) as u16;
+        req[36..38].copy_from_slice(&units.to_ne_bytes());
+        let t = c.submit_bytes(1, &req, 4096, u)?;
+        c.wait(t)?.ok()
+    }
+}
