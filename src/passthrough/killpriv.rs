@@ -12,8 +12,8 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::OnceLock;
 
+use super::xattr::Target;
 use super::xattrmap::{HostName, XattrMap};
-
 use crate::sys::{self, cvt};
 
 /// Whether a data change by guest user `uid` must drop privileges: Some(the caller's host
@@ -62,16 +62,13 @@ pub fn kill_mapped_capability(fd: RawFd) -> io::Result<()> {
 /// removing security.* names needs CAP_SETFCAP even when there is nothing to remove,
 /// which an unprivileged daemon lacks (every non-root write would fail with EPERM).
 fn remove_if_present(fd: RawFd, name: &CStr) -> io::Result<()> {
-    // SAFETY: NUL-terminated name; size 0 only asks for the length.
-    let has = unsafe { libc::fgetxattr(fd, name.as_ptr(), std::ptr::null_mut(), 0) } >= 0;
-    if has {
-        // SAFETY: NUL-terminated name; plain syscall on an fd the caller owns.
-        match cvt(unsafe { libc::fremovexattr(fd, name.as_ptr()) }) {
+    let t = Target::Fd(fd);
+    // An empty buffer only asks for the length.
+    if t.get(name, &mut []).is_ok() {
+        match t.remove(name) {
             // Gone in between (another writer dropped it first).
             Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
-            r => {
-                r?;
-            }
+            r => r?,
         }
     }
     Ok(())
