@@ -12,7 +12,6 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
 
 use super::PassthroughFs;
 use crate::sys::{self, cvt};
@@ -23,7 +22,7 @@ impl PassthroughFs {
     /// The mode a CREATE, MKDIR or MKNOD in `parent` gets, given the guest's `mode` and
     /// `umask` (only unapplied when the guest accepted FUSE_DONT_MASK).
     pub(super) fn creation_mode(&self, parent: u64, mode: u32, umask: u32) -> io::Result<u32> {
-        if !self.dont_mask.load(Ordering::Relaxed) {
+        if !self.enabled(crate::abi::flags::DONT_MASK) {
             return Ok(mode);
         }
         // An empty buffer only asks for the value's length.

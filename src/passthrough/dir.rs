@@ -7,7 +7,6 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
@@ -53,7 +52,7 @@ impl PassthroughFs {
         // A directory on another mount than its parent: with --announce-submounts the guest
         // mounts it separately, with its own st_dev, so inode numbers of different host
         // filesystems never meet in one guest filesystem.
-        if self.submounts.load(Ordering::Relaxed)
+        if self.enabled(crate::abi::flags::SUBMOUNTS)
             && !sys::is_dot_or_dotdot(name)
             && inode.is_dir()
             && (inode.key.dev != p.key.dev || inode.key.mnt_id != p.key.mnt_id)

@@ -171,15 +171,11 @@ pub struct PassthroughFs {
     locks: Arc<filelocks::FileLocks>,
     /// `/proc/self/fd`, to reopen O_PATH fds for I/O without resolving any guest path.
     proc_self_fd: OwnedFd,
-    /// Whether the guest accepted the writeback cache at INIT.
-    writeback: std::sync::atomic::AtomicBool,
+    /// The INIT flags both sides enabled (`abi::flags`): the writeback cache,
+    /// FUSE_DONT_MASK (see `acl`), submounts (FUSE_ATTR_SUBMOUNT).
+    enabled: std::sync::atomic::AtomicU64,
     /// Host filesystems without RWF_NOWAIT (see `nowait`).
     nowait_unsupported: nowait::Unsupported,
-    /// The guest sends creates' modes without its umask applied (FUSE_DONT_MASK, with
-    /// `--posix-acl`); see `acl`.
-    dont_mask: std::sync::atomic::AtomicBool,
-    /// The guest takes FUSE_ATTR_SUBMOUNT (`--announce-submounts`, and it negotiated it).
-    pub(crate) submounts: std::sync::atomic::AtomicBool,
 }
 
 impl PassthroughFs {
@@ -221,10 +217,8 @@ impl PassthroughFs {
             inodes,
             handles: HandleTable::new(),
             proc_self_fd,
-            writeback: std::sync::atomic::AtomicBool::new(false),
+            enabled: Default::default(),
             nowait_unsupported: Default::default(),
-            dont_mask: std::sync::atomic::AtomicBool::new(false),
-            submounts: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -338,8 +332,19 @@ impl PassthroughFs {
         self.cfg.timeout()
     }
 
+    /// Records the INIT flags both sides enabled, as the INIT reply says.
+    pub fn start_session(&self, enabled: u64) {
+        self.enabled
+            .store(enabled, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this session enabled INIT flag `flag` (`abi::flags`).
+    pub(crate) fn enabled(&self, flag: u64) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::Acquire) & flag != 0
+    }
+
     pub(crate) fn writeback_enabled(&self) -> bool {
-        self.writeback.load(std::sync::atomic::Ordering::Relaxed)
+        self.enabled(crate::abi::flags::WRITEBACK_CACHE)
     }
 
     /// Open options for a regular file opened with guest flags `flags`.
@@ -378,9 +383,9 @@ impl PassthroughFs {
 }
 
 impl PassthroughFs {
-    /// A new FUSE session: the INIT flags (64-bit, `abi::flags`) this filesystem wants,
-    /// given the ones the guest `offered`. Also resets per-session state.
-    pub fn negotiate(&self, offered: u64) -> u64 {
+    /// A new FUSE session: the INIT flags (64-bit, `abi::flags`) this filesystem wants.
+    /// Also resets per-session state; `start_session` then records what was enabled.
+    pub fn negotiate(&self) -> u64 {
         use crate::abi::flags as f;
         let mut want = f::ASYNC_READ
             | f::PARALLEL_DIROPS
@@ -426,19 +431,6 @@ impl PassthroughFs {
         if self.cfg.readdirplus {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }
-        let enabled = offered & want;
-        self.submounts.store(
-            enabled & f::SUBMOUNTS != 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.writeback.store(
-            enabled & f::WRITEBACK_CACHE != 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.dont_mask.store(
-            enabled & f::DONT_MASK != 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
         want
     }
 }
@@ -449,9 +441,9 @@ impl FileSystem for PassthroughFs {
 
     fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
         // vfsd's server negotiates INIT itself (`negotiate`); this is for other callers.
-        Ok(FsOptions::from_bits_truncate(
-            self.negotiate(capable.bits()),
-        ))
+        let want = self.negotiate();
+        self.start_session(capable.bits() & want);
+        Ok(FsOptions::from_bits_truncate(want))
     }
 
     fn destroy(&self) {

@@ -85,9 +85,6 @@ pub struct FuseServer {
     panic_nodeid: Option<u64>,
     /// SETLKW requests waiting on their own threads.
     waiters: Arc<locks::Waiters>,
-    /// What the last INIT negotiated (atomics: read on every request that depends on it).
-    session_flags: std::sync::atomic::AtomicU64,
-    session_minor: std::sync::atomic::AtomicU32,
 }
 
 impl FuseServer {
@@ -97,8 +94,6 @@ impl FuseServer {
             fs,
             stats: Stats::default(),
             waiters: Arc::default(),
-            session_flags: Default::default(),
-            session_minor: Default::default(),
             panic_nodeid: std::env::var("VFSD_TEST_PANIC_NODEID")
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -274,7 +269,7 @@ impl FuseServer {
                 let r = self.init(req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::SETXATTR if self.session().has(crate::abi::flags::SETXATTR_EXT) => {
+            opcode::SETXATTR if self.fs.enabled(crate::abi::flags::SETXATTR_EXT) => {
                 let r = xattr::setxattr_ext(&self.fs, &hdr, req.args()).map(|()| Vec::new());
                 (reply(mem, chain, &hdr, r), false)
             }
@@ -404,7 +399,7 @@ impl FuseServer {
     /// INIT (see `init`): negotiates the full 64-bit flags with the filesystem's wants.
     fn init(&self, args: &[u8]) -> io::Result<Vec<u8>> {
         let offer = init::parse(args)?;
-        let want = self.fs.negotiate(offer.flags);
+        let want = self.fs.negotiate();
         let (out, session) =
             init::reply(&offer, want).ok_or_else(|| io::Error::from_raw_os_error(libc::EPROTO))?;
         if let Some(s) = session {
@@ -415,8 +410,7 @@ impl FuseServer {
                 s.minor,
                 s.flags
             );
-            self.session_flags.store(s.flags, Ordering::Release);
-            self.session_minor.store(s.minor, Ordering::Release);
+            self.fs.start_session(s.flags);
         }
         Ok(out)
     }
@@ -425,22 +419,13 @@ impl FuseServer {
     /// security context applied without `--security-label`, nor a group without
     /// FUSE_CREATE_SUPP_GROUP, by sending the block anyway.
     fn negotiated(&self, mut e: crate::passthrough::CreateExt) -> crate::passthrough::CreateExt {
-        let s = self.session();
-        if !s.has(crate::abi::flags::SECURITY_CTX) {
+        if !self.fs.enabled(crate::abi::flags::SECURITY_CTX) {
             e.secctx = None;
         }
-        if !s.has(crate::abi::flags::CREATE_SUPP_GROUP) {
+        if !self.fs.enabled(crate::abi::flags::CREATE_SUPP_GROUP) {
             e.groups.clear();
         }
         e
-    }
-
-    /// What the last INIT negotiated.
-    pub fn session(&self) -> init::Session {
-        init::Session {
-            minor: self.session_minor.load(Ordering::Acquire),
-            flags: self.session_flags.load(Ordering::Acquire),
-        }
     }
 
     fn copy_file_range<M>(
