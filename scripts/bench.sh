@@ -2,11 +2,21 @@
 # Side-by-side benchmarks: vfsd vs virtiofsd vs the host itself, in one run.
 #
 #   scripts/bench.sh [--quick] [--runs N] [--no-loadgen] [--no-native] [--no-guest] [--out DIR]
+#   scripts/bench.sh --gluster [--runs N] [--out DIR]
 #
 # 1. Load generator (vfsd-bench plays the guest driver on the vhost-user socket) against
-#    each daemon at its default and best settings.
-# 2. Native: the same fio jobs on the host, on the directory that is shared (the ceiling).
+#    each daemon at its default and best settings, and native fio at the same concurrency
+#    (numjobs = the requests it keeps in flight, same block size and files).
+# 2. Native: the same fio jobs as the guest runs, on the host, in the directory that is
+#    shared. Native runs make the syscalls a daemon makes for the guest: buffered preadv
+#    and pwritev (the daemons drop O_DIRECT unless --allow-direct-io), so the host's page
+#    cache serves both sides alike.
 # 3. Guest fio matrix through scripts/run-vm.sh, same kernel and VM for both daemons.
+#
+# --gluster: the same on a GlusterFS volume (scripts/gluster.sh up; client mount A):
+#    native fio on the mount, a guest through vfsd and a guest through virtiofsd on it;
+#    1 MiB sequential read and write, 4k random read and write, shared-file direct
+#    writes at 1 and 2 jobs; no load generator. Default DIR: docs/benchmarks/gluster.
 # Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
 # drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
 # DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
@@ -15,7 +25,7 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 
 ARGS="$*"
-QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT=docs/benchmarks
+QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT= GLUSTER=0
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=1; shift ;;
@@ -24,11 +34,13 @@ while [ $# -gt 0 ]; do
         --no-native) NATIVE=0; shift ;;
         --no-guest) GUEST=0; shift ;;
         --out) OUT=${2:?}; shift 2 ;;
+        --gluster) GLUSTER=1; LOADGEN=0; shift ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 SECS=5; GSECS=20; [ $QUICK = 1 ] && { SECS=2; GSECS=8; }
+[ -n "$OUT" ] || { if [ $GLUSTER = 1 ]; then OUT=docs/benchmarks/gluster; else OUT=docs/benchmarks; fi; }
 
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # fio's JSON as one line (it may print notes before the JSON itself).
@@ -43,7 +55,13 @@ cargo build --release --quiet --features test-frontend
 mkdir -p "$OUT"
 RES=$OUT/results.jsonl
 : > "$RES"
-W=$(mktemp -d /var/tmp/vfsd-bench.XXXXXX)
+if [ $GLUSTER = 1 ]; then
+    scripts/gluster.sh up >&2 || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
+    eval "$(scripts/gluster.sh env)"
+    W=$(mktemp -d "$GLUSTER_A/vfsd-bench.XXXXXX")
+else
+    W=$(mktemp -d /var/tmp/vfsd-bench.XXXXXX)
+fi
 DPID=
 cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
@@ -99,6 +117,25 @@ if [ $LOADGEN = 1 ]; then
                 wait "$DPID" 2>/dev/null || true; DPID=
                 echo "{\"kind\":\"loadgen\",\"config\":\"$cname\",\"run\":$run,\"result\":$r}" >> "$RES"
             done
+            # Native at the same concurrency: one fio thread per request the load
+            # generator keeps in flight, the same block size and files, buffered
+            # preadv/pwritev as the daemons make them.
+            case $wname in
+                randwrite-*) rw=randwrite ;; randread-*) rw=randread ;;
+                seqread) rw=read ;; seqwrite) rw=write ;; *) rw= ;;
+            esac
+            if [ $NATIVE = 1 ] && [ -n "$rw" ]; then
+                jobs=$(( q * depth ))
+                files=(--filename_format='f.$jobnum')
+                [[ $wname == *-shared ]] && files=(--filename=shared)
+                say "native fio at the same concurrency: $wname, $jobs jobs (run $run)"
+                mkdir -p "$W/native-eq"
+                (cd "$W/native-eq" && fio --name="$wname" --rw=$rw --bs="$bs" --size="${mib}m" --ioengine=psync \
+                    --direct=0 --numjobs="$jobs" "${files[@]}" --thread --time_based --runtime="$SECS" \
+                    --group_reporting --output-format=json --output="$W/native-eq.json" >/dev/null)
+                echo "{\"kind\":\"native-eq\",\"config\":\"native\",\"workload\":\"$wname\",\"jobs\":$jobs,\"run\":$run,\"fio\":$(onejson "$W/native-eq.json")}" >> "$RES"
+                rm -rf "$W/native-eq"
+            fi
         done
     done
 fi
@@ -116,6 +153,7 @@ FIO_JOBS=(
     "ssf-randwrite-4k-j4|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=4"
 )
 [ $QUICK = 1 ] && FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
+[ $GLUSTER = 1 ] && FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[5]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
 
 if [ $NATIVE = 1 ]; then
     mkdir -p "$W/native"
@@ -124,7 +162,14 @@ if [ $NATIVE = 1 ]; then
             IFS='|' read -r jname jargs <<<"$j"
             say "native fio: $jname (run $run)"
             # shellcheck disable=SC2086
-            (cd "$W/native" && fio --name="$jname" $jargs --time_based --runtime="$SECS" --group_reporting \
+            # Buffered, as the daemons' own I/O; libaio's queue depth N becomes N psync
+            # threads on one file (buffered libaio would block one request at a time).
+            nargs=${jargs//--direct=1/--direct=0}
+            if [[ $nargs =~ --ioengine=libaio\ --iodepth=([0-9]+) ]]; then
+                d=${BASH_REMATCH[1]}
+                nargs=${nargs/--ioengine=libaio --iodepth=$d/--ioengine=psync --numjobs=$d --thread --filename=$jname.dat}
+            fi
+            (cd "$W/native" && fio --name="$jname" $nargs --time_based --runtime="$SECS" --group_reporting \
                 --output-format=json --output="$W/native.json" >/dev/null)
             echo "{\"kind\":\"native\",\"config\":\"native\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(onejson "$W/native.json")}" >> "$RES"
             rm -f "$W/native"/*
@@ -170,6 +215,6 @@ fi
 
 say "writing the report"
 python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
-python3 scripts/bench_report.py "$RES" "$OUT" \
+python3 scripts/bench_report.py "$RES" "$OUT" --gluster "$GLUSTER" \
     --command "scripts/bench.sh $ARGS" --quick "$QUICK" --runs "$RUNS" --seconds "$SECS" --guest-seconds "$GSECS"
 say "done: $OUT/report.md"

@@ -53,9 +53,14 @@ def main():
     ap.add_argument("--runs", default="3")
     ap.add_argument("--seconds", default="5")
     ap.add_argument("--guest-seconds", default="20")
+    ap.add_argument("--gluster", default="0")
     a = ap.parse_args()
+    gluster = a.gluster == "1"
+    native_name = "native (Gluster mount)" if gluster else "native"
 
     loadgen = defaultdict(lambda: defaultdict(list))  # (workload, config) -> metric -> [values]
+    native_eq = defaultdict(lambda: defaultdict(list))  # loadgen workload -> metric -> [values]
+    native_jobs = {}
     fio = defaultdict(lambda: defaultdict(list))  # (job, config) -> metric -> [values]
     text = open(a.results).read()
     dec = json.JSONDecoder()
@@ -68,7 +73,13 @@ def main():
         r, pos = dec.raw_decode(text, pos)
         records.append(r)
     for r in records:
-        if r["kind"] == "loadgen":
+        if r["kind"] == "native-eq":
+            # Named like the load generator's workloads (randread-shared -> RandreadShared).
+            w = "".join(p.capitalize() for p in r["workload"].split("-"))
+            native_jobs[w] = r["jobs"]
+            for m, v in fio_figures(r["fio"]).items():
+                native_eq[w][m].append(v)
+        elif r["kind"] == "loadgen":
             res = r["result"]
             key = (res["workload"], r["config"])
             for m in ("ops_per_s", "mib_per_s", "lat_us_p50", "lat_us_p99", "lat_us_p999", "daemon_cpu_us_per_op"):
@@ -81,6 +92,12 @@ def main():
 
     summary = {"loadgen": {}, "fio": {}}
     md = ["# vfsd benchmarks", ""]
+    if gluster:
+        md = ["# vfsd benchmarks over GlusterFS", "",
+              "Share: client mount A of scripts/gluster.sh's loopback volume (replica 2, both bricks on this "
+              "machine, performance.strict-o-direct on). Native: fio on that mount, making the syscalls a "
+              "daemon makes for the guest (buffered preadv/pwritev). Guests: fio with O_DIRECT under "
+              "--cache never, through vfsd and through virtiofsd, on the same mount.", ""]
     md += [f"Machine: {machine()}. Guest runs: QEMU TCG (`-accel tcg,thread=multi -cpu max`), 2 vCPUs, "
            "Debian's cloud kernel; KVM hosts will be much faster, compare ratios only.", ""]
     md += [f"Command: `{a.command}` (runs per figure: {a.runs}; load generator {a.seconds} s per run, "
@@ -92,8 +109,12 @@ def main():
     configs = sorted({c for (_, c) in loadgen})
     workloads = sorted({w for (w, _) in loadgen})
     if workloads:
-        md += ["## Load generator", "", "| workload | " + " | ".join(configs) + " | vfsd/virtiofsd (default) | vfsd/virtiofsd (best) |",
-               "|---|" + "---|" * (len(configs) + 2)]
+        md += ["## Load generator", "",
+               "Native: fio on the host at the same concurrency (one psync thread per request the load generator "
+               "keeps in flight, the same block size and files, buffered as the daemons' own I/O), so "
+               "vfsd/native is the fraction of what the host itself reaches with that much parallelism.", "",
+               "| workload | " + " | ".join(configs) + " | native, same concurrency | vfsd/virtiofsd (default) | vfsd/virtiofsd (best) | vfsd/native (default) |",
+               "|---|" + "---|" * (len(configs) + 4)]
         for w in workloads:
             row = [w]
             for c in configs:
@@ -103,10 +124,18 @@ def main():
                 row.append(f"{med(ops):,.0f} ops/s {spread(ops)}<br>{med(v['mib_per_s']):.0f} MiB/s, p50 {med(v['lat_us_p50']):.0f} µs, "
                            f"p99 {med(v['lat_us_p99']):.0f} µs, p99.9 {med(v['lat_us_p999']):.0f} µs, CPU {cpu:.1f} µs/op")
                 summary["loadgen"][f"{w}/{c}"] = {m: med(x) for m, x in v.items()}
+            n = native_eq.get(w)
+            n_iops = med(n["iops"]) if n else float("nan")
+            row.append(f"{n_iops:,.0f} ops/s {spread(n['iops'])}<br>{med(n['mib_per_s']):.0f} MiB/s, {native_jobs[w]} jobs"
+                       if n else "n/a")
+            if n:
+                summary["loadgen"][f"{w}/native"] = {m: med(x) for m, x in n.items()}
             for kind in ("default", "best"):
                 a_ = med(loadgen[(w, f"vfsd-{kind}")]["ops_per_s"])
                 b_ = med(loadgen[(w, f"virtiofsd-{kind}")]["ops_per_s"])
                 row.append(f"{a_ / b_:.2f}×" if b_ else "")
+            a_ = med(loadgen[(w, "vfsd-default")]["ops_per_s"])
+            row.append(f"{a_ / n_iops:.2f}" if n_iops == n_iops and n_iops else "")
             md.append("| " + " | ".join(row) + " |")
         md.append("")
 
@@ -114,7 +143,10 @@ def main():
     fconfigs = [c for c in ("vfsd", "virtiofsd", "native") if any((j, c) in fio for j in jobs)]
     if jobs:
         md += ["## fio: guest through each daemon, and native on the host", "",
-               "| job | " + " | ".join(fconfigs) + " | vfsd/virtiofsd | vfsd/native |", "|---|" + "---|" * (len(fconfigs) + 2)]
+               "Native runs the same job on the host with buffered I/O (the syscalls the daemons make), "
+               "at the same concurrency (numjobs, iodepth) as the guest's job.", "",
+               "| job | " + " | ".join(native_name if c == "native" else c for c in fconfigs)
+               + " | vfsd/virtiofsd | vfsd/" + native_name.split(" (")[0] + " |", "|---|" + "---|" * (len(fconfigs) + 2)]
         for j in jobs:
             row = [j]
             for c in fconfigs:

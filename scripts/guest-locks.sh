@@ -16,6 +16,10 @@
 #   --accel A      tcg (default), kvm, auto
 #   --kernel P, --initrd P, --logs DIR (default: new dir in $TMPDIR)
 #   --no-retry     do not run the pair again after an infrastructure failure
+#   --two-hosts DIR_A:DIR_B  guest A's daemon (and the host's lock holder) work in
+#                  DIR_A, guest B's in DIR_B: two client mounts of one
+#                  distributed file system, standing for two hosts
+#                  (scripts/gluster.sh env); each run gets a fresh subdirectory
 # Exit status: 0 all checks passed, 1 not.  Figures ("FIGURE name value") are
 # printed at the end.
 set -uo pipefail
@@ -31,6 +35,7 @@ KERNEL=
 INITRD=
 LOGS=
 RETRY=1
+TWO_HOSTS=
 
 say() { printf 'guest-locks: %s\n' "$*"; }
 die() { printf 'guest-locks: error: %s\n' "$*" >&2; exit 2; }
@@ -91,11 +96,17 @@ while [ $# -gt 0 ]; do
         --initrd) INITRD=${2:?}; shift 2 ;;
         --logs) LOGS=${2:?}; shift 2 ;;
         --no-retry) RETRY=0; shift ;;
+        --two-hosts) TWO_HOSTS=${2:?--two-hosts needs DIR_A:DIR_B}; shift 2 ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
 done
 [[ $N =~ ^[0-9]+$ ]] || die "-n wants a number"
+if [ -n "$TWO_HOSTS" ]; then
+    HOST_A=${TWO_HOSTS%%:*} HOST_B=${TWO_HOSTS#*:}
+    [ -d "$HOST_A" ] && [ -d "$HOST_B" ] && [ "$HOST_A" != "$TWO_HOSTS" ] ||
+        die "--two-hosts wants two existing directories, DIR_A:DIR_B"
+fi
 command -v "${CC:-cc}" >/dev/null || die "a C compiler is needed for the host's lock tool (apt-get install gcc)"
 LOGS=${LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-locks.XXXXXX")}
 mkdir -p "$LOGS"
@@ -110,9 +121,20 @@ EXPECT_A=0
 attempt=1
 while :; do
     RUN=$LOGS/run$attempt
-    rm -rf "$RUN"; mkdir -p "$RUN/share/sync"
-    say "mode $MODE, N=$N, daemon $DAEMON${DAEMON_ARGS:+ $DAEMON_ARGS} --cache=never, attempt $attempt, logs $RUN"
-    "$HERE/two-guests.sh" --share "$RUN/share" --workdir "$RUN" \
+    rm -rf "$RUN"; mkdir -p "$RUN"
+    if [ -n "$TWO_HOSTS" ]; then
+        sub=vfsd-locks-$(basename "$LOGS")-$attempt
+        SHARE_A=$HOST_A/$sub SHARE_B=$HOST_B/$sub
+        rm -rf "$SHARE_A"; mkdir -p "$SHARE_A/sync"
+        # The other mount may see the new directory a moment later (its own caches).
+        for _ in $(seq 1 100); do [ -d "$SHARE_B/sync" ] && break; sleep 0.1; done
+        [ -d "$SHARE_B/sync" ] || die "$SHARE_B/sync did not appear through the second mount"
+    else
+        SHARE_A=$RUN/share SHARE_B=$RUN/share
+        mkdir -p "$SHARE_A/sync"
+    fi
+    say "mode $MODE, N=$N, daemon $DAEMON${DAEMON_ARGS:+ $DAEMON_ARGS} --cache=never, attempt $attempt, logs $RUN${TWO_HOSTS:+, guest A in $SHARE_A, guest B in $SHARE_B}"
+    "$HERE/two-guests.sh" --share "$SHARE_A" --share-b "$SHARE_B" --workdir "$RUN" \
         --cmd-a "/guest-tests/locks.sh A $MODE $N" --cmd-b "/guest-tests/locks.sh B $MODE $N" \
         --host "$(printf '%q ' "$0" --host-role "$MODE" "$LOCK")" \
         --expect-a "$EXPECT_A" --daemon "$DAEMON" --daemon-args "--cache=never${DAEMON_ARGS:+ $DAEMON_ARGS}" \
@@ -129,7 +151,7 @@ done
 # Each guest's own verdict (A's summary is written before it is killed in --full).
 verdict=0
 for g in A B; do
-    if read -r p f < "$RUN/share/sync/$g.summary" 2>/dev/null; then
+    if read -r p f < "$SHARE_A/sync/$g.summary" 2>/dev/null; then
         say "guest $g: $p checks passed, $f failed"
         [ "$f" = 0 ] || verdict=1
     else
@@ -146,5 +168,6 @@ if [ "$MODE" = full ] && [ -f "$RUN/host.log" ]; then
     g=$(sed -n "s/^s5: A's daemon gone at \([0-9.]*\)$/\1/p" "$RUN/host.log")
     [ -n "$k" ] && [ -n "$g" ] && say "  A's vfsd exit after kill -9: $(awk -v a="$g" -v b="$k" 'BEGIN {printf "%.3f", a - b}') (host-side poll, 50 ms steps)"
 fi
+[ -n "$TWO_HOSTS" ] && [ "$verdict" = 0 ] && rm -rf "$SHARE_A"
 if [ "$verdict" = 0 ]; then say "PASS ($MODE)"; else say "FAIL ($MODE); logs in $RUN"; fi
 exit "$verdict"

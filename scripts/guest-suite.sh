@@ -10,6 +10,7 @@
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
 #                     selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests
+#                     (and twohosts, with --gluster)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -20,6 +21,14 @@
 #   --daemon-args A   extra arguments for every daemon command
 #   --logs DIR        where to keep logs (default: a new dir under $TMPDIR)
 #   --kernel PATH / --initrd PATH   passed on to run-vm.sh
+#   --share-root DIR  make each test's share a fresh directory under DIR (e.g. a
+#                     client mount of a distributed file system) instead of under
+#                     the logs directory
+#   --gluster         the suite over GlusterFS (issue 14): scripts/gluster.sh up,
+#                     --share-root on its client mount A, and by default
+#                     --only smoke,setid,fio,pjdfstest,fsx,twohosts, where twohosts
+#                     is scripts/two-hosts.sh (coherence per cache mode, parallel
+#                     direct writes and locks between guests on client mounts A and B)
 #
 # Typical time under TCG on 2 cores: about 6-7 minutes per daemon, plus
 # 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
@@ -28,7 +37,9 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
-ONLY=selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests
+ONLY=
+SHARE_ROOT=
+GLUSTER=0
 XFSTESTS_LIST=$REPO/guest-tests/xfstests-ci.list
 ACCEL=tcg
 FSX_OPS=60000
@@ -57,15 +68,32 @@ while [ $# -gt 0 ]; do
         --logs) LOGS=${2:?}; shift 2 ;;
         --kernel) KERNEL=${2:?}; shift 2 ;;
         --initrd) INITRD=${2:?}; shift 2 ;;
+        --share-root) SHARE_ROOT=${2:?}; shift 2 ;;
+        --gluster) GLUSTER=1; shift ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
-for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|features|fio|pjdfstest|fsx|locks|xfstests) ;; *) die "--only: unknown test '$t'" ;; esac
-done
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+if [ "$GLUSTER" = 1 ]; then
+    ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx,twohosts}
+    [ -z "$SHARE_ROOT" ] || die "--gluster chooses the share root itself; leave out --share-root"
+    "$HERE/gluster.sh" up || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
+    eval "$("$HERE/gluster.sh" env)"
+    SHARE_ROOT=$GLUSTER_A
+fi
+ONLY=${ONLY:-selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests}
+for t in ${ONLY//,/ }; do
+    case $t in selftest|smoke|setid|features|fio|pjdfstest|fsx|locks|xfstests) ;;
+        twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
+        *) die "--only: unknown test '$t'" ;; esac
+done
+if [ -n "$SHARE_ROOT" ]; then
+    [ -d "$SHARE_ROOT" ] || die "--share-root $SHARE_ROOT: no such directory"
+    SHARE_ROOT=$(cd "$SHARE_ROOT" && pwd)
+    wanted xfstests && die "xfstests makes its own shares; leave it out with --share-root/--gluster"
+fi
 if wanted xfstests; then
     [ -f "$XFSTESTS_LIST" ] || die "xfstests list $XFSTESTS_LIST not found"
     XFSTESTS_TREE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}/xfstests
@@ -104,7 +132,7 @@ RESULTS=()
 
 label_of() {  # a short name for a daemon spec
     case $1 in
-        vfsd|virtiofsd) echo "$1" ;;
+        vfsd|virtiofsd) echo "$1${SHARE_ROOT:+@$(basename "$SHARE_ROOT")}" ;;
         *) basename "${1%% *}" ;;
     esac
 }
@@ -115,13 +143,15 @@ run_test() {
     local daemon=$1 label=$2 name=$3 expect=$4 timeout=$5 cmd=$6
     local args="$DAEMON_ARGS${7:+ $7}"
     TEST_DIR=$LOGS/$label/$name
-    rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR/share"
+    TEST_SHARE=$TEST_DIR/share
+    [ -n "$SHARE_ROOT" ] && TEST_SHARE=$SHARE_ROOT/vfsd-suite-$(basename "$LOGS")-$label-$name
+    rm -rf "$TEST_DIR" "$TEST_SHARE"; mkdir -p "$TEST_DIR" "$TEST_SHARE"
     local start=$(date +%s)
     printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
     "$HERE/run-vm.sh" --daemon "$daemon" ${args:+--daemon-args "$args"} \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --queues "$QUEUES" \
         --timeout "$timeout" --quiet --log "$TEST_DIR/console.log" --workdir "$TEST_DIR/work" \
-        --share "$TEST_DIR/share:share0" -- "$cmd" > "$TEST_DIR/run-vm.log" 2>&1
+        --share "$TEST_SHARE:share0" -- "$cmd" > "$TEST_DIR/run-vm.log" 2>&1
     TEST_RC=$?
     TEST_SECS=$(( $(date +%s) - start ))
     TEST_OK=0
@@ -135,7 +165,7 @@ finish_test() {  # finish_test LABEL NAME [extra failure reason]
         echo "PASS (${TEST_SECS}s)"
         PASSED=$((PASSED + 1))
         RESULTS+=("PASS [$label] $name (${TEST_SECS}s)")
-        rm -rf "$TEST_DIR/share"
+        rm -rf "$TEST_SHARE"
     else
         echo "FAIL (${TEST_SECS}s, run-vm.sh exit status $TEST_RC)"
         FAILED=$((FAILED + 1))
@@ -169,7 +199,7 @@ for daemon in "${DAEMONS[@]}"; do
         why=
         if [ "$TEST_OK" = 1 ]; then
             # Did the data reach the host's directory?
-            s=$TEST_DIR/share
+            s=$TEST_SHARE
             if ! (cd "$s/smoke-keep" && md5sum --quiet -c ../smoke-manifest.md5) >/dev/null 2>&1; then
                 why="host-side check: files written by the guest differ on the host (md5sum -c $s/smoke-manifest.md5)"
             elif [ "$(stat -c %s "$s/smoke-keep/sparse" 2>/dev/null)" != $((4101 * 1048576)) ] ||
@@ -200,7 +230,7 @@ for daemon in "${DAEMONS[@]}"; do
         run_test "$daemon" "$label" features 0 600 "/guest-tests/features.sh" \
             "--cache=never --allow-mmap --posix-acl --translate-uid=map:65534:3000:1 --translate-gid=map:65534:3000:1 --xattrmap=:prefix:all:security.:user.virtiofs.::ok:all:::"
         why=
-        k=$TEST_DIR/share/features-keep
+        k=$TEST_SHARE/features-keep
         if [ "$TEST_OK" = 1 ]; then
             # Host-side checks: the translated owner and the mapped xattr name.
             [ "$(stat -c %u:%g "$k/nobody-file" 2>/dev/null)" = 3000:3000 ] ||
@@ -213,9 +243,17 @@ for daemon in "${DAEMONS[@]}"; do
     fi
 
     if wanted fio; then
-        run_test "$daemon" "$label" fio 0 900 "/guest-tests/fio.sh -t $FIO_RUNTIME"
+        stats=
+        # On a share root (a distributed file system), show what vfsd's READ path
+        # learnt: RWF_NOWAIT given up once per host file system, not per request.
+        [ -n "$SHARE_ROOT" ] && [ "$daemon" = vfsd ] && stats="--stats $LOGS/$label-fio-stats.json"
+        run_test "$daemon" "$label" fio 0 900 "/guest-tests/fio.sh -t $FIO_RUNTIME" "$stats"
         finish_test "$label" fio
         show '^fio: (PASS|FAIL|[0-9]+ job)'
+        if [ -n "$stats" ] && [ -s "$LOGS/$label-fio-stats.json" ]; then
+            python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); r=s["opcodes"].get("READ",{}).get("count",0) if isinstance(s["opcodes"],dict) else "?"
+print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, reads handed off %s, reads on the queue thread %s" % (s["nowait_unsupported"], r, s["reads_handed_off"], s["reads_on_queue_thread"]))' "$LOGS/$label-fio-stats.json" || true
+        fi
     fi
 
     if wanted pjdfstest; then
@@ -252,6 +290,27 @@ for daemon in "${DAEMONS[@]}"; do
             grep -E 'FAIL|error' "$TEST_DIR/guest-locks.log" | head -n 15 | sed 's/^/guest-suite:   | /'
         fi
         grep -E 'guest-locks:   guest' "$TEST_DIR/guest-locks.log" | sed 's/^guest-locks:   /guest-suite:     locks: /'
+    fi
+
+    if wanted twohosts; then
+        # Two guests on GlusterFS client mounts A and B: coherence per cache mode,
+        # parallel direct writes to one file, flock and fcntl between them.
+        TEST_DIR=$LOGS/$label/twohosts
+        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
+        printf 'guest-suite: [%s] %-18s ... ' "$label" twohosts
+        start=$(date +%s)
+        "$HERE/two-hosts.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs "$TEST_DIR" > "$TEST_DIR/two-hosts.log" 2>&1
+        TEST_RC=$?
+        TEST_SECS=$(( $(date +%s) - start ))
+        if [ "$TEST_RC" = 0 ]; then
+            echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] twohosts (${TEST_SECS}s)")
+        else
+            echo "FAIL (${TEST_SECS}s)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] twohosts (${TEST_SECS}s)")
+            say "  log: $TEST_DIR/two-hosts.log"
+            grep -E 'FAIL|error' "$TEST_DIR/two-hosts.log" | head -n 15 | sed 's/^/guest-suite:   | /'
+        fi
+        grep -E '^two-hosts:   (\||locks: guest)' "$TEST_DIR/two-hosts.log" | sed 's/^two-hosts:   /guest-suite:     /'
     fi
 
     if wanted xfstests; then

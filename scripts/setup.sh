@@ -10,7 +10,7 @@ echo "== installing packages (qemu, busybox, fio, ...)"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     qemu-system-x86 busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
-    xz-utils zstd kmod strace e2fsprogs mount acl attr >/dev/null
+    xz-utils zstd kmod strace e2fsprogs mount acl attr bindfs >/dev/null
 echo "== building vfsd"
 cargo build --release
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"

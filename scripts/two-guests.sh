@@ -7,6 +7,14 @@
 # Usage: scripts/two-guests.sh --share DIR --cmd-a CMD --cmd-b CMD [options]
 #   --share DIR       the host directory both daemons serve (tag share0; the
 #                     guests see it at /mnt/share0 = $VFSD_SHARE)
+#   --share-b DIR     guest B's daemon serves DIR instead: the same files seen
+#                     through another client mount of a distributed file
+#                     system, standing for a second host (scripts/gluster.sh)
+#   --sync DIR        also give both guests a share "sync" of the local DIR
+#                     (mounted at /mnt/sync, served with --cache=never by each
+#                     daemon): a channel with no caching between the guests,
+#                     for tests that measure the caching of share0
+#   --share0-args A   daemon arguments for share0 only (e.g. its cache mode)
 #   --cmd-a CMD, --cmd-b CMD   guest commands (sh -c, in the share)
 #   --host CMD        also run CMD on the host (bash -c, its own process group)
 #                     while the guests run; it sees TWO_SHARE, TWO_WORK and
@@ -29,6 +37,9 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHARE=
+SHARE_B=
+SYNC=
+SHARE0_ARGS=
 CMD_A=
 CMD_B=
 HOST_CMD=
@@ -49,6 +60,9 @@ die() { printf 'two-guests: error: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
         --share) SHARE=${2:?}; shift 2 ;;
+        --share-b) SHARE_B=${2:?}; shift 2 ;;
+        --sync) SYNC=${2:?}; shift 2 ;;
+        --share0-args) SHARE0_ARGS=${2?}; shift 2 ;;
         --cmd-a) CMD_A=${2:?}; shift 2 ;;
         --cmd-b) CMD_B=${2:?}; shift 2 ;;
         --host) HOST_CMD=${2:?}; shift 2 ;;
@@ -69,6 +83,13 @@ done
 [ -n "$SHARE" ] && [ -d "$SHARE" ] || die "--share DIR (an existing directory) is required"
 [ -n "$CMD_A" ] && [ -n "$CMD_B" ] || die "--cmd-a and --cmd-b are required"
 SHARE=$(cd "$SHARE" && pwd)
+SHARE_B=${SHARE_B:-$SHARE}
+[ -d "$SHARE_B" ] || die "--share-b $SHARE_B: no such directory"
+SHARE_B=$(cd "$SHARE_B" && pwd)
+if [ -n "$SYNC" ]; then
+    [ -d "$SYNC" ] || die "--sync $SYNC: no such directory"
+    SYNC=$(cd "$SYNC" && pwd)
+fi
 WORK=${WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-two.XXXXXX")}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
@@ -76,13 +97,15 @@ WORK=$(cd "$WORK" && pwd)
 if [ -z "$KERNEL" ]; then KERNEL=$("$HERE/fetch-kernel.sh") || die "could not get a guest kernel"; fi
 if [ -z "$INITRD" ]; then INITRD=$("$HERE/build-initramfs.sh") || die "could not build the initramfs"; fi
 
-run_one() {  # run_one NAME CMD: one run-vm.sh in the background; sets PID_<NAME>
-    local name=$1 cmd=$2
+run_one() {  # run_one NAME CMD DIR: one run-vm.sh in the background; sets PID_<NAME>
+    local name=$1 cmd=$2 dir=$3 extra=()
     rm -rf "$WORK/$name"
+    [ -n "$SHARE0_ARGS" ] && extra+=(--share-args share0 "$SHARE0_ARGS")
+    [ -n "$SYNC" ] && extra+=(--share "$SYNC:sync" --share-args sync --cache=never)
     "$HERE/run-vm.sh" --daemon "$DAEMON" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --mem "$MEM" \
         --timeout "$TIMEOUT" --quiet --keep --log "$WORK/$name.console.log" --workdir "$WORK/$name" \
-        --share "$SHARE:share0" -- "$cmd" > "$WORK/$name.run-vm.log" 2>&1 &
+        --share "$dir:share0" "${extra[@]}" -- "$cmd" > "$WORK/$name.run-vm.log" 2>&1 &
     eval "PID_$name=\$!"
 }
 
@@ -96,10 +119,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT TERM
 
-say "work directory $WORK; share $SHARE"
+say "work directory $WORK; share $SHARE$([ "$SHARE_B" != "$SHARE" ] && echo " (guest B: $SHARE_B)")${SYNC:+; sync share $SYNC}"
 start=$(date +%s)
-run_one A "$CMD_A"
-run_one B "$CMD_B"
+run_one A "$CMD_A" "$SHARE"
+run_one B "$CMD_B" "$SHARE_B"
 if [ -n "$HOST_CMD" ]; then
     TWO_SHARE=$SHARE TWO_WORK=$WORK TWO_RUNVM_A=$PID_A TWO_RUNVM_B=$PID_B \
         setsid bash -c "$HOST_CMD" > "$WORK/host.log" 2>&1 &

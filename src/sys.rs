@@ -242,6 +242,17 @@ pub fn name_to_handle(fd: RawFd) -> io::Result<(FileHandle, u64)> {
     ))
 }
 
+/// Whether `fd`'s file lives on a FUSE mount (fuse or fuseblk).
+pub fn is_fuse(fd: RawFd) -> io::Result<bool> {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    // SAFETY: fstatfs writes one struct statfs into `st`, which is large enough for it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64 == FUSE_SUPER_MAGIC)
+}
+
 /// `open_by_handle_at(mount_fd, handle, flags)`; needs CAP_DAC_READ_SEARCH.
 pub fn open_by_handle(mount_fd: RawFd, h: &FileHandle, flags: i32) -> io::Result<OwnedFd> {
     // SAFETY: `h.raw` is a complete struct file_handle as name_to_handle_at wrote it; the

@@ -132,6 +132,8 @@ struct Maps {
     next_id: u64,
     /// One O_PATH fd per mount that file handles are opened relative to.
     mount_fds: HashMap<u64, Arc<OwnedFd>>,
+    /// Per mount: do its file handles still open after the host evicts the inode?
+    durable_handles: HashMap<u64, bool>,
 }
 
 /// All inodes the guest currently knows. Reads (the I/O path) take the lock shared;
@@ -159,6 +161,7 @@ impl InodeTable {
                 by_key: HashMap::new(),
                 next_id: fuse_backend_rs::api::filesystem::ROOT_ID + 1,
                 mount_fds: HashMap::new(),
+                durable_handles: HashMap::new(),
             }),
             retired_peak: Default::default(),
             retired_violations: Default::default(),
@@ -170,14 +173,64 @@ impl InodeTable {
         sys::openat(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
     }
 
+    /// Whether file handles on mount `mnt` (the one `fd` is on) can be reopened after the
+    /// host kernel evicts their inode. On a FUSE mount that takes FUSE_EXPORT_SUPPORT from
+    /// its server, which userspace can't see, and GlusterFS's client goes without it
+    /// (open_by_handle_at then fails with ESTALE): vfsd trusts no FUSE mount's handles.
+    fn durable_handles(&self, mnt: u64, fd: &OwnedFd) -> bool {
+        if let Some(&d) = self.maps.read().unwrap().durable_handles.get(&mnt) {
+            return d;
+        }
+        let durable = !sys::is_fuse(fd.as_raw_fd()).unwrap_or(false);
+        if !durable && self.handles == FileHandleMode::Prefer {
+            log::info!("mount {mnt} is a FUSE file system: its nodes keep fds, not file handles");
+        }
+        self.maps
+            .write()
+            .unwrap()
+            .durable_handles
+            .insert(mnt, durable);
+        durable
+    }
+
+    /// A file handle for `fd`'s file under `--inode-file-handles` (None: keep the fd).
+    fn handle_of(&self, fd: &OwnedFd) -> io::Result<Option<(sys::FileHandle, u64)>> {
+        let mode = self.handles;
+        if mode == FileHandleMode::Never {
+            return Ok(None);
+        }
+        match sys::name_to_handle(fd.as_raw_fd()) {
+            Ok((h, mnt)) if self.durable_handles(mnt, fd) => Ok(Some((h, mnt))),
+            _ if mode == FileHandleMode::Prefer => Ok(None),
+            Ok(_) => Err(sys::errno(libc::EOPNOTSUPP)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Installs the share's root as node id 1. Its count never reaches zero.
     pub fn insert_root(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<()> {
         let nodeid = fuse_backend_rs::api::filesystem::ROOT_ID;
         let key = InodeKey::of(st);
-        let handle = match self.handles {
-            FileHandleMode::Never => None,
-            _ => sys::name_to_handle(fd.as_raw_fd()).ok().map(|(h, _)| h),
-        };
+        if self.handles == FileHandleMode::Mandatory {
+            // Refuse at start rather than fail every lookup later (as virtiofsd does).
+            let fail = |why: String| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("--inode-file-handles=mandatory: {why}; use prefer or never"),
+                )
+            };
+            match sys::name_to_handle(fd.as_raw_fd()) {
+                Err(e) => return Err(fail(format!("its file system gives no file handles ({e})"))),
+                Ok((_, mnt)) if !self.durable_handles(mnt, &fd) => {
+                    return Err(fail(
+                        "it is on a FUSE file system, whose file handles go stale once the host evicts an inode"
+                            .into(),
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
+        let handle = self.handle_of(&fd).ok().flatten().map(|(h, _)| h);
         let io = self.locks.get(file_id(st, handle));
         if self.handles != FileHandleMode::Never {
             let anchor = Arc::new(Self::anchor(&fd)?);
@@ -215,14 +268,7 @@ impl InodeTable {
     /// new fd is dropped and the existing node's count goes up.
     pub fn lookup_insert(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
-        let handle = match self.handles {
-            FileHandleMode::Never => None,
-            mode => match sys::name_to_handle(fd.as_raw_fd()) {
-                Ok(h) => Some(h),
-                Err(_) if mode == FileHandleMode::Prefer => None,
-                Err(e) => return Err(e),
-            },
-        };
+        let handle = self.handle_of(&fd)?;
         // A known node of this file, if any. A node named by a file handle holds no fd, so
         // its file may be gone and the inode number reused: a different handle means a
         // different file, which gets a node of its own (the old one answers ESTALE).

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# A GlusterFS volume on loopback, mounted by two independent FUSE clients that
+# stand for two hosts sharing one distributed file system (issue 14).
+#
+# Usage: scripts/gluster.sh up|down|status|env [options]
+#   up       install GlusterFS if missing (apt), start glusterd (pid file under
+#            the state directory), create and start a replica-2 volume with both
+#            bricks on this machine, set the options below, mount client A and
+#            client B.  Idempotent: what is already up is left as it is.
+#   down     unmount the clients, stop and delete the volume, stop glusterd if
+#            this script started it, remove the bricks.  Idempotent.
+#   status   what is up, one line each; exit 0 only if both clients are mounted.
+#   env      print GLUSTER_A=... GLUSTER_B=... (the two client mounts) for eval.
+#
+# Options:
+#   --dir DIR       where bricks, mounts and state live (default /srv/vfsd-gluster;
+#                   not under /tmp, which guests of scripts/run-xfstests.sh hide)
+#   --volume NAME   volume name (default vfsdvol)
+#   --set K=V       an extra volume option (repeatable; applied on every 'up')
+#
+# Volume options set on every 'up':
+#   performance.strict-o-direct=on  an O_DIRECT write goes to the bricks as one:
+#       without it, Gluster's write-behind acknowledges an unaligned O_DIRECT
+#       write and loses it at close (close fails with EINVAL).  See
+#       docs/distributed.md.
+#
+# Only loopback: the bricks are named by this machine's host name, which must
+# resolve to a loopback address (the Gluster CLI refuses "localhost" and
+# 127.0.0.1 as brick hosts), and the clients mount localhost:/VOLUME.
+set -euo pipefail
+
+DIR=/srv/vfsd-gluster
+VOL=vfsdvol
+EXTRA_SET=()
+
+say() { printf 'gluster: %s\n' "$*"; }
+die() { printf 'gluster: error: %s\n' "$*" >&2; exit 2; }
+
+[ $# -gt 0 ] || die "usage: scripts/gluster.sh up|down|status|env [--dir DIR] [--volume NAME] [--set K=V]"
+ACTION=$1; shift
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dir) DIR=${2:?--dir needs a directory}; shift 2 ;;
+        --volume) VOL=${2:?--volume needs a name}; shift 2 ;;
+        --set) EXTRA_SET+=("${2:?--set needs KEY=VALUE}"); shift 2 ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (try --help)" ;;
+    esac
+done
+case $ACTION in up|down|status|env) ;; -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown action '$ACTION': up, down, status or env" ;; esac
+[[ $VOL =~ ^[A-Za-z0-9_-]{1,64}$ ]] || die "--volume: letters, digits, '_' and '-' only"
+case $DIR in /*) ;; *) die "--dir must be an absolute path" ;; esac
+for kv in "${EXTRA_SET[@]}"; do [[ $kv == ?*=?* ]] || die "--set wants KEY=VALUE, got '$kv'"; done
+
+STATE=$DIR/state
+BRICKS=$DIR/bricks
+MNT_A=$DIR/a
+MNT_B=$DIR/b
+PIDFILE=$STATE/glusterd.pid
+
+[ "$ACTION" = env ] && { echo "GLUSTER_A=$MNT_A"; echo "GLUSTER_B=$MNT_B"; echo "GLUSTER_VOLUME=$VOL"; exit 0; }
+[ "$(id -u)" = 0 ] || die "needs root (glusterd, bricks, FUSE mounts)"
+
+is_mounted() { findmnt -n -t fuse.glusterfs --mountpoint "$1" >/dev/null 2>&1; }
+glusterd_pid() {  # the running glusterd's pid, or nothing
+    local p
+    for p in $(pgrep -x glusterd); do
+        # A zombie (an earlier glusterd whose parent has not reaped it) does not count.
+        [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || { echo "$p"; return; }
+    done
+}
+vol_exists() { gluster --mode=script volume info "$VOL" >/dev/null 2>&1; }
+vol_started() { gluster --mode=script volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
+
+status() {
+    local ok=0 p
+    p=$(glusterd_pid)
+    if [ -n "$p" ]; then
+        say "glusterd: running (pid $p$([ -f "$PIDFILE" ] && [ "$(cat "$PIDFILE")" = "$p" ] && echo ', started by this script'))"
+    else
+        say "glusterd: not running"; ok=1
+    fi
+    if [ -n "$p" ] && vol_exists; then
+        say "volume $VOL: $(gluster --mode=script volume info "$VOL" | sed -n 's/^Status: //p'), $(gluster --mode=script volume info "$VOL" | sed -n 's/^Type: //p')"
+    else
+        say "volume $VOL: absent"; ok=1
+    fi
+    for m in "$MNT_A" "$MNT_B"; do
+        if is_mounted "$m"; then say "client $m: mounted"; else say "client $m: not mounted"; ok=1; fi
+    done
+    return $ok
+}
+
+up() {
+    if ! command -v glusterd >/dev/null || ! command -v glusterfs >/dev/null; then
+        say "installing glusterfs-server, glusterfs-client, attr (apt)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            glusterfs-server glusterfs-client attr >/dev/null ||
+            die "apt-get install glusterfs-server glusterfs-client failed (see above)"
+    fi
+    local host addr
+    host=$(hostname)
+    addr=$(getent hosts "$host" | awk '{print $1; exit}')
+    case $addr in
+        127.*|::1) ;;
+        "") die "host name '$host' does not resolve; add '127.0.1.1 $host' to /etc/hosts" ;;
+        *) die "host name '$host' resolves to $addr, not loopback; this script keeps Gluster on loopback (add '127.0.1.1 $host' to /etc/hosts)" ;;
+    esac
+    mkdir -p "$STATE" "$BRICKS" "$MNT_A" "$MNT_B"
+    if [ -z "$(glusterd_pid)" ]; then
+        say "starting glusterd (pid file $PIDFILE, log $STATE/glusterd.log)"
+        glusterd -p "$PIDFILE" --log-file="$STATE/glusterd.log" || die "glusterd did not start (log: $STATE/glusterd.log)"
+        for _ in $(seq 1 50); do gluster --mode=script volume list >/dev/null 2>&1 && break; sleep 0.2; done
+        gluster --mode=script volume list >/dev/null 2>&1 || die "glusterd does not answer (log: $STATE/glusterd.log)"
+    fi
+    if ! vol_exists; then
+        say "creating volume $VOL: replica 2, bricks $host:$BRICKS/b1 and $host:$BRICKS/b2"
+        # A brick directory left by an earlier volume carries that volume's id; start clean.
+        rm -rf "$BRICKS/b1" "$BRICKS/b2"
+        gluster --mode=script volume create "$VOL" replica 2 \
+            "$host:$BRICKS/b1" "$host:$BRICKS/b2" force >/dev/null || die "volume create failed"
+    fi
+    local kv
+    for kv in performance.strict-o-direct=on "${EXTRA_SET[@]}"; do
+        gluster --mode=script volume set "$VOL" "${kv%%=*}" "${kv#*=}" >/dev/null || die "volume set $kv failed"
+    done
+    if ! vol_started; then
+        say "starting volume $VOL"
+        gluster --mode=script volume start "$VOL" >/dev/null || die "volume start failed"
+    fi
+    for m in "$MNT_A" "$MNT_B"; do
+        if ! is_mounted "$m"; then
+            # Each mount is its own glusterfs client process: its own caches, its own
+            # FUSE connection, like a second host.
+            mount -t glusterfs "localhost:/$VOL" "$m" || die "mounting client $m failed (log: /var/log/glusterfs/)"
+        fi
+    done
+    say "up: client A $MNT_A, client B $MNT_B (volume $VOL)"
+}
+
+down() {
+    local m
+    for m in "$MNT_A" "$MNT_B"; do
+        if is_mounted "$m"; then
+            umount "$m" 2>/dev/null || umount -l "$m" || say "could not unmount $m"
+        fi
+    done
+    if [ -n "$(glusterd_pid)" ] && vol_exists; then
+        vol_started && { gluster --mode=script volume stop "$VOL" force >/dev/null || say "volume stop failed"; }
+        gluster --mode=script volume delete "$VOL" >/dev/null || say "volume delete failed"
+    fi
+    if [ -f "$PIDFILE" ]; then
+        local p
+        p=$(cat "$PIDFILE")
+        if [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = glusterd ]; then
+            kill "$p"
+            for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+            kill -9 "$p" 2>/dev/null || true
+        fi
+        rm -f "$PIDFILE"
+        # glusterd leaves its brick processes and the self-heal daemon running on its own.
+        pkill -f -- "--volfile-id $VOL\\." 2>/dev/null || true
+        pkill -f -- "--volfile-id shd/$VOL " 2>/dev/null || true
+    fi
+    rm -rf "$BRICKS"
+    say "down"
+}
+
+case $ACTION in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+esac

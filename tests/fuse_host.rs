@@ -1,0 +1,132 @@
+//! vfsd sharing a directory that is itself a FUSE mount (a GlusterFS or ceph-fuse client,
+//! here bindfs): name_to_handle_at succeeds there, but a FUSE server that does not
+//! negotiate FUSE_EXPORT_SUPPORT (GlusterFS's client, high-level libfuse file systems)
+//! cannot reopen a handle once the host kernel has evicted the inode: open_by_handle_at
+//! then fails with ESTALE. `--inode-file-handles=prefer` must keep fds there, and
+//! `mandatory` must refuse to start with a line that says why.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{is_root, vfsd_bin, Daemon};
+
+const ROOT: u64 = 1;
+
+/// A bindfs mount of `src` at `mnt`, unmounted on drop.
+struct Bindfs(PathBuf);
+
+impl Bindfs {
+    fn mount(src: &Path, mnt: &Path) -> Option<Bindfs> {
+        let st = Command::new("bindfs")
+            .arg(src)
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status()
+            .ok()?;
+        st.success().then(|| Bindfs(mnt.to_path_buf()))
+    }
+}
+
+impl Drop for Bindfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A FUSE mount to share, or None (with the reason printed) where the test can't run.
+fn fuse_share() -> Option<(tempfile::TempDir, Bindfs)> {
+    if !is_root() {
+        eprintln!("skipped: mounting bindfs and dropping caches need root");
+        return None;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(src.join("d/f"), b"fuse host data").unwrap();
+    match Bindfs::mount(&src, &mnt) {
+        Some(b) => Some((t, b)),
+        None => {
+            // scripts/setup.sh installs it; CI runs there.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "bindfs is missing (apt-get install bindfs)"
+            );
+            eprintln!("skipped: bindfs is not installed (apt-get install bindfs)");
+            None
+        }
+    }
+}
+
+/// Makes the host kernel forget unused dentries and inodes (the FUSE mount's among them).
+fn evict_host_inodes() {
+    for _ in 0..2 {
+        std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn prefer_keeps_working_after_the_host_evicts_a_fuse_inode() {
+    let Some((t, _fuse)) = fuse_share() else {
+        return;
+    };
+    let d = Daemon::start_on(&t.path().join("mnt"), &["--inode-file-handles", "prefer"]);
+    let c = d.client();
+    let dir = c.lookup(ROOT, "d").unwrap();
+    let f = c.lookup(dir.nodeid, "f").unwrap();
+    evict_host_inodes();
+    // Before the fix the node held only a file handle, and these answered ESTALE.
+    let o = c
+        .open(f.nodeid, libc::O_RDONLY as u32)
+        .expect("open after the host evicted the inode");
+    assert_eq!(c.read(f.nodeid, o.fh, 0, 64).unwrap(), b"fuse host data");
+    c.release(f.nodeid, o.fh).unwrap();
+    c.getattr(dir.nodeid)
+        .expect("getattr of a directory after eviction");
+    c.lookup(dir.nodeid, "f")
+        .expect("lookup under a directory after eviction");
+}
+
+#[test]
+fn mandatory_refuses_a_fuse_share_with_a_clear_line() {
+    let Some((t, _fuse)) = fuse_share() else {
+        return;
+    };
+    let sock = t.path().join("s.sock");
+    let mut child = Command::new(vfsd_bin())
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(t.path().join("mnt"))
+        .args(["--inode-file-handles", "mandatory"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A daemon that accepted the share would wait for a frontend forever.
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("vfsd started on a FUSE share with --inode-file-handles=mandatory");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "vfsd started: {err}");
+    assert!(
+        err.contains("FUSE") && err.contains("--inode-file-handles"),
+        "unclear error: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "more than one line: {err}");
+}
