@@ -4,8 +4,8 @@
 # same distributed file system, waits until it sees the change whole, and the
 # delay is measured on the host's clock.
 #
-# Usage (in the guest): /guest-tests/coherence.sh A|B MODE... [-- pdw]
-# Run by scripts/two-hosts.sh through scripts/two-guests.sh.  For each MODE
+# Usage (in the guest): /guest-tests/coherence.sh A|B MODE... [pdw]
+# Run by scripts/two-hosts.sh (two run-vm.sh guests at once).  For each MODE
 # (auto, always, never, metadata) the guest has a share /mnt/c-MODE served
 # with --cache=MODE; /mnt/sync is a local directory both daemons serve with
 # --cache=never, for the markers.  "pdw" adds the parallel direct writes.
@@ -49,6 +49,7 @@ say() { echo "coherence[$ROLE]: $*"; }
 ok() { PASS=$((PASS + 1)); }
 bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
 finish() {
+    [ "$PASS" -gt 0 ] || bad "no check ran"
     say "$PASS checks passed, $FAIL failed ($(( $(date +%s) - START ))s)"
     echo "$PASS $FAIL" > "$S/$ROLE.summary"
     [ "$FAIL" -eq 0 ]; exit $?
@@ -85,8 +86,10 @@ watch() {  # watch MODE STEP CONDITION
         usleep 50000
     done
     mark "$1.$2.seen"
-    d=$(vfsd-lock mtime "$S/B.$1.$2.seen" "$S/A.$1.$2.done" |
-        awk 'NR == 1 {a = $1} NR == 2 {b = $1} END {printf "%.2f", a - b}')
+    if ! d=$(vfsd-lock mtime "$S/B.$1.$2.seen" "$S/A.$1.$2.done" |
+        awk 'NR == 1 {a = $1} NR == 2 {b = $1} END {if (NR != 2) exit 1; printf "%.2f", a - b}'); then
+        bad "$1 $2: could not read the markers' host times (vfsd-lock mtime)"; return
+    fi
     say "DELAY $1 $2 $d"
     case $1 in never) b=3 ;; auto) b=4 ;; *) b=$LIMIT ;; esac
     if awk -v d="$d" -v b="$b" 'BEGIN {exit !(d >= 0 && d <= b)}'; then ok; else bad "$1 $2: seen after $d s (bound $b s)"; fi

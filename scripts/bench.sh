@@ -152,8 +152,12 @@ FIO_JOBS=(
     "ssf-randwrite-4k-j2|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=2"
     "ssf-randwrite-4k-j4|--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=4"
 )
-[ $QUICK = 1 ] && FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
-[ $GLUSTER = 1 ] && FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[5]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
+if [ $GLUSTER = 1 ]; then
+    # 4k random read and write, 1 MiB sequential read and write, shared-file direct writes at 1 and 2 jobs.
+    FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[5]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
+elif [ $QUICK = 1 ]; then
+    FIO_JOBS=("${FIO_JOBS[0]}" "${FIO_JOBS[2]}" "${FIO_JOBS[4]}" "${FIO_JOBS[6]}" "${FIO_JOBS[7]}")
+fi
 
 if [ $NATIVE = 1 ]; then
     mkdir -p "$W/native"

@@ -27,6 +27,12 @@
 # Only loopback: the bricks are named by this machine's host name, which must
 # resolve to a loopback address (the Gluster CLI refuses "localhost" and
 # 127.0.0.1 as brick hosts), and the clients mount localhost:/VOLUME.
+#
+# Only what it made: 'up' refuses a volume of that name it did not create (it
+# records the volume id under DIR/state), and 'down' deletes only a volume, bricks
+# and a glusterd it recorded as its own.  On a host with systemd, installing the
+# package may start glusterd.service; this script then uses that glusterd and
+# leaves it running.
 set -euo pipefail
 
 DIR=/srv/vfsd-gluster
@@ -59,8 +65,14 @@ MNT_A=$DIR/a
 MNT_B=$DIR/b
 PIDFILE=$STATE/glusterd.pid
 
-[ "$ACTION" = env ] && { echo "GLUSTER_A=$MNT_A"; echo "GLUSTER_B=$MNT_B"; echo "GLUSTER_VOLUME=$VOL"; exit 0; }
+[ "$ACTION" = env ] && { printf 'GLUSTER_A=%q\nGLUSTER_B=%q\nGLUSTER_VOLUME=%q\n' "$MNT_A" "$MNT_B" "$VOL"; exit 0; }
 [ "$(id -u)" = 0 ] || die "needs root (glusterd, bricks, FUSE mounts)"
+OWNED=$STATE/volume       # "NAME ID" of the volume this script created
+MARK=.vfsd-gluster        # in brick directories this script made
+mkdir -p "$STATE"
+# One of us at a time (two 'up's would both make bricks; a 'down' would pull the mounts).
+exec 9>"$STATE/lock"
+flock 9
 
 is_mounted() { findmnt -n -t fuse.glusterfs --mountpoint "$1" >/dev/null 2>&1; }
 glusterd_pid() {  # the running glusterd's pid, or nothing
@@ -71,6 +83,8 @@ glusterd_pid() {  # the running glusterd's pid, or nothing
     done
 }
 vol_exists() { gluster --mode=script volume info "$VOL" >/dev/null 2>&1; }
+vol_id() { gluster --mode=script volume info "$VOL" 2>/dev/null | sed -n 's/^Volume ID: //p'; }
+vol_ours() { [ -f "$OWNED" ] && [ "$(cat "$OWNED")" = "$VOL $(vol_id)" ]; }
 vol_started() { gluster --mode=script volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
 
 status() {
@@ -116,11 +130,21 @@ up() {
     fi
     if ! vol_exists; then
         say "creating volume $VOL: replica 2, bricks $host:$BRICKS/b1 and $host:$BRICKS/b2"
-        # A brick directory left by an earlier volume carries that volume's id; start clean.
-        rm -rf "$BRICKS/b1" "$BRICKS/b2"
+        # A brick directory left by an earlier volume of ours carries that volume's id:
+        # start clean, but never touch a directory this script did not make.
+        for b in "$BRICKS/b1" "$BRICKS/b2"; do
+            if [ -e "$b" ]; then
+                [ -e "$b/$MARK" ] || [ -e "$BRICKS/$MARK.${b##*/}" ] ||
+                    die "$b exists and was not made by this script; choose another --dir"
+                rm -rf "$b"
+            fi
+            : > "$BRICKS/$MARK.${b##*/}"
+        done
         gluster --mode=script volume create "$VOL" replica 2 \
             "$host:$BRICKS/b1" "$host:$BRICKS/b2" force >/dev/null || die "volume create failed"
+        echo "$VOL $(vol_id)" > "$OWNED"
     fi
+    vol_ours || die "volume $VOL exists but was not created by this script (in $DIR); choose another --volume"
     local kv
     for kv in performance.strict-o-direct=on "${EXTRA_SET[@]}"; do
         gluster --mode=script volume set "$VOL" "${kv%%=*}" "${kv#*=}" >/dev/null || die "volume set $kv failed"
@@ -146,24 +170,39 @@ down() {
             umount "$m" 2>/dev/null || umount -l "$m" || say "could not unmount $m"
         fi
     done
+    local gone=1
     if [ -n "$(glusterd_pid)" ] && vol_exists; then
-        vol_started && { gluster --mode=script volume stop "$VOL" force >/dev/null || say "volume stop failed"; }
-        gluster --mode=script volume delete "$VOL" >/dev/null || say "volume delete failed"
+        if vol_ours; then
+            vol_started && { gluster --mode=script volume stop "$VOL" force >/dev/null || say "volume stop failed"; }
+            gluster --mode=script volume delete "$VOL" >/dev/null || { say "volume delete failed"; gone=0; }
+        else
+            say "volume $VOL was not created by this script: left alone"; gone=0
+        fi
     fi
+    [ "$gone" = 1 ] && rm -f "$OWNED"
     if [ -f "$PIDFILE" ]; then
-        local p
+        local p f
         p=$(cat "$PIDFILE")
         if [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = glusterd ]; then
             kill "$p"
             for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-            kill -9 "$p" 2>/dev/null || true
+            kill -0 "$p" 2>/dev/null && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = glusterd ] && kill -9 "$p"
         fi
         rm -f "$PIDFILE"
-        # glusterd leaves its brick processes and the self-heal daemon running on its own.
-        pkill -f -- "--volfile-id $VOL\\." 2>/dev/null || true
-        pkill -f -- "--volfile-id shd/$VOL " 2>/dev/null || true
+        # glusterd leaves its volume's brick processes and self-heal daemon running.
+        for f in /var/run/gluster/vols/"$VOL"/*.pid /var/run/gluster/shd/"$VOL"/*.pid; do
+            [ -f "$f" ] || continue
+            p=$(cat "$f")
+            case $(cat /proc/"$p"/comm 2>/dev/null) in glusterfs|glusterfsd) kill "$p" ;; esac
+        done
     fi
-    rm -rf "$BRICKS"
+    # Bricks only if this script made them and the volume is gone.
+    if [ "$gone" = 1 ]; then
+        for b in b1 b2; do
+            [ -e "$BRICKS/$MARK.$b" ] && rm -rf "${BRICKS:?}/$b" "$BRICKS/$MARK.$b"
+        done
+        rmdir "$BRICKS" 2>/dev/null || true
+    fi
     say "down"
 }
 

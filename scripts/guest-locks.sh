@@ -123,9 +123,10 @@ while :; do
     RUN=$LOGS/run$attempt
     rm -rf "$RUN"; mkdir -p "$RUN"
     if [ -n "$TWO_HOSTS" ]; then
-        sub=vfsd-locks-$(basename "$LOGS")-$attempt
-        SHARE_A=$HOST_A/$sub SHARE_B=$HOST_B/$sub
-        rm -rf "$SHARE_A"; mkdir -p "$SHARE_A/sync"
+        # A directory of its own on the shared volume: two runs at once never meet.
+        SHARE_A=$(mktemp -d "$HOST_A/vfsd-locks.XXXXXX") || die "cannot create a directory in $HOST_A"
+        SHARE_B=$HOST_B/$(basename "$SHARE_A")
+        mkdir -p "$SHARE_A/sync"
         # The other mount may see the new directory a moment later (its own caches).
         for _ in $(seq 1 100); do [ -d "$SHARE_B/sync" ] && break; sleep 0.1; done
         [ -d "$SHARE_B/sync" ] || die "$SHARE_B/sync did not appear through the second mount"

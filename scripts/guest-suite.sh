@@ -76,12 +76,11 @@ while [ $# -gt 0 ]; do
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+[ "$GLUSTER" = 1 ] && [ -n "$SHARE_ROOT" ] && die "--gluster chooses the share root itself; leave out --share-root"
 if [ "$GLUSTER" = 1 ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx,twohosts}
-    [ -z "$SHARE_ROOT" ] || die "--gluster chooses the share root itself; leave out --share-root"
-    "$HERE/gluster.sh" up || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
-    eval "$("$HERE/gluster.sh" env)"
-    SHARE_ROOT=$GLUSTER_A
+elif [ -n "$SHARE_ROOT" ]; then
+    ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
 ONLY=${ONLY:-selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests}
 for t in ${ONLY//,/ }; do
@@ -89,10 +88,20 @@ for t in ${ONLY//,/ }; do
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
+if [ "$GLUSTER" = 1 ] || [ -n "$SHARE_ROOT" ]; then
+    # These make their own shares (locks: two guests on one local directory; with
+    # --gluster, twohosts runs them across client mounts A and B).
+    wanted xfstests && die "xfstests makes its own shares; leave it out with --share-root/--gluster"
+    wanted locks && die "locks makes its own share; with --gluster, twohosts runs them across two client mounts"
+fi
+if [ "$GLUSTER" = 1 ]; then
+    "$HERE/gluster.sh" up || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
+    eval "$("$HERE/gluster.sh" env)"
+    SHARE_ROOT=$GLUSTER_A
+fi
 if [ -n "$SHARE_ROOT" ]; then
     [ -d "$SHARE_ROOT" ] || die "--share-root $SHARE_ROOT: no such directory"
     SHARE_ROOT=$(cd "$SHARE_ROOT" && pwd)
-    wanted xfstests && die "xfstests makes its own shares; leave it out with --share-root/--gluster"
 fi
 if wanted xfstests; then
     [ -f "$XFSTESTS_LIST" ] || die "xfstests list $XFSTESTS_LIST not found"
@@ -215,7 +224,11 @@ for daemon in "${DAEMONS[@]}"; do
         # One boot per cache mode (the guest kernel takes a different write path in
         # each), each with a file-handle mode, so non-root creates are covered with
         # handles too.
-        for mode in never:mandatory auto:prefer always:never; do
+        modes="never:mandatory auto:prefer always:never"
+        # On a share root that may be a FUSE client mount (GlusterFS), vfsd refuses
+        # mandatory file handles at start (tests/fuse_host.rs).
+        [ -n "$SHARE_ROOT" ] && modes="never:never auto:prefer always:prefer"
+        for mode in $modes; do
             cache=${mode%:*} handles=${mode#*:}
             run_test "$daemon" "$label" "setid-$cache" 0 300 \
                 "/guest-tests/setid.sh cache=$cache,handles=$handles" \

@@ -65,7 +65,9 @@ for t in ${ONLY//,/ }; do case $t in coherence|locks) ;; *) die "--only: unknown
 for m in ${MODES//,/ }; do case $m in auto|always|never|metadata) ;; *) die "--modes: unknown cache mode '$m'" ;; esac; done
 [[ $LIMIT =~ ^[0-9]+$ ]] && [ "$LIMIT" -ge 1 ] || die "--limit wants whole seconds"
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+wanted coherence || wanted locks || die "--only: nothing to run"
 if [ "$DAEMON" = virtiofsd ]; then MODES=$(echo "$MODES" | tr ',' '\n' | grep -vx metadata | paste -sd,); fi
+[ -n "$MODES" ] || ! wanted coherence || die "--modes: no cache mode left to test"
 
 if [ -n "$DIRS" ]; then
     A=${DIRS%%:*} B=${DIRS#*:}
@@ -83,9 +85,9 @@ say "client mounts: A $A, B $B; daemon $DAEMON${DAEMON_ARGS:+ $DAEMON_ARGS}; log
 FAILED=0
 
 if wanted coherence; then
-    sub=vfsd-coherence-$(basename "$LOGS")
-    SYNC=$LOGS/sync
-    rm -rf "$SYNC"; mkdir -p "$SYNC"
+    # A directory of its own on the shared volume: two runs at once never meet.
+    sub=$(basename "$(mktemp -d "$A/vfsd-coherence.XXXXXX")") || die "cannot create a directory in $A"
+    SYNC=$(mktemp -d "$LOGS/sync.XXXXXX")
     guest_modes=
     for m in ${MODES//,/ }; do
         mkdir -p "$A/$sub/c-$m"

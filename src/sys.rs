@@ -242,15 +242,23 @@ pub fn name_to_handle(fd: RawFd) -> io::Result<(FileHandle, u64)> {
     ))
 }
 
-/// Whether `fd`'s file lives on a FUSE mount (fuse or fuseblk).
-pub fn is_fuse(fd: RawFd) -> io::Result<bool> {
+/// Whether file handles of `fd`'s file system still open after the host kernel has
+/// evicted the inode. Not on FUSE (fuse, fuseblk): that needs FUSE_EXPORT_SUPPORT from
+/// the server, which userspace can't see and GlusterFS's client goes without
+/// (open_by_handle_at then fails with ESTALE). Not on FAT either, whose handles only
+/// find inodes still in the cache.
+pub fn handles_outlive_eviction(fd: RawFd) -> io::Result<bool> {
     const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    const MSDOS_SUPER_MAGIC: i64 = 0x4d44;
     // SAFETY: fstatfs writes one struct statfs into `st`, which is large enough for it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstatfs(fd, &mut st) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(st.f_type as i64 == FUSE_SUPER_MAGIC)
+    Ok(!matches!(
+        st.f_type as i64,
+        FUSE_SUPER_MAGIC | MSDOS_SUPER_MAGIC
+    ))
 }
 
 /// `open_by_handle_at(mount_fd, handle, flags)`; needs CAP_DAC_READ_SEARCH.

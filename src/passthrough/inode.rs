@@ -174,16 +174,24 @@ impl InodeTable {
     }
 
     /// Whether file handles on mount `mnt` (the one `fd` is on) can be reopened after the
-    /// host kernel evicts their inode. On a FUSE mount that takes FUSE_EXPORT_SUPPORT from
-    /// its server, which userspace can't see, and GlusterFS's client goes without it
-    /// (open_by_handle_at then fails with ESTALE): vfsd trusts no FUSE mount's handles.
+    /// host kernel evicts their inode (see `sys::handles_outlive_eviction`). Decided once
+    /// per mount; a failed check (a FUSE server can fail statfs for a while) counts as
+    /// "no" and is asked again next time.
     fn durable_handles(&self, mnt: u64, fd: &OwnedFd) -> bool {
         if let Some(&d) = self.maps.read().unwrap().durable_handles.get(&mnt) {
             return d;
         }
-        let durable = !sys::is_fuse(fd.as_raw_fd()).unwrap_or(false);
-        if !durable && self.handles == FileHandleMode::Prefer {
-            log::info!("mount {mnt} is a FUSE file system: its nodes keep fds, not file handles");
+        let Ok(durable) = sys::handles_outlive_eviction(fd.as_raw_fd()) else {
+            return false;
+        };
+        if !durable {
+            let then = match self.handles {
+                FileHandleMode::Prefer => "nodes on it keep an fd each, as with never",
+                _ => "lookups on it fail with EOPNOTSUPP under mandatory",
+            };
+            log::warn!(
+                "mount {mnt} (FUSE or FAT) can't reopen file handles of evicted inodes: {then}"
+            );
         }
         self.maps
             .write()
@@ -219,15 +227,14 @@ impl InodeTable {
                     format!("--inode-file-handles=mandatory: {why}; use prefer or never"),
                 )
             };
-            match sys::name_to_handle(fd.as_raw_fd()) {
-                Err(e) => return Err(fail(format!("its file system gives no file handles ({e})"))),
-                Ok((_, mnt)) if !self.durable_handles(mnt, &fd) => {
-                    return Err(fail(
-                        "it is on a FUSE file system, whose file handles go stale once the host evicts an inode"
-                            .into(),
-                    ))
-                }
-                Ok(_) => {}
+            if let Err(e) = sys::name_to_handle(fd.as_raw_fd()) {
+                return Err(fail(format!("its file system gives no file handles ({e})")));
+            }
+            if !matches!(sys::handles_outlive_eviction(fd.as_raw_fd()), Ok(true)) {
+                return Err(fail(
+                    "it is on a FUSE (or FAT) file system, whose file handles go stale once the host evicts an inode"
+                        .into(),
+                ));
             }
         }
         let handle = self.handle_of(&fd).ok().flatten().map(|(h, _)| h);
