@@ -24,6 +24,10 @@
 #   s5  A holds flock and a POSIX lock, then the host kill -9s A's QEMU: B's
 #       blocking request is granted (delay from the kill measured); A never
 #       finishes, so it writes its summary before this step.
+#   cross: s1, s2 and s4, for two guests on two hosts' client mounts of a
+#       distributed file system (scripts/two-hosts.sh): s3 and s5 take flock and
+#       a POSIX lock on one file in one process, which GlusterFS and NFS refuse
+#       (their clients turn flock into a whole-file POSIX lock of another owner).
 #   counter: s4 only, flock counter (for a daemon run with --no-flock, where the
 #       guests arbitrate locally: the figure is expected to be short).
 #
@@ -225,6 +229,7 @@ s5() {
 case $MODE in
     quick) s1; s2; s3 ;;
     full) s1; s2; s3; s4; s5 ;;
+    cross) s1; s2; s4 ;;
     counter) counter flock flock
              say "s4: under flock: $TOTAL of $((2 * N))" ;;
     *) abort "unknown mode $MODE" ;;

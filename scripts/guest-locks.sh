@@ -8,6 +8,9 @@
 #   --quick        flock conflict and wake-up, fcntl ranges, a host process (default)
 #   --full         also the counters (N increments per guest under flock, under
 #                  fcntl, and without locks) and kill -9 of guest A's QEMU
+#   --cross        s1, s2 and the counters, for --two-hosts on a file system whose
+#                  client turns flock into a whole-file POSIX lock (GlusterFS, NFS),
+#                  where s3 and s5's flock plus POSIX lock on one file conflict
 #   --counter      only the flock counter (use with --daemon-args --no-flock for
 #                  the contrast where the guests arbitrate flock locally)
 #   -n N           increments per guest (default 1000)
@@ -56,7 +59,7 @@ if [ "${1:-}" = --host-role ]; then
             done
         done
     }
-    [ "$MODE" = counter ] && exit 0
+    [ "$MODE" = counter ] || [ "$MODE" = cross ] && exit 0
     host_await 900 A.s3-ready B.s3-ready
     echo "s3: host takes flock LOCK_EX and wr 0-99 on host-file"
     "$LOCK" -m "$S/host.s3-held" -u "$S/host.s3-release" -s "$S/host.s3-releasing" "$TWO_SHARE/host-file" ex wr:0:100 &
@@ -88,6 +91,7 @@ while [ $# -gt 0 ]; do
         --quick) MODE=quick; shift ;;
         --full) MODE=full; shift ;;
         --counter) MODE=counter; shift ;;
+        --cross) MODE=cross; shift ;;
         -n) N=${2:?}; shift 2 ;;
         --daemon) DAEMON=${2:?}; shift 2 ;;
         --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
