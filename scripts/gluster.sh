@@ -18,11 +18,18 @@
 #   --volume NAME   volume name (default vfsdvol)
 #   --set K=V       an extra volume option (repeatable; applied on every 'up')
 #
-# Volume options set on every 'up':
+# Volume options set on every 'up' (docs/distributed.md says why):
 #   performance.strict-o-direct=on  an O_DIRECT write goes to the bricks as one:
-#       without it, Gluster's write-behind acknowledges an unaligned O_DIRECT
-#       write and loses it at close (close fails with EINVAL).  See
-#       docs/distributed.md.
+#       without it, write-behind acknowledges an unaligned O_DIRECT write and
+#       loses it at close (close fails with EINVAL).
+#   performance.write-behind, quick-read, stat-prefetch, open-behind, io-cache,
+#   read-ahead = off  no client-side copy of data or attributes: what one host
+#       writes under a lock, the next lock holder on another host reads.
+# Client mounts: direct-io-mode=enable, attribute-, entry- and negative-timeout=0:
+#   the host kernel keeps no page cache or attributes of the volume either
+#   (without them the two-host lock counters lose increments: the second host
+#   reads the counter from its own page cache).
+# --keep-caches leaves GlusterFS's own defaults (for comparison).
 #
 # Only loopback: the bricks are named by this machine's host name, which must
 # resolve to a loopback address (the Gluster CLI refuses "localhost" and
@@ -38,6 +45,7 @@ set -euo pipefail
 DIR=/srv/vfsd-gluster
 VOL=vfsdvol
 EXTRA_SET=()
+KEEP_CACHES=0
 
 say() { printf 'gluster: %s\n' "$*"; }
 die() { printf 'gluster: error: %s\n' "$*" >&2; exit 2; }
@@ -49,6 +57,7 @@ while [ $# -gt 0 ]; do
         --dir) DIR=${2:?--dir needs a directory}; shift 2 ;;
         --volume) VOL=${2:?--volume needs a name}; shift 2 ;;
         --set) EXTRA_SET+=("${2:?--set needs KEY=VALUE}"); shift 2 ;;
+        --keep-caches) KEEP_CACHES=1; shift ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
@@ -145,8 +154,13 @@ up() {
         echo "$VOL $(vol_id)" > "$OWNED"
     fi
     vol_ours || die "volume $VOL exists but was not created by this script (in $DIR); choose another --volume"
-    local kv
-    for kv in performance.strict-o-direct=on "${EXTRA_SET[@]}"; do
+    local kv opts=() mopts=
+    if [ "$KEEP_CACHES" = 0 ]; then
+        opts=(performance.write-behind=off performance.quick-read=off performance.stat-prefetch=off
+              performance.open-behind=off performance.io-cache=off performance.read-ahead=off)
+        mopts=-odirect-io-mode=enable,attribute-timeout=0,entry-timeout=0,negative-timeout=0
+    fi
+    for kv in performance.strict-o-direct=on "${opts[@]}" "${EXTRA_SET[@]}"; do
         gluster --mode=script volume set "$VOL" "${kv%%=*}" "${kv#*=}" >/dev/null || die "volume set $kv failed"
     done
     if ! vol_started; then
@@ -157,7 +171,7 @@ up() {
         if ! is_mounted "$m"; then
             # Each mount is its own glusterfs client process: its own caches, its own
             # FUSE connection, like a second host.
-            mount -t glusterfs "localhost:/$VOL" "$m" || die "mounting client $m failed (log: /var/log/glusterfs/)"
+            mount -t glusterfs $mopts "localhost:/$VOL" "$m" || die "mounting client $m failed (log: /var/log/glusterfs/)"
         fi
     done
     say "up: client A $MNT_A, client B $MNT_B (volume $VOL)"
