@@ -95,7 +95,8 @@ def main():
     if gluster:
         md = ["# vfsd benchmarks over GlusterFS", "",
               "Share: client mount A of scripts/gluster.sh's loopback volume (replica 2, both bricks on this "
-              "machine, performance.strict-o-direct on). Native: fio on that mount, making the syscalls a "
+              "machine, with the settings scripts/gluster.sh makes: strict O_DIRECT, no client-side caches, "
+              "direct-I/O client mounts). Native: fio on that mount, making the syscalls a "
               "daemon makes for the guest (buffered preadv/pwritev). Guests: fio with O_DIRECT under "
               "--cache never, through vfsd and through virtiofsd, on the same mount.", ""]
     md += [f"Machine: {machine()}. Guest runs: QEMU TCG (`-accel tcg,thread=multi -cpu max`), 2 vCPUs, "
