@@ -133,7 +133,8 @@ up() {
     mkdir -p "$STATE" "$BRICKS" "$MNT_A" "$MNT_B"
     if [ -z "$(glusterd_pid)" ]; then
         say "starting glusterd (pid file $PIDFILE, log $STATE/glusterd.log)"
-        glusterd -p "$PIDFILE" --log-file="$STATE/glusterd.log" || die "glusterd did not start (log: $STATE/glusterd.log)"
+        # 9>&-: the daemons must not inherit the lock's fd, or it is never released.
+        glusterd -p "$PIDFILE" --log-file="$STATE/glusterd.log" 9>&- || die "glusterd did not start (log: $STATE/glusterd.log)"
         for _ in $(seq 1 50); do gluster --mode=script volume list >/dev/null 2>&1 && break; sleep 0.2; done
         gluster --mode=script volume list >/dev/null 2>&1 || die "glusterd does not answer (log: $STATE/glusterd.log)"
     fi
@@ -165,13 +166,13 @@ up() {
     done
     if ! vol_started; then
         say "starting volume $VOL"
-        gluster --mode=script volume start "$VOL" >/dev/null || die "volume start failed"
+        gluster --mode=script volume start "$VOL" >/dev/null 9>&- || die "volume start failed"
     fi
     for m in "$MNT_A" "$MNT_B"; do
         if ! is_mounted "$m"; then
             # Each mount is its own glusterfs client process: its own caches, its own
             # FUSE connection, like a second host.
-            mount -t glusterfs $mopts "localhost:/$VOL" "$m" || die "mounting client $m failed (log: /var/log/glusterfs/)"
+            mount -t glusterfs $mopts "localhost:/$VOL" "$m" 9>&- || die "mounting client $m failed (log: /var/log/glusterfs/)"
         fi
     done
     say "up: client A $MNT_A, client B $MNT_B (volume $VOL)"
