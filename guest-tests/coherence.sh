@@ -41,31 +41,8 @@ shift
 case $ROLE in A) OTHER=B ;; B) OTHER=A ;; *) echo "coherence: role must be A or B"; exit 2 ;; esac
 S=/mnt/sync
 LIMIT=${COHERENCE_LIMIT:-8}
-PASS=0
-FAIL=0
-START=$(date +%s)
-
-say() { echo "coherence[$ROLE]: $*"; }
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
-finish() {
-    [ "$PASS" -gt 0 ] || bad "no check ran"
-    say "$PASS checks passed, $FAIL failed ($(( $(date +%s) - START ))s)"
-    echo "$PASS $FAIL" > "$S/$ROLE.summary"
-    [ "$FAIL" -eq 0 ]; exit $?
-}
-abort() { bad "$*"; : > "$S/$ROLE.abort"; finish; }
-mark() { : > "$S/$ROLE.$1" || abort "cannot create marker $ROLE.$1"; }
-await() {  # await NAME [SECS]
-    n=0 lim=$(( ${2:-300} * 20 ))
-    while [ ! -e "$S/$1" ]; do
-        [ -e "$S/$OTHER.abort" ] && abort "guest $OTHER gave up"
-        n=$((n + 1))
-        [ $n -ge $lim ] && abort "timed out waiting for $1"
-        usleep 50000
-    done
-}
-barrier() { mark "$1"; await "$OTHER.$1" "${2:-300}"; }
+TEST=coherence
+. /guest-tests/sync.sh
 md5() { md5sum < "$1" 2>/dev/null | cut -d' ' -f1; }
 size() { stat -c %s "$1" 2>/dev/null; }
 

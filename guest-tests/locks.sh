@@ -42,33 +42,9 @@ case $ROLE in A) OTHER=B ;; B) OTHER=A ;; *) echo "locks: role must be A or B"; 
 D=${VFSD_SHARE:?VFSD_SHARE unset}
 S=$D/sync
 L=vfsd-lock
-PASS=0
-FAIL=0
-START=$(date +%s)
-
-say() { echo "locks[$ROLE]: $*"; }
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
+TEST=locks AWAIT_SECS=180
+. /guest-tests/sync.sh
 figure() { say "FIGURE $1 $2"; }
-summary() {
-    say "$PASS checks passed, $FAIL failed ($(( $(date +%s) - START ))s)"
-    echo "$PASS $FAIL" > "$S/$ROLE.summary"
-}
-finish() { summary; [ "$FAIL" -eq 0 ]; exit $?; }
-abort() { bad "$*"; : > "$S/$ROLE.abort"; finish; }
-
-mark() { : > "$S/$ROLE.$1" || bad "cannot create marker $ROLE.$1"; }
-await() {  # await NAME [SECS]: wait for sync/NAME (written by the other guest or the host)
-    n=0 lim=$(( ${2:-180} * 20 ))
-    while [ ! -e "$S/$1" ]; do
-        [ -e "$S/$OTHER.abort" ] && abort "the other guest ($OTHER) gave up"
-        [ -e "$S/host.abort" ] && abort "the host gave up"
-        n=$((n + 1))
-        [ $n -ge $lim ] && abort "timed out waiting for $1"
-        usleep 50000
-    done
-}
-barrier() { mark "$1"; await "$OTHER.$1" "${2:-180}"; }
 
 expect() {  # expect DESCRIPTION STATUS COMMAND...: the command must exit with STATUS
     desc=$1 want=$2

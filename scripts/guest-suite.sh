@@ -192,6 +192,29 @@ show() {  # print matching console lines of the last test, indented
     [ -f "$TEST_DIR/console.log" ] && tr -d '\r' < "$TEST_DIR/console.log" | grep -E "$1" | sed 's/^/guest-suite:     /'
 }
 
+# host_test LABEL NAME LOG FAIL_PATTERN COMMAND...: a test that runs its own guests (a
+# host-side script). "{dir}" in COMMAND's words becomes the test's directory (TEST_DIR),
+# made afresh. COMMAND's output goes to TEST_DIR/LOG; on failure the lines matching
+# FAIL_PATTERN are shown.
+host_test() {
+    local label=$1 name=$2 log=$3 pattern=$4; shift 4
+    TEST_DIR=$LOGS/$label/$name
+    rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
+    printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
+    local start=$(date +%s)
+    "${@//\{dir\}/$TEST_DIR}" > "$TEST_DIR/$log" 2>&1
+    TEST_RC=$?
+    TEST_SECS=$(( $(date +%s) - start ))
+    TEST_OK=0; [ "$TEST_RC" = 0 ] && TEST_OK=1
+    if [ "$TEST_OK" = 1 ]; then
+        echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] $name (${TEST_SECS}s)")
+    else
+        echo "FAIL (${TEST_SECS}s, exit status $TEST_RC)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] $name (${TEST_SECS}s)")
+        say "  log: $TEST_DIR/$log"
+        grep -E "$pattern" "$TEST_DIR/$log" | head -n 25 | sed 's/^/guest-suite:   | /'
+    fi
+}
+
 for daemon in "${DAEMONS[@]}"; do
     label=$(label_of "$daemon")
     say "=== daemon: $label ==="
@@ -287,71 +310,30 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         # Two guests at once, each with its own daemon on one directory, and a host
         # process: flock and fcntl conflicts and wake-ups (about a minute).  The
         # full version (counters, kill -9 of a guest): scripts/guest-locks.sh --full.
-        TEST_DIR=$LOGS/$label/locks
-        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
-        printf 'guest-suite: [%s] %-18s ... ' "$label" locks
-        start=$(date +%s)
-        "$HERE/guest-locks.sh" --quick --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
-            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs "$TEST_DIR" > "$TEST_DIR/guest-locks.log" 2>&1
-        TEST_RC=$?
-        TEST_SECS=$(( $(date +%s) - start ))
-        if [ "$TEST_RC" = 0 ]; then
-            echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] locks (${TEST_SECS}s)")
-        else
-            echo "FAIL (${TEST_SECS}s)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] locks (${TEST_SECS}s)")
-            say "  log: $TEST_DIR/guest-locks.log"
-            grep -E 'FAIL|error' "$TEST_DIR/guest-locks.log" | head -n 15 | sed 's/^/guest-suite:   | /'
-        fi
+        host_test "$label" locks guest-locks.log 'FAIL|error' "$HERE/guest-locks.sh" --quick \
+            --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
         grep -E 'guest-locks:   guest' "$TEST_DIR/guest-locks.log" | sed 's/^guest-locks:   /guest-suite:     locks: /'
     fi
 
     if wanted twohosts; then
         # Two guests on GlusterFS client mounts A and B: coherence per cache mode,
         # parallel direct writes to one file, flock and fcntl between them.
-        TEST_DIR=$LOGS/$label/twohosts
-        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
-        printf 'guest-suite: [%s] %-18s ... ' "$label" twohosts
-        start=$(date +%s)
-        "$HERE/two-hosts.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
-            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs "$TEST_DIR" > "$TEST_DIR/two-hosts.log" 2>&1
-        TEST_RC=$?
-        TEST_SECS=$(( $(date +%s) - start ))
-        if [ "$TEST_RC" = 0 ]; then
-            echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] twohosts (${TEST_SECS}s)")
-        else
-            echo "FAIL (${TEST_SECS}s)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] twohosts (${TEST_SECS}s)")
-            say "  log: $TEST_DIR/two-hosts.log"
-            grep -E 'FAIL|error' "$TEST_DIR/two-hosts.log" | head -n 15 | sed 's/^/guest-suite:   | /'
-        fi
+        host_test "$label" twohosts two-hosts.log 'FAIL|error' "$HERE/two-hosts.sh" \
+            --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
         grep -E '^two-hosts:   (\||locks: guest)' "$TEST_DIR/two-hosts.log" | sed 's/^two-hosts:   /guest-suite:     /'
     fi
 
     if wanted xfstests; then
         # A guest (or more, after a hang) of its own with four shares; run-xfstests.sh
         # prints a line per test, a summary and fails on any failure or "not run".
-        TEST_DIR=$LOGS/$label/xfstests
-        rm -rf "$TEST_DIR"; mkdir -p "$TEST_DIR"
-        printf 'guest-suite: [%s] %-18s ... ' "$label" xfstests
-        start=$(date +%s)
         # --posix-acl: the list has ACL tests (issue 12), which are "not run" without it.
-        "$HERE/run-xfstests.sh" --daemon "$daemon" --daemon-args "--posix-acl${DAEMON_ARGS:+ $DAEMON_ARGS}" \
+        host_test "$label" xfstests run-xfstests.log '^(FAIL|UNRUN|NOTRUN) |run-xfstests: error' \
+            "$HERE/run-xfstests.sh" --daemon "$daemon" --daemon-args "--posix-acl${DAEMON_ARGS:+ $DAEMON_ARGS}" \
             --accel "$ACCEL" --kernel "$KERNEL" --strict --test-timeout 300 \
-            --results "$TEST_DIR/results" "$XFSTESTS_LIST" > "$TEST_DIR/run-xfstests.log" 2>&1
-        TEST_RC=$?
-        TEST_SECS=$(( $(date +%s) - start ))
-        TEST_OK=0; [ "$TEST_RC" = 0 ] && TEST_OK=1
-        if [ "$TEST_OK" = 1 ]; then
-            echo "PASS (${TEST_SECS}s)"
-            PASSED=$((PASSED + 1))
-            RESULTS+=("PASS [$label] xfstests (${TEST_SECS}s)")
-            rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
-        else
-            echo "FAIL (${TEST_SECS}s, run-xfstests.sh exit status $TEST_RC)"
-            FAILED=$((FAILED + 1))
-            RESULTS+=("FAIL [$label] xfstests (${TEST_SECS}s)")
-            say "  log: $TEST_DIR/run-xfstests.log; results: $TEST_DIR/results"
-            grep -E '^(FAIL|UNRUN|NOTRUN) |run-xfstests: error' "$TEST_DIR/run-xfstests.log" | head -n 25 | sed 's/^/guest-suite:   | /'
-        fi
+            --results {dir}/results "$XFSTESTS_LIST"
+        [ "$TEST_OK" = 1 ] && rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
         grep -E '^passed [0-9]+, failed' "$TEST_DIR/run-xfstests.log" | sed 's/^/guest-suite:     xfstests: /'
     fi
 done
