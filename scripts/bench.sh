@@ -65,7 +65,8 @@ else
     W=$(mktemp -d /var/tmp/vfsd-bench.XXXXXX)
 fi
 DPID=
-cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W"; }
+TMPFS_SHARE=
+cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W" ${TMPFS_SHARE:+"$TMPFS_SHARE"}; }
 trap cleanup EXIT
 
 # name|daemon|arguments. "default" is each daemon as shipped plus --cache never (so the
@@ -188,9 +189,18 @@ if [ $NATIVE = 1 ]; then
     done
 fi
 
+# --gluster adds vfsd on a tmpfs share: the same guest and jobs where the host side costs
+# next to nothing, so its figures are what the TCG guest itself can reach.
+GUEST_CONFIGS=(vfsd virtiofsd)
+[ $GLUSTER = 1 ] && GUEST_CONFIGS+=(vfsd-tmpfs)
 if [ $GUEST = 1 ]; then
-    for dname in vfsd virtiofsd; do
-        gshare=$W/guest-$dname
+    for gname in "${GUEST_CONFIGS[@]}"; do
+        dname=${gname%-tmpfs}
+        gshare=$W/guest-$gname
+        if [ "$gname" = vfsd-tmpfs ]; then
+            gshare=$(mktemp -d /dev/shm/vfsd-bench.XXXXXX)
+            TMPFS_SHARE=$gshare
+        fi
         mkdir -p "$gshare/jobs" "$gshare/out"
         for j in "${FIO_JOBS[@]}"; do
             IFS='|' read -r jname jargs <<<"$j"
@@ -211,15 +221,15 @@ for run in \$(seq $RUNS); do
 done
 GUEST
         if [ "$dname" = vfsd ]; then dargs="--cache never"; else dargs="--cache never --thread-pool-size 4"; fi
-        say "guest fio matrix on $dname (this takes a while under TCG)"
+        say "guest fio matrix on $gname (this takes a while under TCG)"
         if ! scripts/run-vm.sh --daemon "$dname" --daemon-args "$dargs" --cpus 2 --timeout 3600 \
             --share "$gshare:share0" --quiet -- sh /mnt/share0/run.sh; then
-            say "guest run on $dname failed; its figures are missing from the report"
+            say "guest run on $gname failed; its figures are missing from the report"
         fi
         for f in "$gshare"/out/*.json; do
             [ -e "$f" ] || continue
             b=$(basename "$f" .json); jname=${b%.*}; run=${b##*.}
-            echo "{\"kind\":\"guest\",\"config\":\"$dname\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(onejson "$f")}" >> "$RES"
+            echo "{\"kind\":\"guest\",\"config\":\"$gname\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(onejson "$f")}" >> "$RES"
         done
     done
 fi

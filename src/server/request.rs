@@ -4,7 +4,7 @@ use std::ops::Deref;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
 use virtio_queue::DescriptorChain;
-use vm_memory::{ByteValued, Bytes, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
 use super::opcode;
 
@@ -45,24 +45,126 @@ where
 {
     let mut bytes = Vec::new();
     let mut limit = MAX_REQUEST;
-    for d in chain.clone().readable() {
-        if bytes.len() >= limit {
-            break;
-        }
-        let take = (d.len() as usize).min(limit - bytes.len());
-        let at = bytes.len();
-        bytes.resize(at + take, 0);
-        mem.read_slice(&mut bytes[at..], d.addr())
-            .map_err(|e| format!("bad readable descriptor: {e}"))?;
-        if at < HDR_LEN && bytes.len() >= HDR_LEN {
-            // The header decides how much more is worth copying.
-            let hdr: InHeader = decode(&bytes).unwrap_or_default();
-            if hdr.opcode == opcode::WRITE {
-                limit = WRITE_IN_LEN;
-                bytes.truncate(limit);
+    'chain: for d in chain.clone().readable() {
+        let len = d.len() as usize;
+        let mut off = 0;
+        while off < len {
+            if bytes.len() >= limit {
+                break 'chain;
+            }
+            // Stop at the header's end first: its opcode decides how much more is worth
+            // copying (never a WRITE's data, even when one descriptor holds it all).
+            let end = if bytes.len() < HDR_LEN {
+                HDR_LEN
+            } else {
+                limit
+            };
+            let take = (len - off).min(end - bytes.len());
+            let at = bytes.len();
+            bytes.resize(at + take, 0);
+            let addr = d
+                .addr()
+                .checked_add(off as u64)
+                .ok_or("readable descriptor past the end of the address space")?;
+            mem.read_slice(&mut bytes[at..], addr)
+                .map_err(|e| format!("bad readable descriptor: {e}"))?;
+            off += take;
+            if at < HDR_LEN && bytes.len() == HDR_LEN {
+                let hdr: InHeader = decode(&bytes).unwrap_or_default();
+                if hdr.opcode == opcode::WRITE {
+                    limit = WRITE_IN_LEN;
+                }
             }
         }
     }
     let hdr: InHeader = decode(&bytes).ok_or("request shorter than a FUSE header")?;
     Ok(Request { hdr, bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::{Queue, QueueOwnedT};
+    use vm_memory::GuestAddress;
+
+    const MEM: u64 = 0x10000;
+
+    /// Copies the request of one chain made of readable descriptors (address, length).
+    fn copy_chain(mem: &GuestMemoryMmap, descs: &[(u64, u32)]) -> Result<Request, String> {
+        let vq = MockSplitQueue::new(mem, 16);
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .map(|&(a, l)| RawDescriptor::from(SplitDescriptor::new(a, l, 0, 0)))
+            .collect();
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.iter(mem).unwrap().next().unwrap();
+        copy(mem, &chain)
+    }
+
+    fn header(opcode: u32, len: u32) -> Vec<u8> {
+        let h = InHeader {
+            len,
+            opcode,
+            unique: 7,
+            nodeid: 1,
+            ..Default::default()
+        };
+        h.as_slice().to_vec()
+    }
+
+    #[test]
+    fn header_split_across_descriptors_is_joined() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mut req = header(opcode::OPEN, HDR_LEN as u32 + 16);
+        req.extend((0..16u8).map(|i| i + 1));
+        // 10 bytes, then the rest of the header with the arguments.
+        mem.write_slice(&req[..10], GuestAddress(0x8000)).unwrap();
+        mem.write_slice(&req[10..], GuestAddress(0x9000)).unwrap();
+        let r = copy_chain(&mem, &[(0x8000, 10), (0x9000, req.len() as u32 - 10)]).unwrap();
+        assert_eq!(r.bytes, req);
+        assert_eq!(r.hdr.opcode, opcode::OPEN);
+        assert_eq!(r.args(), &req[HDR_LEN..]);
+    }
+
+    #[test]
+    fn write_data_in_the_header_descriptor_is_not_copied() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let data = 0x2000u32;
+        let mut req = header(opcode::WRITE, WRITE_IN_LEN as u32 + data);
+        let w = WriteIn {
+            fh: 3,
+            size: data,
+            ..Default::default()
+        };
+        req.extend_from_slice(w.as_slice());
+        req.resize(WRITE_IN_LEN + data as usize, 0xab);
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        let r = copy_chain(&mem, &[(0x8000, req.len() as u32)]).unwrap();
+        assert_eq!(r.bytes, &req[..WRITE_IN_LEN]);
+        // The data is never read here: a descriptor whose data part runs past the end of
+        // guest memory still yields the header and arguments (WRITE itself then answers
+        // EFAULT when it maps the data).
+        let at = MEM - WRITE_IN_LEN as u64;
+        mem.write_slice(&req[..WRITE_IN_LEN], GuestAddress(at))
+            .unwrap();
+        let r = copy_chain(&mem, &[(at, WRITE_IN_LEN as u32 + data)]).unwrap();
+        assert_eq!(r.bytes, &req[..WRITE_IN_LEN]);
+    }
+
+    #[test]
+    fn other_requests_copy_the_whole_readable_part_up_to_the_limit() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mut req = header(opcode::SETXATTR, HDR_LEN as u32 + 0x1000);
+        req.resize(HDR_LEN + 0x1000, 0x5a);
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        let r = copy_chain(&mem, &[(0x8000, req.len() as u32)]).unwrap();
+        assert_eq!(r.bytes, req);
+        // A readable descriptor outside guest memory is an error, not a short copy.
+        assert!(copy_chain(&mem, &[(0x8000, HDR_LEN as u32), (MEM, 0x100)]).is_err());
+        // Shorter than a header.
+        assert!(copy_chain(&mem, &[(0x8000, 8)]).is_err());
+    }
 }
