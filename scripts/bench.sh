@@ -78,6 +78,9 @@ CONFIGS=(
     "virtiofsd-default|virtiofsd|--cache never"
     "virtiofsd-best|virtiofsd|--cache never --thread-pool-size 4"
 )
+# Over GlusterFS reads can't be tried without blocking (RWF_NOWAIT is refused), so each
+# one is handed to a worker; "inline" (no pool) shows what that hand-off costs.
+[ $GLUSTER = 1 ] && CONFIGS+=("vfsd-inline|vfsd|--cache never --thread-pool-size 0")
 # workload|queues|depth|bs|file MiB
 WORKLOADS=(
     "randwrite-shared|1|32|4096|64"

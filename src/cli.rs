@@ -251,7 +251,8 @@ pub struct Opt {
     #[arg(long, value_name = "RULE")]
     pub translate_gid: Vec<String>,
 
-    /// Limit on open files (default: raise the soft limit to the hard limit)
+    /// Limit on open files, soft and hard (0 leaves it unchanged). Default: 1,000,000, or
+    /// fs.nr_open if lower, unless the soft limit is already higher
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
 

@@ -164,28 +164,56 @@ fn write_stats(sink: &StatsFile, server: &FuseServer) {
     }
 }
 
-/// Raises (or sets) RLIMIT_NOFILE: every inode the guest knows holds an O_PATH fd.
+/// Raises (or sets) RLIMIT_NOFILE, as virtiofsd does: every inode the guest knows may
+/// hold an O_PATH fd. Without a value: 1,000,000 (at most fs.nr_open) unless the soft
+/// limit is already higher, falling back to the hard limit if that can't be set; 0
+/// leaves the limit alone; any other value sets soft and hard limits to it.
 fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
+    const DEFAULT_NOFILE: u64 = 1_000_000;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid out pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    let target = want.unwrap_or(lim.rlim_max);
-    if want.is_none() && lim.rlim_cur >= target {
-        return Ok(());
-    }
-    let new = libc::rlimit {
-        rlim_cur: target,
-        rlim_max: lim.rlim_max.max(target),
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(lim.rlim_max);
+    let target = match want {
+        Some(0) => return Ok(()),
+        Some(n) if n > nr_open => {
+            return Err(format!(
+                "--rlimit-nofile {n}: it cannot be raised above fs.nr_open ({nr_open})"
+            ))
+        }
+        Some(n) => n,
+        None if lim.rlim_cur >= DEFAULT_NOFILE => return Ok(()),
+        None => DEFAULT_NOFILE.min(nr_open),
     };
-    // SAFETY: `new` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("--rlimit-nofile {target}: {e}"));
+    let set = |n: u64| {
+        let new = libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        };
+        // SAFETY: `new` is a valid rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    match set(target) {
+        Ok(()) => Ok(()),
+        Err(e) if want.is_some() => Err(format!("--rlimit-nofile {target}: {e}")),
+        // Not root (or capped): use what the hard limit allows.
+        Err(e) => {
+            log::warn!(
+                "RLIMIT_NOFILE {target}: {e}; using the hard limit ({})",
+                lim.rlim_max
+            );
+            set(lim.rlim_max).map_err(|e| format!("RLIMIT_NOFILE {}: {e}", lim.rlim_max))
+        }
     }
-    Ok(())
 }
 
 pub fn run(mut opt: Opt) -> Result<(), String> {

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use common::{is_root, run_vfsd, wait_for_socket, Daemon, Tmpfs};
+use common::{is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -323,4 +323,81 @@ fn posix_acl_names_are_refused_without_acl_support() {
     // Ordinary names still work.
     c.setxattr(f.nodeid, "user.k", b"v", 0).unwrap();
     assert_eq!(c.getxattr(f.nodeid, "user.k", 16).unwrap(), b"v");
+}
+
+/// Soft and hard RLIMIT_NOFILE of a process, from /proc.
+fn nofile_limits(pid: i32) -> (u64, u64) {
+    let l = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = l.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].parse().unwrap(), f[4].parse().unwrap())
+}
+
+#[test]
+fn rlimit_nofile_means_what_virtiofsd_means() {
+    if !is_root() {
+        eprintln!("skipped: raising the hard limit needs root");
+        return;
+    }
+    let ours = nofile_limits(std::process::id() as i32);
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The default: 1,000,000 (or fs.nr_open if lower), the hard limit raised too; where
+    // that is not allowed (no CAP_SYS_RESOURCE), the hard limit.
+    let mut want = nr_open.min(1_000_000);
+    let raise = format!("ulimit -Hn {want}");
+    if !std::process::Command::new("sh")
+        .args(["-c", &raise])
+        .status()
+        .unwrap()
+        .success()
+    {
+        want = ours.1;
+    }
+    let d = Daemon::start(&[]);
+    assert_eq!(nofile_limits(d.pid()), (want, want), "default");
+    assert_eq!(
+        nofile_limits(serving_pid(d.pid())).0,
+        want,
+        "default, sandbox"
+    );
+    drop(d);
+    // 0 leaves the limit as it was.
+    let d = Daemon::start(&["--rlimit-nofile=0"]);
+    assert_eq!(nofile_limits(d.pid()), ours, "--rlimit-nofile=0");
+    // The daemon still works: an fd per inode fits.
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    assert_eq!(
+        c.read(e.nodeid, c.open(e.nodeid, 0).unwrap().fh, 0, 1)
+            .unwrap(),
+        b"x"
+    );
+    drop(d);
+    // An explicit value sets both.
+    let d = Daemon::start(&["--rlimit-nofile", "4096"]);
+    assert_eq!(nofile_limits(d.pid()), (4096, 4096), "4096");
+    drop(d);
+    // Above fs.nr_open: one line and a non-zero exit.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let too_many = (nr_open + 1).to_string();
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        dir.path().to_str().unwrap(),
+        "--rlimit-nofile",
+        &too_many,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("rlimit-nofile") && err.contains(&nr_open.to_string()),
+        "{err}"
+    );
 }

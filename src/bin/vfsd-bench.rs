@@ -27,7 +27,8 @@ enum Workload {
     Seqwrite,
     /// LOOKUP then GETATTR on a warm tree of files
     LookupGetattr,
-    /// CREATE + WRITE(4k) + RELEASE + UNLINK of small files
+    /// CREATE + WRITE(4k) + RELEASE + UNLINK + FORGET of small files (the guest forgets
+    /// an unlinked inode at once)
     CreateUnlink,
     /// CREATE + GETATTR + RELEASE + UNLINK + FORGET: the guest's whole life cycle of a
     /// file, for memory and fd churn checks
@@ -405,7 +406,7 @@ fn worker(
                 let step = match (wl, step) {
                     // Churn: CREATE, GETATTR, RELEASE, UNLINK, FORGET.
                     (Workload::Churn, 1) => 10,
-                    (Workload::Churn, 4) => 11,
+                    (Workload::Churn | Workload::CreateUnlink, 4) => 11,
                     (_, s) => s,
                 };
                 match step {
@@ -443,8 +444,7 @@ fn worker(
     };
     let steps: u8 = match wl {
         Workload::LookupGetattr => 2,
-        Workload::CreateUnlink => 4,
-        Workload::Churn => 5,
+        Workload::CreateUnlink | Workload::Churn => 5,
         _ => 1,
     };
 
@@ -503,7 +503,7 @@ fn worker(
                 .remove(&slot)
                 .ok_or("completion for an unknown slot")?;
             // FORGET has no reply: the device returns the buffers empty.
-            let reply = if wl == Workload::Churn && f.step == 4 {
+            let reply = if matches!(wl, Workload::Churn | Workload::CreateUnlink) && f.step == 4 {
                 if !raw.is_empty() {
                     return Err("FORGET got a reply".into());
                 }
