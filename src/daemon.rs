@@ -175,11 +175,15 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid out pointer.
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("RLIMIT_NOFILE: {e}"));
+    }
+    // Without /proc (a bare container) there is no cap to check: setrlimit will say.
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(lim.rlim_max);
+        .unwrap_or(u64::MAX);
     let target = match want {
         Some(0) => return Ok(()),
         Some(n) if n > nr_open => {
@@ -205,9 +209,10 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     match set(target) {
         Ok(()) => Ok(()),
         Err(e) if want.is_some() => Err(format!("--rlimit-nofile {target}: {e}")),
-        // Not root (or capped): use what the hard limit allows.
+        // Not allowed to raise the hard limit (no CAP_SYS_RESOURCE): use it as it is.
+        // Quiet by default, like the old behaviour it falls back to.
         Err(e) => {
-            log::warn!(
+            log::debug!(
                 "RLIMIT_NOFILE {target}: {e}; using the hard limit ({})",
                 lim.rlim_max
             );
@@ -243,6 +248,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         // open_by_handle_at needs it.
         modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
     }
+    // Before the socket exists: a frontend that connects finds the limit in place.
+    set_rlimit_nofile(opt.rlimit_nofile)?;
     // Opened now: the sandbox hides its path (and keeps no directory outside the share).
     let stats_sink = opt.stats.as_deref().map(StatsFile::create).transpose()?;
 
@@ -267,7 +274,6 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         (None, None) => return Err("one of --socket-path or --fd is required".into()),
     };
-    set_rlimit_nofile(opt.rlimit_nofile)?;
 
     // Confinement, before any thread exists (the namespace sandbox forks).
     let mut keep = vec![listener.as_raw_fd()];

@@ -105,6 +105,7 @@ impl Stats {
                     "shared_writes": i.io.shared_writes,
                     "exclusive_writes": i.io.exclusive_writes,
                     "exclusive_violations": i.io.exclusive_violations,
+                    "size_checks": i.io.size_checks,
                 })
             })
             .collect();

@@ -725,3 +725,15 @@ fn bad_options_fail_with_one_clear_line() {
         assert!(help.contains(opt), "--help lacks {opt}");
     }
 }
+
+#[test]
+fn a_zero_length_write_writes_nothing_and_succeeds() {
+    // As write(2) of 0 bytes on ext4, and as virtiofsd answers it.
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"abc").unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    assert_eq!(c.write(e.nodeid, o.fh, 10, &[]).unwrap(), 0);
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"abc");
+}

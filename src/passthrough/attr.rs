@@ -22,6 +22,9 @@ impl PassthroughFs {
             Some(fh) => sys::fstat(&self.handles.get(fh, inode)?.fd)?,
             None => sys::fstat(&i.path_fd()?)?,
         };
+        if i.is_reg() {
+            i.io.measured(st.st_size as u64);
+        }
         Ok((self.guest_attr(st), self.attr_timeout()))
     }
 

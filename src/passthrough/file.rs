@@ -234,7 +234,12 @@ impl PassthroughFs {
             .ok_or_else(|| errno(libc::EFBIG))?;
         let guard = write_guard(&h, end)?;
         let _in_flight = h.inode.io.write_started(&guard);
-        write(&h)
+        let n = write(&h)?;
+        // An append lands at the host's end, not at `offset`.
+        if !h.is_append() {
+            h.inode.io.reached(offset + n as u64);
+        }
+        Ok(n)
     }
 
     /// A WRITE of the guest's buffers `iov` to handle `fh` of node `nodeid` (vfsd's own
@@ -404,7 +409,12 @@ fn write_guard(h: &Handle, end: u64) -> io::Result<IoGuard<'_>> {
         return Ok(inode.io.exclusive());
     }
     let g = inode.io.shared();
+    if inode.io.known_to_reach(end) {
+        return Ok(g);
+    }
+    inode.io.size_checked();
     let size = sys::file_size(&h.fd)?;
+    inode.io.reached(size);
     if end <= size {
         return Ok(g);
     }

@@ -124,6 +124,14 @@ pub struct IoLock {
     exclusive_violations: AtomicU64,
     shared_writes: AtomicU64,
     exclusive_writes: AtomicU64,
+    /// Times a write asked the host for the file's size.
+    size_checks: AtomicU64,
+    /// A size the host file had at least (0: unknown). Writes ending within it take the
+    /// lock shared without asking the host, which on a network file system (FUSE with
+    /// no attribute cache, NFS) costs a round trip per write. Only lowered or cleared
+    /// (every exclusive holder may shrink the file) unless a write or a query proves
+    /// more; a shrink from outside vfsd shows at the next getattr.
+    known_size: AtomicU64,
 }
 
 /// Which side of the lock a size-changing or data operation holds.
@@ -154,7 +162,32 @@ impl IoLock {
     }
 
     pub fn exclusive(&self) -> IoGuard<'_> {
-        IoGuard::Exclusive(self.lock.write().unwrap_or_else(|e| e.into_inner()))
+        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        // It may truncate, punch or collapse: forget the size until proven again.
+        self.known_size.store(0, Ordering::Relaxed);
+        IoGuard::Exclusive(g)
+    }
+
+    /// Whether the file is known to reach `end` (call with the lock held).
+    pub fn known_to_reach(&self, end: u64) -> bool {
+        end <= self.known_size.load(Ordering::Relaxed)
+    }
+
+    /// The file reached `end` (a write ended there, or it was measured): raise what is
+    /// known. Call with the lock held.
+    pub fn reached(&self, end: u64) {
+        self.known_size.fetch_max(end, Ordering::Relaxed);
+    }
+
+    /// The host reported `size` (getattr, under the shared lock): that replaces what was
+    /// known, so a shrink made outside vfsd is seen.
+    pub fn measured(&self, size: u64) {
+        self.known_size.store(size, Ordering::Relaxed);
+    }
+
+    /// Counts a query of the host file's size made to choose a write's lock.
+    pub fn size_checked(&self) {
+        self.size_checks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Marks a write as running under `guard`; used for the in-flight statistics and the
@@ -187,6 +220,7 @@ impl IoLock {
             shared_writes: self.shared_writes.load(Ordering::Relaxed),
             exclusive_writes: self.exclusive_writes.load(Ordering::Relaxed),
             exclusive_violations: self.exclusive_violations.load(Ordering::Relaxed),
+            size_checks: self.size_checks.load(Ordering::Relaxed),
         }
     }
 }
@@ -206,6 +240,7 @@ pub struct IoLockStats {
     pub shared_writes: u64,
     pub exclusive_writes: u64,
     pub exclusive_violations: u64,
+    pub size_checks: u64,
 }
 
 #[cfg(test)]

@@ -120,3 +120,68 @@ fn truncate_is_exclusive_and_counted() {
     let s = fs.inodes.get(e.inode).unwrap().io.stats();
     assert_eq!((s.exclusive_writes, s.exclusive_violations), (1, 0));
 }
+
+#[test]
+fn writes_inside_the_known_size_do_not_ask_the_host_again() {
+    let (d, fs) = fs();
+    let path = d.path().join("f");
+    std::fs::write(&path, vec![0u8; 65536]).unwrap();
+    let ctx = Context::default();
+    let e = fs.lookup(&ctx, ROOT_ID, &name("f")).unwrap();
+    let (fh, _, _) = fs.open(&ctx, e.inode, libc::O_RDWR as u32, 0).unwrap();
+    let fh = fh.unwrap();
+    let buf = vec![7u8; 4096];
+    let write = |off: u64| {
+        let iov = [libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        }];
+        // SAFETY: `buf` outlives the call and pwritev only reads it.
+        let n = unsafe { fs.write_iov(e.inode, fh, off, &iov, None) }.unwrap();
+        assert_eq!(n, 4096);
+    };
+    let stats = || fs.inodes.get(e.inode).unwrap().io.stats();
+    // Sixteen writes inside EOF: one size query, all shared.
+    for i in 0..16 {
+        write(i * 4096);
+    }
+    let s = stats();
+    assert_eq!(
+        (s.shared_writes, s.exclusive_writes, s.size_checks),
+        (16, 0, 1)
+    );
+    // Past EOF: exclusive; then the new end is known without asking.
+    write(65536);
+    write(65536);
+    let s = stats();
+    assert_eq!((s.shared_writes, s.exclusive_writes), (17, 1));
+    assert_eq!(s.size_checks, 2);
+    // A truncate forgets the size: a write past the new end is exclusive again.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    st.st_size = 4096;
+    let valid = fuse_backend_rs::abi::fuse_abi::SetattrValid::SIZE;
+    fs.setattr(&ctx, e.inode, st, Some(fh), valid).unwrap();
+    let before = stats().exclusive_writes;
+    write(8192);
+    assert_eq!(
+        stats().exclusive_writes,
+        before + 1,
+        "extends after a truncate"
+    );
+    // Shrunk behind vfsd's back (another host): a GETATTR sees the new size.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    fs.getattr(&ctx, e.inode, None).unwrap();
+    let before = stats().exclusive_writes;
+    write(0);
+    assert_eq!(
+        stats().exclusive_writes,
+        before + 1,
+        "extends after a host truncate"
+    );
+    assert_eq!(stats().exclusive_violations, 0);
+}

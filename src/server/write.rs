@@ -31,6 +31,7 @@ where
     if size > MAX_WRITE {
         return Err(libc::EINVAL);
     }
+
     // The data: the readable bytes after header and arguments, `size` of them.
     let mut iov = Vec::with_capacity(MAX_SEGS.min(16));
     let mut skip = WRITE_IN_LEN;
@@ -63,14 +64,17 @@ where
         });
         want -= take;
     }
-    if want != 0 || skip != 0 {
+    // A write of nothing has no data to skip to (the chain may end at WriteIn).
+    if want != 0 || (skip != 0 && size > 0) {
         // Fewer data bytes than the arguments promise.
         return Err(libc::EINVAL);
     }
     let hdr = req.hdr;
     let gid = fs.host_gid(&fuse_backend_rs::api::filesystem::Context::from(&hdr));
+    // As write(2): writing nothing leaves the set-id bits alone.
     let kill =
-        crate::passthrough::killpriv_needed(hdr.uid, gid, args.fuse_flags & WRITE_KILL_PRIV != 0);
+        crate::passthrough::killpriv_needed(hdr.uid, gid, args.fuse_flags & WRITE_KILL_PRIV != 0)
+            .filter(|_| size > 0);
     // SAFETY: each iovec spans mapped guest memory (get_slice checked the bounds) that
     // stays mapped while `mem` lives, for the whole call; pwritev only reads it.
     let r = unsafe { fs.write_iov(hdr.nodeid, args.fh, args.offset, &iov, kill) };
