@@ -141,8 +141,10 @@ if [ $LOADGEN = 1 ]; then
                 [[ $wname == *-shared ]] && files=(--filename=shared)
                 say "native fio at the same concurrency: $wname, $jobs jobs (run $run)"
                 mkdir -p "$W/native-eq"
+                # --invalidate=0: fio would drop the files' pages first, and read from the disk
+                # what the daemons read from the page cache.
                 (cd "$W/native-eq" && fio --name="$wname" --rw=$rw --bs="$bs" --size="${mib}m" --ioengine=psync \
-                    --direct=0 --numjobs="$jobs" "${files[@]}" --thread --time_based --runtime="$SECS" \
+                    --direct=0 --invalidate=0 --numjobs="$jobs" "${files[@]}" --thread --time_based --runtime="$SECS" \
                     --group_reporting --output-format=json --output="$W/native-eq.json" >/dev/null)
                 echo "{\"kind\":\"native-eq\",\"config\":\"native\",\"workload\":\"$wname\",\"jobs\":$jobs,\"run\":$run,\"fio\":$(onejson "$W/native-eq.json")}" >> "$RES"
                 rm -rf "$W/native-eq"
@@ -184,7 +186,7 @@ if [ $NATIVE = 1 ]; then
                 d=${BASH_REMATCH[1]}
                 nargs=${nargs/--ioengine=libaio --iodepth=$d/--ioengine=psync --numjobs=$d --thread --filename=$jname.dat}
             fi
-            (cd "$W/native" && fio --name="$jname" $nargs --time_based --runtime="$SECS" --group_reporting \
+            (cd "$W/native" && fio --name="$jname" $nargs --invalidate=0 --time_based --runtime="$SECS" --group_reporting \
                 --output-format=json --output="$W/native.json" >/dev/null)
             echo "{\"kind\":\"native\",\"config\":\"native\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(onejson "$W/native.json")}" >> "$RES"
             rm -f "$W/native"/*
@@ -196,40 +198,47 @@ fi
 # next to nothing, so its figures are what the TCG guest itself can reach.
 GUEST_CONFIGS=(vfsd virtiofsd)
 [ $GLUSTER = 1 ] && GUEST_CONFIGS+=(vfsd-tmpfs)
+guest_share() {  # guest_share CONFIG: the share directory of that guest configuration
+    if [ "$1" = vfsd-tmpfs ]; then echo "$TMPFS_SHARE"; else echo "$W/guest-$1"; fi
+}
 if [ $GUEST = 1 ]; then
     for gname in "${GUEST_CONFIGS[@]}"; do
-        dname=${gname%-tmpfs}
-        gshare=$W/guest-$gname
-        if [ "$gname" = vfsd-tmpfs ]; then
-            gshare=$(mktemp -d /dev/shm/vfsd-bench.XXXXXX)
-            TMPFS_SHARE=$gshare
-        fi
+        [ "$gname" = vfsd-tmpfs ] && TMPFS_SHARE=$(mktemp -d /dev/shm/vfsd-bench.XXXXXX)
+        gshare=$(guest_share "$gname")
         mkdir -p "$gshare/jobs" "$gshare/out"
         for j in "${FIO_JOBS[@]}"; do
             IFS='|' read -r jname jargs <<<"$j"
             echo "fio --name=$jname $jargs --time_based --runtime=$GSECS --group_reporting --output-format=json \"\$@\"" > "$gshare/jobs/$jname"
         done
-        # In the guest: each job RUNS times, JSON results onto the share.
-        cat > "$gshare/run.sh" <<GUEST
+        # In the guest: each job once as run $1, JSON results onto the share.
+        cat > "$gshare/run.sh" <<'GUEST'
 #!/bin/sh
-cd "\$VFSD_SHARE" || exit 1
+cd "$VFSD_SHARE" || exit 1
 mkdir -p work
-for run in \$(seq $RUNS); do
-  for j in jobs/*; do
-    n=\$(basename "\$j")
-    echo "guest fio: \$n run \$run" >&2
-    (cd work && sh "../\$j" --output="../out/\$n.\$run.json") || exit 1
-    rm -f work/*
-  done
+for j in jobs/*; do
+  n=$(basename "$j")
+  echo "guest fio: $n run $1" >&2
+  (cd work && sh "../$j" --output="../out/$n.$1.json") || exit 1
+  rm -f work/*
 done
 GUEST
-        if [ "$dname" = vfsd ]; then dargs="--cache never"; else dargs="--cache never --thread-pool-size 4"; fi
-        say "guest fio matrix on $gname (this takes a while under TCG)"
-        if ! scripts/run-vm.sh --daemon "$dname" --daemon-args "$dargs" --cpus 2 --timeout 3600 \
-            --share "$gshare:share0" --quiet -- sh /mnt/share0/run.sh; then
-            say "guest run on $gname failed; its figures are missing from the report"
-        fi
-        for f in "$gshare"/out/*.json; do
+    done
+    # One guest per configuration and run, the configurations taking turns, so drift
+    # over the run (the host, the volume) hits each alike.
+    for run in $(seq "$RUNS"); do
+        for gname in "${GUEST_CONFIGS[@]}"; do
+            dname=${gname%-tmpfs}
+            gshare=$(guest_share "$gname")
+            if [ "$dname" = vfsd ]; then dargs="--cache never"; else dargs="--cache never --thread-pool-size 4"; fi
+            say "guest fio on $gname, run $run of $RUNS (this takes a while under TCG)"
+            if ! scripts/run-vm.sh --daemon "$dname" --daemon-args "$dargs" --cpus 2 --timeout 3600 \
+                --share "$gshare:share0" --quiet -- sh /mnt/share0/run.sh "$run"; then
+                say "guest run $run on $gname failed; its figures are missing from the report"
+            fi
+        done
+    done
+    for gname in "${GUEST_CONFIGS[@]}"; do
+        for f in "$(guest_share "$gname")"/out/*.json; do
             [ -e "$f" ] || continue
             b=$(basename "$f" .json); jname=${b%.*}; run=${b##*.}
             echo "{\"kind\":\"guest\",\"config\":\"$gname\",\"job\":\"$jname\",\"run\":$run,\"fio\":$(onejson "$f")}" >> "$RES"
