@@ -162,8 +162,9 @@ def main():
                 row.append(f"{med(v['iops']):,.0f} IOPS {spread(v['iops'])}, {med(v['mib_per_s']):.1f} MiB/s" if v["iops"] else "")
                 summary["fio"][f"{j}/{c}"] = {m: med(x) for m, x in v.items()}
             vi, vv, vn = (med(fio[(j, c)]["iops"]) for c in ("vfsd", "virtiofsd", "native"))
-            row.append(f"{vi / vv:.2f}×" if vv == vv and vv else "")
-            row.append(f"{vi / vn:.2f}" if vn == vn and vn else "")
+            # Empty where a figure is missing (a run without guests has no vfsd column).
+            row.append(f"{vi / vv:.2f}×" if vi == vi and vv == vv and vv else "")
+            row.append(f"{vi / vn:.2f}" if vi == vi and vn == vn and vn else "")
             if "vfsd-tmpfs" in fconfigs:
                 vc = med(fio[(j, "vfsd-tmpfs")]["iops"])
                 row.append(f"{vi / vc:.2f}" if vc == vc and vc else "")
