@@ -66,7 +66,9 @@ else
 fi
 DPID=
 TMPFS_SHARE=
-cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W" ${TMPFS_SHARE:+"$TMPFS_SHARE"}; }
+# The load generator's socket: on the host, never inside the share (a GlusterFS mount).
+SOCKD=$(mktemp -d "${TMPDIR:-/tmp}/vfsd-bench-sock.XXXXXX")
+cleanup() { [ -n "$DPID" ] && kill "$DPID" 2>/dev/null; rm -rf "$W" "$SOCKD" ${TMPFS_SHARE:+"$TMPFS_SHARE"}; }
 trap cleanup EXIT
 
 # name|daemon|arguments. "default" is each daemon as shipped plus --cache never (so the
@@ -121,8 +123,8 @@ if [ $LOADGEN = 1 ]; then
                 IFS='|' read -r cname daemon args <<<"$cfg"
                 n=$((n + 1))
                 say "loadgen $n/$total: $wname on $cname (run $run)"
-                start_daemon "$daemon" "$args" "$W/share" "$W/sock"
-                r=$(target/release/vfsd-bench --socket "$W/sock" --shared-dir "$W/share" --pid "$DPID" \
+                start_daemon "$daemon" "$args" "$W/share" "$SOCKD/sock"
+                r=$(target/release/vfsd-bench --socket "$SOCKD/sock" --shared-dir "$W/share" --pid "$DPID" \
                     --workload "$wname" --queues "$q" --depth "$depth" --bs "$bs" --file-mib "$mib" \
                     --seconds "$SECS")
                 wait "$DPID" 2>/dev/null || true; DPID=
