@@ -167,18 +167,23 @@ run_test() {
     [ "$TEST_RC" = "$expect" ] && TEST_OK=1
 }
 
+# count_result LABEL NAME WHAT: prints PASS or FAIL for TEST_OK and counts it; WHAT names
+# the exit status on a failure. Succeeds only for a pass.
+count_result() {
+    if [ "$TEST_OK" = 1 ]; then
+        echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$1] $2 (${TEST_SECS}s)")
+    else
+        echo "FAIL (${TEST_SECS}s, $3 exit status $TEST_RC)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$1] $2 (${TEST_SECS}s)")
+        return 1
+    fi
+}
+
 finish_test() {  # finish_test LABEL NAME [extra failure reason]
     local label=$1 name=$2 why=${3:-}
     [ -n "$why" ] && TEST_OK=0
-    if [ "$TEST_OK" = 1 ]; then
-        echo "PASS (${TEST_SECS}s)"
-        PASSED=$((PASSED + 1))
-        RESULTS+=("PASS [$label] $name (${TEST_SECS}s)")
+    if count_result "$label" "$name" run-vm.sh; then
         rm -rf "$TEST_SHARE"
     else
-        echo "FAIL (${TEST_SECS}s, run-vm.sh exit status $TEST_RC)"
-        FAILED=$((FAILED + 1))
-        RESULTS+=("FAIL [$label] $name (${TEST_SECS}s)")
         [ -n "$why" ] && say "  $why"
         say "  log: $TEST_DIR/console.log and $TEST_DIR/run-vm.log"
         grep -h 'run-vm: \(error\|FAILED\|TIMEOUT\)' "$TEST_DIR/run-vm.log" | sed 's/^/guest-suite:   /'
@@ -206,10 +211,7 @@ host_test() {
     TEST_RC=$?
     TEST_SECS=$(( $(date +%s) - start ))
     TEST_OK=0; [ "$TEST_RC" = 0 ] && TEST_OK=1
-    if [ "$TEST_OK" = 1 ]; then
-        echo "PASS (${TEST_SECS}s)"; PASSED=$((PASSED + 1)); RESULTS+=("PASS [$label] $name (${TEST_SECS}s)")
-    else
-        echo "FAIL (${TEST_SECS}s, exit status $TEST_RC)"; FAILED=$((FAILED + 1)); RESULTS+=("FAIL [$label] $name (${TEST_SECS}s)")
+    if ! count_result "$label" "$name" "$(basename "$1")"; then
         say "  log: $TEST_DIR/$log"
         grep -E "$pattern" "$TEST_DIR/$log" | head -n 25 | sed 's/^/guest-suite:   | /'
     fi
@@ -333,7 +335,11 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
             "$HERE/run-xfstests.sh" --daemon "$daemon" --daemon-args "--posix-acl${DAEMON_ARGS:+ $DAEMON_ARGS}" \
             --accel "$ACCEL" --kernel "$KERNEL" --strict --test-timeout 300 \
             --results {dir}/results "$XFSTESTS_LIST"
-        [ "$TEST_OK" = 1 ] && rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
+        if [ "$TEST_OK" = 1 ]; then
+            rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
+        else
+            say "  results: $TEST_DIR/results"
+        fi
         grep -E '^passed [0-9]+, failed' "$TEST_DIR/run-xfstests.log" | sed 's/^/guest-suite:     xfstests: /'
     fi
 done

@@ -31,7 +31,6 @@ where
     if size > MAX_WRITE {
         return Err(libc::EINVAL);
     }
-
     // The data: the readable bytes after header and arguments, `size` of them.
     let mut iov = Vec::with_capacity(MAX_SEGS.min(16));
     let mut skip = WRITE_IN_LEN;
