@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Daemon;
+use fuse_backend_rs::abi::fuse_abi::InHeader;
 use vfsd::frontend::fuse::*;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -195,5 +196,79 @@ fn no_rust_log_spelling_enables_the_crates_trace_path() {
             !text.lines().any(|l| l.contains("TRACE")),
             "RUST_LOG={spec} let trace lines through:\n{text}"
         );
+    }
+}
+
+/// Sends `op` with its arguments in a readable descriptor outside guest memory (the header
+/// in its own descriptor before it) and returns the reply's error.
+fn error_for_args_outside_memory(c: &FuseClient, op: u32, nodeid: u64, args: &[u8]) -> i32 {
+    use vfsd::frontend::virtq::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vfsd::frontend::RawDesc;
+    use vm_memory::GuestMemory;
+    let past_end = c.fe.mem.last_addr().0 + 1 + 0x1000;
+    let (unique, req) = c.build(op, nodeid, &[args]);
+    let hdr = std::mem::size_of::<InHeader>() as u32;
+    let t = {
+        let mut q = c.fe.queues[1].lock().unwrap();
+        q.reap(&c.fe.mem).unwrap();
+        let slot = q.free_slot().unwrap();
+        let (req_at, resp_at) = q.slot_addrs(slot);
+        c.fe.mem.write_slice(&req, GuestAddress(req_at)).unwrap();
+        let descs = [
+            RawDesc {
+                addr: req_at,
+                len: hdr,
+                flags: VRING_DESC_F_NEXT,
+                next: 1,
+            },
+            RawDesc {
+                addr: past_end,
+                len: req.len() as u32 - hdr,
+                flags: VRING_DESC_F_NEXT,
+                next: 2,
+            },
+            RawDesc {
+                addr: resp_at,
+                len: 4096,
+                flags: VRING_DESC_F_WRITE,
+                next: 0,
+            },
+        ];
+        q.submit_raw(&c.fe.mem, slot, &descs, false).unwrap();
+        q.notify().unwrap();
+        Ticket {
+            queue: 1,
+            slot,
+            unique,
+        }
+    };
+    c.wait(t).expect("a reply with a FUSE header").error
+}
+
+/// A request whose header is readable but whose later readable descriptor lies outside
+/// guest memory still gets a reply: EFAULT, under its own `unique`. Dropped without a
+/// reply, it would leave the guest's request waiting forever.
+#[test]
+fn a_bad_descriptor_after_the_header_gets_efault() {
+    for pool in ["2", "0"] {
+        let d = Daemon::start(&["--thread-pool-size", pool]);
+        std::fs::write(d.path("f"), b"data").unwrap();
+        let c = d.client();
+        let e = c.lookup(ROOT, "f").unwrap();
+        let h = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+        let efault = -libc::EFAULT;
+        assert_eq!(
+            error_for_args_outside_memory(&c, FUSE_GETATTR, ROOT, &[0u8; 16]),
+            efault
+        );
+        // READ is tried on the queue thread first.
+        let (_, read) = c.read_req(e.nodeid, h.fh, 0, 4);
+        let args = &read[std::mem::size_of::<InHeader>()..];
+        assert_eq!(
+            error_for_args_outside_memory(&c, FUSE_READ, e.nodeid, args),
+            efault
+        );
+        // The queue goes on serving.
+        assert_eq!(c.read(e.nodeid, h.fh, 0, 4).unwrap(), b"data");
     }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-const VRING_DESC_F_NEXT: u16 = 1;
-const VRING_DESC_F_WRITE: u16 = 2;
-const VRING_DESC_F_INDIRECT: u16 = 4;
+pub const VRING_DESC_F_NEXT: u16 = 1;
+pub const VRING_DESC_F_WRITE: u16 = 2;
+pub const VRING_DESC_F_INDIRECT: u16 = 4;
 
 /// How a request is laid out in descriptors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -121,9 +121,24 @@ impl FuseServer {
     {
         let start = Instant::now();
         let (len, op, bad) = match request::copy(mem, &chain) {
-            Err(e) => {
-                warn!("dropping request: {e}");
+            Err(request::BadRequest { hdr: None, why }) => {
+                warn!("dropping request: {why}");
                 (Some(0), 0, true)
+            }
+            // The header was readable, so the guest learns its request failed.
+            Err(request::BadRequest { hdr: Some(h), why }) => {
+                warn!("request {} answered EFAULT: {why}", h.unique);
+                let len = if no_reply(h.opcode) {
+                    0
+                } else {
+                    reply(
+                        mem,
+                        &chain,
+                        &h,
+                        Err(io::Error::from_raw_os_error(libc::EFAULT)),
+                    )
+                };
+                (Some(len), h.opcode, true)
             }
             Ok(mut req) => {
                 let op = req.hdr.opcode;

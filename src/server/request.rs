@@ -15,6 +15,7 @@ pub const HDR_LEN: usize = std::mem::size_of::<InHeader>();
 /// WRITE's header and arguments; its data stays in guest memory.
 pub const WRITE_IN_LEN: usize = HDR_LEN + std::mem::size_of::<WriteIn>();
 
+#[derive(Debug)]
 pub struct Request {
     pub hdr: InHeader,
     /// The header and what follows it, as the guest sent them (for WRITE only the
@@ -37,13 +38,25 @@ pub fn decode<T: ByteValued + Default>(b: &[u8]) -> Option<T> {
     Some(v)
 }
 
+/// A request that can't be copied whole.
+#[derive(Debug)]
+pub struct BadRequest {
+    /// Its header, if that much was readable: the guest still gets an errno reply.
+    pub hdr: Option<InHeader>,
+    pub why: String,
+}
+
 /// Copies the readable descriptors of `chain` (up to the crate's limit) out of guest
-/// memory. Errors say why the request can't be answered at all.
-pub fn copy<M>(mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> Result<Request, String>
+/// memory.
+pub fn copy<M>(mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> Result<Request, BadRequest>
 where
     M: Deref<Target = GuestMemoryMmap> + Clone,
 {
     let mut bytes = Vec::new();
+    let bad = |bytes: &[u8], why: String| BadRequest {
+        hdr: decode(bytes),
+        why,
+    };
     let mut limit = MAX_REQUEST;
     'chain: for d in chain.clone().readable() {
         let len = d.len() as usize;
@@ -62,12 +75,15 @@ where
             let take = (len - off).min(end - bytes.len());
             let at = bytes.len();
             bytes.resize(at + take, 0);
-            let addr = d
-                .addr()
-                .checked_add(off as u64)
-                .ok_or("readable descriptor past the end of the address space")?;
-            mem.read_slice(&mut bytes[at..], addr)
-                .map_err(|e| format!("bad readable descriptor: {e}"))?;
+            let Some(addr) = d.addr().checked_add(off as u64) else {
+                bytes.truncate(at);
+                let why = "readable descriptor past the end of the address space";
+                return Err(bad(&bytes, why.into()));
+            };
+            if let Err(e) = mem.read_slice(&mut bytes[at..], addr) {
+                bytes.truncate(at);
+                return Err(bad(&bytes, format!("bad readable descriptor: {e}")));
+            }
             off += take;
             if at < HDR_LEN && bytes.len() == HDR_LEN {
                 let hdr: InHeader = decode(&bytes).unwrap_or_default();
@@ -77,7 +93,8 @@ where
             }
         }
     }
-    let hdr: InHeader = decode(&bytes).ok_or("request shorter than a FUSE header")?;
+    let hdr: InHeader =
+        decode(&bytes).ok_or_else(|| bad(&bytes, "request shorter than a FUSE header".into()))?;
     Ok(Request { hdr, bytes })
 }
 
@@ -92,7 +109,7 @@ mod tests {
     const MEM: u64 = 0x10000;
 
     /// Copies the request of one chain made of readable descriptors (address, length).
-    fn copy_chain(mem: &GuestMemoryMmap, descs: &[(u64, u32)]) -> Result<Request, String> {
+    fn copy_chain(mem: &GuestMemoryMmap, descs: &[(u64, u32)]) -> Result<Request, BadRequest> {
         let vq = MockSplitQueue::new(mem, 16);
         let raw: Vec<RawDescriptor> = descs
             .iter()
@@ -162,9 +179,13 @@ mod tests {
         mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
         let r = copy_chain(&mem, &[(0x8000, req.len() as u32)]).unwrap();
         assert_eq!(r.bytes, req);
-        // A readable descriptor outside guest memory is an error, not a short copy.
-        assert!(copy_chain(&mem, &[(0x8000, HDR_LEN as u32), (MEM, 0x100)]).is_err());
-        // Shorter than a header.
-        assert!(copy_chain(&mem, &[(0x8000, 8)]).is_err());
+        // A readable descriptor outside guest memory is an error, not a short copy; the
+        // header before it is kept for the errno reply.
+        let e = copy_chain(&mem, &[(0x8000, HDR_LEN as u32), (MEM, 0x100)]).unwrap_err();
+        assert_eq!(e.hdr.map(|h| h.opcode), Some(opcode::SETXATTR));
+        // The header itself outside guest memory, or shorter than a header: no header.
+        let e = copy_chain(&mem, &[(0x8000, 8), (MEM, 0x100)]).unwrap_err();
+        assert!(e.hdr.is_none());
+        assert!(copy_chain(&mem, &[(0x8000, 8)]).unwrap_err().hdr.is_none());
     }
 }
