@@ -146,11 +146,12 @@ const ALLOWED: &[libc::c_long] = &[
 ];
 
 /// The same, where the architecture has them (aarch64 only has the newer forms:
-/// ppoll, epoll_pwait).
+/// ppoll, epoll_pwait). pause(2), or glibc's rt_sigsuspend for it on aarch64: Rust's std
+/// parks a thread that calls exit while another thread is exiting.
 #[cfg(target_arch = "x86_64")]
-const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_poll, libc::SYS_epoll_wait];
+const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_poll, libc::SYS_epoll_wait, libc::SYS_pause];
 #[cfg(not(target_arch = "x86_64"))]
-const ALLOWED_ARCH: &[libc::c_long] = &[];
+const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_rt_sigsuspend];
 
 /// What a thread shares with the process: glibc's pthread_create passes all of these (and
 /// more), a fork none.
@@ -386,6 +387,24 @@ mod tests {
             }),
             KILLED
         );
+    }
+
+    /// Two threads exiting at once (SIGTERM's thread and the main thread on the frontend's
+    /// disconnect): Rust's std parks the second in pause(2) until the first has exited. A
+    /// filter without pause killed the daemon with SIGSYS in the middle of the first
+    /// thread's exit (its stats file and socket clean-up).
+    #[test]
+    fn a_second_exit_waits_for_the_first_instead_of_killing_the_daemon() {
+        extern "C" fn exit_from_another_thread() {
+            std::thread::spawn(|| std::process::exit(7));
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let r = under_filter(false, || {
+            // SAFETY: registers a plain function, run by this child's exit.
+            unsafe { libc::atexit(exit_from_another_thread) };
+            std::process::exit(0)
+        });
+        assert_eq!(r, Ok(0));
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub struct Stats {
     pub reads_handed_off: AtomicU64,
     /// Of the queue-thread READs, those decoded by vfsd itself (`server::fast_read`).
     pub reads_direct: AtomicU64,
+    /// Requests a queue thread served itself, blocking, because nothing else was in flight
+    /// on its queue (`device::FsDevice::process_queue`).
+    pub served_alone: AtomicU64,
+    /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
+    pub reads_served_alone: AtomicU64,
     /// Requests whose handler panicked (answered EIO; the worker lives on).
     pub panics: AtomicU64,
 }
@@ -46,6 +51,8 @@ impl Default for Stats {
             reads_on_queue_thread: AtomicU64::new(0),
             reads_handed_off: AtomicU64::new(0),
             reads_direct: AtomicU64::new(0),
+            served_alone: AtomicU64::new(0),
+            reads_served_alone: AtomicU64::new(0),
             panics: AtomicU64::new(0),
         }
     }
@@ -116,6 +123,8 @@ impl Stats {
             "exclusive_violations": fs.exclusive_violations,
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
+            "served_alone": self.served_alone.load(Ordering::Relaxed),
+            "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),
             "locks_held": fs.locks_held,

@@ -470,22 +470,27 @@ fn split_and_indirect_descriptor_chains() {
         Layout {
             split: 512,
             indirect: false,
+            ..Default::default()
         },
         Layout {
             split: 0,
             indirect: true,
+            ..Default::default()
         },
         Layout {
             split: 4096,
             indirect: true,
+            ..Default::default()
         },
         Layout {
             split: 33,
             indirect: true,
+            ..Default::default()
         },
         Layout {
             split: 7,
             indirect: false,
+            ..Default::default()
         },
     ]
     .into_iter()
@@ -512,6 +517,7 @@ fn split_and_indirect_descriptor_chains() {
             c.layout = Layout {
                 split: 7,
                 indirect: true,
+                ..Default::default()
             };
             let t = c
                 .submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 16 + 104)

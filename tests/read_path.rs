@@ -9,17 +9,20 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::{is_root, pattern, Daemon, LoopFs, Tmpfs};
-use vfsd::frontend::fuse::FuseClient;
+use vfsd::frontend::fuse::{FuseClient, Ticket};
 
 const ROOT: u64 = 1;
 
-/// (reads on the queue thread, reads handed off), once the stats file shows `total` reads.
+/// (reads answered without blocking on the queue thread, reads that would have blocked),
+/// once the stats file shows `total` reads. The latter went to the pool, or were served
+/// blocking by the queue thread when nothing else was in flight (`where_blocking_reads_go`).
 fn read_counts(d: &Daemon, total: u64) -> (u64, u64) {
     let t = Instant::now();
     loop {
         let s = d.stats();
         let on = s["reads_on_queue_thread"].as_u64().unwrap();
-        let off = s["reads_handed_off"].as_u64().unwrap();
+        let off =
+            s["reads_handed_off"].as_u64().unwrap() + s["reads_served_alone"].as_u64().unwrap();
         let served = s["opcodes"]["READ"]["count"].as_u64().unwrap_or(0);
         if served >= total {
             return (on, off);
@@ -93,7 +96,7 @@ fn cached_reads_are_served_on_the_queue_thread() {
 }
 
 #[test]
-fn uncached_and_short_reads_go_to_the_pool_with_the_right_bytes() {
+fn uncached_and_short_reads_are_served_blocking_with_the_right_bytes() {
     let Some(share) = nowait_share(&[]) else {
         return;
     };
@@ -189,6 +192,112 @@ fn rwf_nowait_is_given_up_once_per_host_filesystem() {
     assert_eq!(d.stats()["nowait_unsupported"].as_u64(), Some(1));
 }
 
+/// Requests that would block: lone ones (one per pop, nothing else in flight on the queue,
+/// many times in a row) are served by the queue thread itself, sparing the hand-off; several
+/// that arrive together go to the pool, to be served in parallel. Requests that may wait
+/// long (FSYNC) never hold up the queue thread.
+#[test]
+fn where_blocking_reads_go() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    // tmpfs refuses RWF_NOWAIT, so every read would block.
+    let mnt = tempfile::tempdir().unwrap();
+    let _tmpfs = Tmpfs::mount(mnt.path(), None);
+    let data = pattern(65536, 17);
+    std::fs::write(mnt.path().join("f"), &data).unwrap();
+    let d = Daemon::start_on(mnt.path(), &["--thread-pool-size", "4"]);
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let h = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    // (READs served alone, READs handed to the pool, requests served alone). Each count
+    // is read once the stats show the request, which the daemon records after counting
+    // where it went.
+    let seen = |op: &str, n: u64| {
+        let t = Instant::now();
+        while d.stats()["opcodes"][op]["count"].as_u64().unwrap_or(0) < n {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "stats never showed {op}"
+            );
+        }
+    };
+    let counts = |reads: u64| {
+        read_counts(&d, reads);
+        let s = d.stats();
+        let n = |k: &str| s[k].as_u64().unwrap();
+        (
+            n("reads_served_alone"),
+            n("reads_handed_off"),
+            n("served_alone"),
+        )
+    };
+    // The queue thread serves lone requests from the 17th lone pop in a row on (device's
+    // LONE_POPS), counting INIT, the LOOKUP and the OPEN.
+    let mut getattrs = 0;
+    let mut lone_getattrs = |n: u64| {
+        for _ in 0..n {
+            c.getattr(ROOT).unwrap();
+        }
+        getattrs += n;
+        seen("GETATTR", getattrs);
+    };
+    lone_getattrs(16);
+    let base = counts(0).2;
+    assert_eq!(
+        base, 3,
+        "the 17th to 19th pops, GETATTRs, were served alone"
+    );
+    for i in 0..4u64 {
+        let off = i * 4096;
+        let got = c.read(e.nodeid, h.fh, off, 4096).unwrap();
+        assert_eq!(got, &data[off as usize..off as usize + 4096]);
+    }
+    assert_eq!(counts(4), (4, 0, base + 4), "lone reads: the queue thread");
+
+    // Four READs made available before one kick: one batch, so the pool.
+    let tickets: Vec<Ticket> = {
+        let mut q = c.fe.queues[1].lock().unwrap();
+        let t = (0..4u64)
+            .map(|i| {
+                let (unique, req) = c.read_req(e.nodeid, h.fh, i * 8192, 8192);
+                let slot = q.free_slot().unwrap();
+                q.submit(&c.fe.mem, slot, &req, 8192 + 4096, c.layout)
+                    .unwrap();
+                Ticket {
+                    queue: 1,
+                    slot,
+                    unique,
+                }
+            })
+            .collect();
+        q.notify().unwrap();
+        t
+    };
+    for (i, t) in tickets.into_iter().enumerate() {
+        let got = c.wait(t).unwrap().ok().unwrap();
+        assert_eq!(got, &data[i * 8192..(i + 1) * 8192]);
+    }
+    assert_eq!(
+        counts(8),
+        (4, 4, base + 4),
+        "reads that came together: the pool"
+    );
+
+    // Parallel work starts the count again: 16 lone GETATTRs go to the pool, the WRITE
+    // after them is served alone. A lone FSYNC never is.
+    lone_getattrs(16);
+    assert_eq!(counts(8), (4, 4, base + 4));
+    assert_eq!(c.write(e.nodeid, h.fh, 0, b"abcd").unwrap(), 4);
+    seen("WRITE", 1);
+    assert_eq!(counts(8), (4, 4, base + 5));
+    c.fsync(e.nodeid, h.fh, false).unwrap();
+    seen("FSYNC", 1);
+    assert_eq!(counts(8), (4, 4, base + 5));
+    assert_eq!(&std::fs::read(mnt.path().join("f")).unwrap()[..4], b"abcd");
+}
+
 #[test]
 fn without_a_pool_every_read_is_served_in_place() {
     let d = Daemon::start(&["--thread-pool-size", "0"]);
@@ -233,7 +342,11 @@ fn reads_in_every_descriptor_shape_return_the_host_bytes() {
     let (node, fh) = open_file(&c, "f");
     let (mut reads, mut on_queue_thread, mut handed) = (0, 0, 0);
     for (split, indirect, size, served, handed_off) in shapes {
-        c.layout = Layout { split, indirect };
+        c.layout = Layout {
+            split,
+            indirect,
+            ..Default::default()
+        };
         for off in [0u64, 4095, 500_000] {
             let got = c.read(node, fh, off, size).unwrap();
             let want = &data[off as usize..off as usize + size as usize];
@@ -273,7 +386,11 @@ fn writes_in_every_descriptor_shape_land_byte_exact() {
     let mut model = vec![0u8; 1 << 21];
     let mut seed = 100;
     for (split, indirect) in [(0, false), (40, true), (7, true), (4096, false), (81, true)] {
-        c.layout = Layout { split, indirect };
+        c.layout = Layout {
+            split,
+            indirect,
+            ..Default::default()
+        };
         for (off, len) in [
             (0usize, 1usize),
             (4095, 1000),

@@ -74,6 +74,11 @@ struct Args {
     /// most one WRITE per inode in flight (the guest holds the inode lock across it)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     guest_locking: bool,
+    /// Open the data files with O_DIRECT and put the data on page boundaries, as the guest
+    /// driver does. The daemon must honour O_DIRECT (vfsd and virtiofsd: --allow-direct-io),
+    /// so the host's device, not its page cache, sets the pace
+    #[arg(long)]
+    direct: bool,
 }
 
 struct Job {
@@ -168,13 +173,18 @@ fn run(a: &Args) -> Result<(), String> {
         event_idx: true,
     };
     let fe = Frontend::connect(&a.socket, cfg).map_err(|e| e.to_string())?;
-    let c = Arc::new(FuseClient::new(fe));
+    let mut client = FuseClient::new(fe);
+    if a.direct {
+        // A WRITE's data after InHeader and WriteIn, a READ's after OutHeader.
+        client.layout.page_aligned_payload = Some((80, 16));
+    }
+    let c = Arc::new(client);
     c.init().map_err(|e| format!("INIT: {e}"))?;
     let d = c
         .lookup(1, "vfsd-bench")
         .map_err(|e| format!("LOOKUP: {e}"))?
         .nodeid;
-    let direct_flags = libc::O_RDWR as u32;
+    let direct_flags = (libc::O_RDWR | if a.direct { libc::O_DIRECT } else { 0 }) as u32;
     let mut job_files = Vec::new();
     let mut serialise_writes = false;
     if data {

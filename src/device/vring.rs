@@ -98,9 +98,20 @@ impl TrackedVring {
     }
 
     fn complete_each(&self, done: Vec<(Ticket, u16, Reply<'_>)>) {
-        let tickets: Vec<Ticket> = done.iter().map(|d| d.0).collect();
         let notify = {
             let mut state = self.inner.get_mut();
+            // Forgotten before the used entries appear, so a guest that sends its next
+            // request on seeing this reply finds the queue with nothing in flight
+            // (`in_flight`). Under the ring's lock, so a stop still sees them in order.
+            {
+                let mut pending = self.track.pending.lock().unwrap();
+                for (t, _, _) in &done {
+                    pending.remove(&(t.generation, t.position));
+                }
+                if pending.is_empty() {
+                    self.track.idle.notify_all();
+                }
+            }
             // Read under the ring's lock: a stop moves the generation under it too.
             let current = self.track.generation.load(Ordering::Acquire);
             let mut added = false;
@@ -120,15 +131,6 @@ impl TrackedVring {
             }
             added.then(|| state.needs_notification())
         };
-        {
-            let mut pending = self.track.pending.lock().unwrap();
-            for t in tickets {
-                pending.remove(&(t.generation, t.position));
-            }
-            if pending.is_empty() {
-                self.track.idle.notify_all();
-            }
-        }
         match notify {
             Some(Ok(true)) => {
                 if let Err(e) = self.inner.signal_used_queue() {
@@ -138,6 +140,19 @@ impl TrackedVring {
             Some(Err(e)) => warn!("used ring: {e}"),
             _ => {}
         }
+    }
+
+    /// Whether the guest has made requests available that were not popped yet.
+    pub fn more_available(&self, mem: &GuestMemoryMmap) -> bool {
+        let state = self.inner.get_ref();
+        let q = state.get_queue();
+        q.avail_idx(mem, Ordering::Acquire)
+            .map_or(true, |i| i.0 != q.next_avail())
+    }
+
+    /// Requests popped from this ring and not yet completed (lock waits included).
+    pub fn in_flight(&self) -> usize {
+        self.track.pending.lock().unwrap().len()
     }
 
     /// Whether `t` still belongs to the running ring: a job popped before a stop must not

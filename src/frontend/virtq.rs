@@ -19,6 +19,11 @@ pub struct Layout {
     pub split: usize,
     /// Put the chain in an indirect descriptor table.
     pub indirect: bool,
+    /// (request prefix, reply prefix): place the request so that its bytes after the first
+    /// prefix, and the reply room after its prefix, start on a page boundary, as the Linux
+    /// driver places a WRITE's data and a READ's reply pages. O_DIRECT on the host needs
+    /// it: (80, 16) puts a WRITE's data and a READ's data there.
+    pub page_aligned_payload: Option<(usize, usize)>,
 }
 
 /// A hand-built chain element, for tests that need chains vfsd must reject.
@@ -37,6 +42,9 @@ struct Slot {
     req: u64,
     /// Reply bytes (device-writable).
     resp: u64,
+    /// Where the current request's reply room starts (`resp`, or later for an aligned
+    /// payload).
+    resp_at: u64,
     /// Room for an indirect descriptor table.
     table: u64,
     busy: bool,
@@ -103,6 +111,7 @@ impl VirtQueue {
             s.push(Slot {
                 req,
                 resp,
+                resp_at: resp,
                 table,
                 busy: false,
                 done: None,
@@ -157,22 +166,31 @@ impl VirtQueue {
         resp_len: usize,
         layout: Layout,
     ) -> io::Result<()> {
-        if req.len() > self.buf_size || resp_len > self.buf_size {
+        // Slots start on page boundaries (`new`); the shift moves the payload to the next.
+        let shift = |prefix: usize| ((4096 - prefix % 4096) % 4096) as u64;
+        let (req_shift, resp_shift) = layout
+            .page_aligned_payload
+            .map_or((0, 0), |(rq, rp)| (shift(rq), shift(rp)));
+        if req.len() + req_shift as usize > self.buf_size
+            || resp_len + resp_shift as usize > self.buf_size
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "request larger than a slot",
             ));
         }
         let s = self.slots[slot];
-        mem.write_slice(req, GuestAddress(s.req))
+        let (req_at, resp_at) = (s.req + req_shift, s.resp + resp_shift);
+        self.slots[slot].resp_at = resp_at;
+        mem.write_slice(req, GuestAddress(req_at))
             .map_err(io::Error::other)?;
         // Poison the reply area so a reply that was never written can't pass for one.
-        mem.write_slice(&vec![0xa5u8; resp_len.min(64)], GuestAddress(s.resp))
+        mem.write_slice(&vec![0xa5u8; resp_len.min(64)], GuestAddress(resp_at))
             .map_err(io::Error::other)?;
         let mut parts: Vec<(u64, u32, u16)> = Vec::new();
         for (addr, len, flags) in [
-            (s.req, req.len(), 0),
-            (s.resp, resp_len, VRING_DESC_F_WRITE),
+            (req_at, req.len(), 0),
+            (resp_at, resp_len, VRING_DESC_F_WRITE),
         ] {
             let piece = if layout.split == 0 {
                 len.max(1)
@@ -201,12 +219,24 @@ impl VirtQueue {
                 next: (i + 1) as u16,
             })
             .collect();
-        self.submit_raw(mem, slot, &descs, layout.indirect)
+        self.publish(mem, slot, &descs, layout.indirect)
     }
 
     /// Writes `descs` (with `next` relative to the chain) for slot `slot` and publishes
-    /// the head. With `indirect`, they go in the slot's table behind one descriptor.
+    /// the head. With `indirect`, they go in the slot's table behind one descriptor. The
+    /// reply is read back from the slot's reply buffer (`slot_addrs`).
     pub fn submit_raw(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        slot: usize,
+        descs: &[RawDesc],
+        indirect: bool,
+    ) -> io::Result<()> {
+        self.slots[slot].resp_at = self.slots[slot].resp;
+        self.publish(mem, slot, descs, indirect)
+    }
+
+    fn publish(
         &mut self,
         mem: &GuestMemoryMmap,
         slot: usize,
@@ -324,7 +354,7 @@ impl VirtQueue {
             ));
         }
         let mut out = vec![0u8; len];
-        mem.read_slice(&mut out, GuestAddress(s.resp))
+        mem.read_slice(&mut out, GuestAddress(s.resp_at))
             .map_err(io::Error::other)?;
         Ok(out)
     }

@@ -123,6 +123,29 @@ pub fn name(op: u32) -> &'static str {
     entry(op).map_or("unknown", |e| e.1)
 }
 
+/// Opcodes served with one or two quick host calls: a queue thread may serve them itself
+/// when nothing else is in flight on its queue (see `FuseServer::is_short`). Not OPEN and
+/// CREATE: a host lease holds an open for up to fs.lease-break-time (45 s), and the queue
+/// would wait with it.
+const SHORT: &[&str] = &[
+    "LOOKUP",
+    "GETATTR",
+    "READ",
+    "WRITE",
+    "RELEASE",
+    "GETXATTR",
+    "OPENDIR",
+    "READDIR",
+    "RELEASEDIR",
+    "ACCESS",
+    "READDIRPLUS",
+    "STATX",
+];
+
+pub fn short(op: u32) -> bool {
+    entry(op).is_some_and(|e| SHORT.contains(&e.1))
+}
+
 fn entry(op: u32) -> Option<&'static (u32, &'static str, Side, &'static str)> {
     TABLE.iter().find(|e| e.0 == op)
 }
@@ -130,6 +153,18 @@ fn entry(op: u32) -> Option<&'static (u32, &'static str, Side, &'static str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_opcodes_are_named_in_the_table() {
+        for n in SHORT {
+            assert!(TABLE.iter().any(|e| e.1 == *n), "{n}");
+        }
+        assert!(short(16) && !short(20), "WRITE is short, FSYNC is not");
+        assert!(
+            !short(14) && !short(35),
+            "OPEN and CREATE may wait on a lease"
+        );
+    }
 
     #[test]
     fn opcodes_are_unique_and_sorted() {

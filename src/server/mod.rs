@@ -192,6 +192,18 @@ impl FuseServer {
         peek_opcode(mem, chain) == Some(opcode::READ)
     }
 
+    /// Whether `chain` holds a request that takes one or two quick host calls (the data
+    /// path, lookups, attributes), which a queue thread may serve itself when it is alone
+    /// on its queue. Not the ones that may wait long by design (FSYNC, FALLOCATE, locks,
+    /// COPY_FILE_RANGE, an OPEN breaking a lease, SETATTR's truncate...): they would hold
+    /// up what the guest sends next on that queue. Only a hint, like `is_read`.
+    pub fn is_short<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> bool
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        peek_opcode(mem, chain).is_some_and(dispatch::short)
+    }
+
     /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
     /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
     /// None leaves it unanswered for `handle`. This is the one no-wait entry point: only
@@ -210,10 +222,7 @@ impl FuseServer {
         }));
         let len = match tried {
             Ok(FastRead::Served(len)) => len,
-            Ok(FastRead::WouldBlock | FastRead::NotHandled) => {
-                self.stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
+            Ok(FastRead::WouldBlock | FastRead::NotHandled) => return None,
             Err(_) => {
                 // The pool serves it again from a fresh copy, and answers EIO if it panics
                 // there too.
