@@ -3,7 +3,8 @@
 # both alike; prints each row's median ops/s and daemon CPU per op, old and new.
 #   scripts/ab.sh OLD_BIN NEW_BIN [ROUNDS] [OUT_FILE]
 # Rows: one request in flight (a guest waiting on each reply) and eight, on the disk and
-# on a tmpfs share (no RWF_NOWAIT, like GlusterFS). Needs target/release/vfsd-bench.
+# on a tmpfs share (no RWF_NOWAIT, like GlusterFS). AB_ONLY=REGEX keeps the rows whose
+# label matches. Needs target/release/vfsd-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=$1 NEW=$2 ROUNDS=${3:-3} OUT=${4:-$(mktemp /tmp/vfsd-ab.XXXXXX)}
@@ -19,11 +20,15 @@ ROWS=(
     "randread-4k-d8-tmpfs|/dev/shm|randread-perjob --depth 8 --bs 4096 --file-mib 16"
 )
 : > "$OUT"
-n=0 total=$(( ${#ROWS[@]} * ROUNDS * 2 ))
+n=0 total=$(( ${#ROWS[@]} * ROUNDS * 2 ))  # at most, with AB_ONLY
 for row in "${ROWS[@]}"; do
     IFS='|' read -r label dir args <<<"$row"
+    [[ $label =~ ${AB_ONLY:-.} ]] || continue
     for r in $(seq "$ROUNDS"); do
-        for side in old new; do
+        # Old first in odd rounds, new first in even ones: whatever one run leaves behind
+        # (dirty pages, a warm cache) falls on each side alike.
+        order="old new"; [ $((r % 2)) = 0 ] && order="new old"
+        for side in $order; do
             bin=$OLD; [ $side = new ] && bin=$NEW
             n=$((n + 1)); echo "ab: $n/$total $label $side (round $r)" >&2
             # shellcheck disable=SC2086

@@ -58,7 +58,8 @@ cleanup() {
     rm -rf "$W"
 }
 trap cleanup EXIT
-truncate -s 2G "$W/disk.img"
+# Room for the largest file set of each side (about 1 GiB each) and ext4's own.
+truncate -s 6G "$W/disk.img"
 LOOP=$(losetup --direct-io=on -f --show "$W/disk.img") || die "losetup failed"
 mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0 "$LOOP"
 mkdir -p "$W/mnt"
@@ -87,7 +88,9 @@ for run in $(seq "$RUNS"); do
     for wl in "${WORKLOADS[@]}"; do
         IFS='|' read -r wname depth bs mib <<<"$wl"
         row="$wname-$bs-x$depth"
-        for daemon in vfsd virtiofsd; do
+        # The daemons take turns going first, run by run.
+        order="vfsd virtiofsd"; [ $((run % 2)) = 0 ] && order="virtiofsd vfsd"
+        for daemon in $order; do
             n=$((n + 1)); say "$n/$total: $row through $daemon (run $run)"
             start_daemon "$daemon" "$W/sock"
             r=$(target/release/vfsd-bench --socket "$W/sock" --shared-dir "$W/mnt/share" --pid "$DPID" \

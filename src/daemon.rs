@@ -390,6 +390,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     if let Some(sink) = &stats_sink {
         write_stats(sink, &server);
     }
+    // Dropping the daemon joins the queue threads, and one may be stuck in a host call
+    // that never returns (a lone request on a hung network file system): the process
+    // exits next, and that ends them.
+    std::mem::forget(daemon);
     match result {
         Ok(())
         | Err(DaemonError::HandleRequest(vhost::vhost_user::Error::Disconnected))

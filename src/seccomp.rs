@@ -146,12 +146,12 @@ const ALLOWED: &[libc::c_long] = &[
 ];
 
 /// The same, where the architecture has them (aarch64 only has the newer forms:
-/// ppoll, epoll_pwait). pause(2), or glibc's rt_sigsuspend for it on aarch64: Rust's std
-/// parks a thread that calls exit while another thread is exiting.
+/// ppoll, epoll_pwait). pause(2): Rust's std parks a thread that calls exit while another
+/// thread is exiting in it (glibc makes it ppoll where there is no pause syscall).
 #[cfg(target_arch = "x86_64")]
 const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_poll, libc::SYS_epoll_wait, libc::SYS_pause];
 #[cfg(not(target_arch = "x86_64"))]
-const ALLOWED_ARCH: &[libc::c_long] = &[libc::SYS_rt_sigsuspend];
+const ALLOWED_ARCH: &[libc::c_long] = &[];
 
 /// What a thread shares with the process: glibc's pthread_create passes all of these (and
 /// more), a fork none.

@@ -135,3 +135,71 @@ fn mandatory_refuses_a_fuse_share_with_a_clear_line() {
     );
     assert_eq!(err.trim().lines().count(), 1, "more than one line: {err}");
 }
+
+/// The host file system stops answering (here its FUSE server is stopped, as a network
+/// file system whose server is gone) while a queue thread serves a lone READ on it: when
+/// the frontend leaves, vfsd still exits. Joining the queue threads on the way out waited
+/// for the READ forever.
+#[test]
+fn vfsd_exits_on_disconnect_while_a_queue_thread_waits_on_a_hung_host_file_system() {
+    let Some((t, fuse)) = fuse_share() else {
+        return;
+    };
+    drop(fuse);
+    // This test's own bindfs, in the foreground, so that it can be stopped.
+    let (src, mnt) = (t.path().join("src2"), t.path().join("mnt2"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(src.join("big"), vec![7u8; 4 << 20]).unwrap();
+    let mut server = Command::new("bindfs")
+        .arg("-f")
+        .arg(&src)
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _unmount = Bindfs(mnt.clone());
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .contains(mnt.to_str().unwrap())
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "bindfs never mounted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A close on the mount, so that the kernel learns bindfs has no FLUSH: otherwise the
+    // exiting daemon's own close of its handle would wait for the stopped server too.
+    std::fs::read(mnt.join("big")).unwrap();
+    let mut d = Daemon::start_on(&mnt, &[]);
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(2);
+    let e = c.lookup(ROOT, "big").unwrap();
+    let h = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    // Enough lone requests in a row that the queue thread serves the next one itself.
+    for _ in 0..32 {
+        c.getattr(e.nodeid).unwrap();
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", b"1").unwrap();
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGSTOP) }, 0);
+    let (u, req) = c.read_req(e.nodeid, h.fh, 3 << 20, 65536);
+    let tk = c.submit_bytes(1, &req, 65536 + 4096, u).unwrap();
+    assert!(
+        c.wait(tk).is_err(),
+        "a READ answered with its server stopped"
+    );
+    drop(c); // the frontend leaves
+    let status = d.wait_exit(Duration::from_secs(10));
+    // SAFETY: as above; the server finishes, and the mount can go.
+    unsafe { libc::kill(server.id() as i32, libc::SIGCONT) };
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        status.is_some(),
+        "vfsd did not exit after the frontend left"
+    );
+}

@@ -60,6 +60,7 @@ pub mod opcode {
     pub const READ: u32 = 15;
     pub const WRITE: u32 = 16;
     pub const INTERRUPT: u32 = 36;
+    pub const NOTIFY_REPLY: u32 = 41;
     pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
     pub const COPY_FILE_RANGE: u32 = 47;
@@ -72,7 +73,7 @@ pub mod opcode {
 fn no_reply(op: u32) -> bool {
     matches!(
         op,
-        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT
+        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT | opcode::NOTIFY_REPLY
     )
 }
 
