@@ -293,7 +293,7 @@ for daemon in "${DAEMONS[@]}"; do
         show '^fio: (PASS|FAIL|[0-9]+ job)'
         if [ -n "$stats" ] && [ -s "$LOGS/$label-fio-stats.json" ]; then
             python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); r=s["opcodes"].get("READ",{}).get("count",0) if isinstance(s["opcodes"],dict) else "?"
-print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, reads handed off %s, reads on the queue thread %s" % (s["nowait_unsupported"], r, s["reads_handed_off"], s["reads_on_queue_thread"]))' "$LOGS/$label-fio-stats.json" || true
+print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, reads handed off %s, reads on the queue thread %s (no-wait) and %s (lone)" % (s["nowait_unsupported"], r, s["reads_handed_off"], s["reads_on_queue_thread"], s.get("reads_served_alone", 0)))' "$LOGS/$label-fio-stats.json" || true
         fi
     fi
 
