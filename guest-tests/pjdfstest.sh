@@ -63,7 +63,9 @@ run() {  # run OUTPUT ARGS... : one pjdfstest run, colours stripped into OUTPUT
     out=$1; shift
     ( cd "$T" && pjdfstest -c "$CONF" -p "$T" -s "$SECOND" "$@" ) > "$out.raw" 2>&1
     rc=$?
-    sed 's/\x1b\[[0-9;]*m//g' "$out.raw" > "$out"
+    # busybox sed has no \x escapes: the escape character itself.
+    esc=$(printf '\033')
+    sed "s/${esc}\[[0-9;]*m//g" "$out.raw" > "$out"
     return $rc
 }
 failed_names() { awk '/ FAILED$/ { print $1 }' "$1"; }
@@ -93,7 +95,7 @@ awk '
 
 known() {  # known NAME: whether NAME matches a pattern in the -k file
     [ -n "$KNOWN" ] || return 1
-    while read -r pat; do
+    while read -r pat || [ -n "$pat" ]; do
         case $pat in ''|'#'*) continue ;; esac
         # shellcheck disable=SC2254
         case $1 in $pat) return 0 ;; esac

@@ -33,6 +33,7 @@ for row in "${ROWS[@]}"; do
             n=$((n + 1)); echo "ab: $n/$total $label $side (round $r)" >&2
             # shellcheck disable=SC2086
             res=$(QB_DIR=$dir scripts/quickbench.sh "$bin" $args --seconds 3 | tail -1)
+            [[ $res == "{"* ]] || { echo "ab.sh: $label on $side failed: $res" >&2; exit 1; }
             echo "{\"row\":\"$label\",\"side\":\"$side\",\"round\":$r,\"result\":$res}" >> "$OUT"
         done
     done

@@ -52,6 +52,7 @@ WORKLOADS=(
 W=$(mktemp -d /var/tmp/vfsd-bench-device.XXXXXX)
 LOOP= DPID=
 cleanup() {
+    set +e # every step runs, whatever the one before it returned
     [ -n "$DPID" ] && kill "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
     mountpoint -q "$W/mnt" && umount "$W/mnt"
     [ -n "$LOOP" ] && losetup -d "$LOOP"
@@ -61,6 +62,9 @@ trap cleanup EXIT
 # Room for the largest file set of each side (about 1 GiB each) and ext4's own.
 truncate -s 6G "$W/disk.img"
 LOOP=$(losetup --direct-io=on -f --show "$W/disk.img") || die "losetup failed"
+# losetup falls back to buffered I/O where the backing file system can't do direct I/O.
+[ "$(cat "/sys/block/${LOOP#/dev/}/loop/dio" 2>/dev/null)" = 1 ] ||
+    die "$LOOP does not do direct I/O to $W/disk.img (its file system refused it)"
 mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0 "$LOOP"
 mkdir -p "$W/mnt"
 mount "$LOOP" "$W/mnt"
@@ -103,8 +107,9 @@ for run in $(seq "$RUNS"); do
         case $wname in
             randread-*) rw=randread ;; randwrite-*) rw=randwrite ;; seqread) rw=read ;; seqwrite) rw=write ;;
         esac
+        # --ramp_time: the load generator leaves its first 0.5 s out too.
         (cd "$W/mnt/native" && fio --name="$row" --rw=$rw --bs="$bs" --size="${mib}m" --ioengine=psync \
-            --direct=1 --numjobs="$depth" --filename_format='f.$jobnum' --thread --time_based \
+            --ramp_time=500ms --direct=1 --numjobs="$depth" --filename_format='f.$jobnum' --thread --time_based \
             --runtime="$SECS" --group_reporting --output-format=json --output="$W/fio.json" >/dev/null)
         ops=$(python3 -c 'import json,sys
 t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]
@@ -127,6 +132,8 @@ lines = [
     "I/O to a file on the host's disk. Native: fio, O_DIRECT, one psync thread per request in",
     "flight. The daemons: vfsd-bench --direct, --cache never --allow-direct-io. Medians of",
     f"{runs} interleaved runs, operations per second.",
+    "",
+    "virtiofsd runs with its default, no thread pool: one request at a time per queue.",
     "",
     "| workload, block size, in flight | native | vfsd | virtiofsd | vfsd/native | virtiofsd/native | vfsd/virtiofsd |",
     "| --- | --- | --- | --- | --- | --- | --- |",

@@ -392,7 +392,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     // Dropping the daemon joins the queue threads, and one may be stuck in a host call
     // that never returns (a lone request on a hung network file system): the process
-    // exits next, and that ends them.
+    // exits next, which ends threads in killable waits (NFS, a FUSE request its server
+    // has not read yet). A FUSE request the server has read waits until it is answered.
     std::mem::forget(daemon);
     match result {
         Ok(())

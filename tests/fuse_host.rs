@@ -151,14 +151,27 @@ fn vfsd_exits_on_disconnect_while_a_queue_thread_waits_on_a_hung_host_file_syste
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir(&mnt).unwrap();
     std::fs::write(src.join("big"), vec![7u8; 4 << 20]).unwrap();
-    let mut server = Command::new("bindfs")
-        .arg("-f")
-        .arg(&src)
-        .arg(&mnt)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    /// Lets a stopped server go and ends it, whatever the test's outcome.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            // SAFETY: signals our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = Server(
+        Command::new("bindfs")
+            .arg("-f")
+            .arg(&src)
+            .arg(&mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Declared after the server: dropped first, so the unmount comes before the kill.
     let _unmount = Bindfs(mnt.clone());
     let t0 = std::time::Instant::now();
     while !std::fs::read_to_string("/proc/self/mounts")
@@ -185,7 +198,10 @@ fn vfsd_exits_on_disconnect_while_a_queue_thread_waits_on_a_hung_host_file_syste
     }
     std::fs::write("/proc/sys/vm/drop_caches", b"1").unwrap();
     // SAFETY: signals our own child.
-    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGSTOP) }, 0);
+    assert_eq!(
+        unsafe { libc::kill(server.0.id() as i32, libc::SIGSTOP) },
+        0
+    );
     let (u, req) = c.read_req(e.nodeid, h.fh, 3 << 20, 65536);
     let tk = c.submit_bytes(1, &req, 65536 + 4096, u).unwrap();
     assert!(
@@ -193,13 +209,8 @@ fn vfsd_exits_on_disconnect_while_a_queue_thread_waits_on_a_hung_host_file_syste
         "a READ answered with its server stopped"
     );
     drop(c); // the frontend leaves
-    let status = d.wait_exit(Duration::from_secs(10));
-    // SAFETY: as above; the server finishes, and the mount can go.
-    unsafe { libc::kill(server.id() as i32, libc::SIGCONT) };
-    let _ = server.kill();
-    let _ = server.wait();
     assert!(
-        status.is_some(),
+        d.wait_exit(Duration::from_secs(10)).is_some(),
         "vfsd did not exit after the frontend left"
     );
 }

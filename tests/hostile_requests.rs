@@ -272,3 +272,18 @@ fn a_bad_descriptor_after_the_header_gets_efault() {
         assert_eq!(c.read(e.nodeid, h.fh, 0, 4).unwrap(), b"data");
     }
 }
+
+/// NOTIFY_REPLY answers a retrieve notification, which vfsd never sends; like FORGET it
+/// takes no reply, even when the guest offers room for one.
+#[test]
+fn notify_reply_gets_no_reply() {
+    const FUSE_NOTIFY_REPLY: u32 = 41;
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    // struct fuse_notify_retrieve_in's size, then some data.
+    let t = c
+        .submit(1, FUSE_NOTIFY_REPLY, ROOT, &[&[0u8; 40], b"data"], 4096)
+        .unwrap();
+    assert_eq!(c.wait_no_reply(t).unwrap(), 0);
+    c.getattr(ROOT).unwrap();
+}

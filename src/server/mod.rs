@@ -282,6 +282,9 @@ impl FuseServer {
                     },
                 }
             }
+            // The answer to a retrieve notification, which vfsd never sends: it takes no
+            // reply (the crate would write ENOSYS into any writable buffers).
+            opcode::NOTIFY_REPLY => (0, false),
             opcode::INTERRUPT => {
                 if let Some(u) = locks::interrupt_target(req.args()) {
                     self.waiters.interrupt(u);
