@@ -65,6 +65,21 @@ fn nowait_share(extra: &[&str]) -> Option<Share> {
     Some(Share { d, _fs: None })
 }
 
+/// A tmpfs to share, which answers RWF_NOWAIT with EOPNOTSUPP (as a GlusterFS mount
+/// does), holding `files`; None (the reason printed) without root to mount it.
+fn tmpfs_share(files: &[(&str, &[u8])]) -> Option<(tempfile::TempDir, Tmpfs)> {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return None;
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let tmpfs = Tmpfs::mount(mnt.path(), None);
+    for (name, data) in files {
+        std::fs::write(mnt.path().join(name), data).unwrap();
+    }
+    Some((mnt, tmpfs))
+}
+
 fn open_file(c: &FuseClient, name: &str) -> (u64, u64) {
     let e = c.lookup(ROOT, name).unwrap();
     let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
@@ -145,15 +160,10 @@ fn uncached_and_short_reads_are_served_blocking_with_the_right_bytes() {
 
 #[test]
 fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
-    // tmpfs answers RWF_NOWAIT with EOPNOTSUPP.
-    let mnt = tempfile::tempdir().unwrap();
-    let _tmpfs = Tmpfs::mount(mnt.path(), None);
     let data = pattern(65536, 14);
-    std::fs::write(mnt.path().join("f"), &data).unwrap();
+    let Some((mnt, _tmpfs)) = tmpfs_share(&[("f", &data)]) else {
+        return;
+    };
     let d = Daemon::start_on(mnt.path(), &[]);
     let c = d.client();
     let (node, fh) = open_file(&c, "f");
@@ -171,16 +181,10 @@ fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
 /// is found out once: handles opened on it afterwards never try.
 #[test]
 fn rwf_nowait_is_given_up_once_per_host_filesystem() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
-    let mnt = tempfile::tempdir().unwrap();
-    let _tmpfs = Tmpfs::mount(mnt.path(), None);
     let data = pattern(8192, 16);
-    for name in ["a", "b", "c"] {
-        std::fs::write(mnt.path().join(name), &data).unwrap();
-    }
+    let Some((mnt, _tmpfs)) = tmpfs_share(&[("a", &data), ("b", &data), ("c", &data)]) else {
+        return;
+    };
     let d = Daemon::start_on(mnt.path(), &[]);
     let c = d.client();
     for name in ["a", "b", "c", "a", "b"] {
@@ -198,15 +202,11 @@ fn rwf_nowait_is_given_up_once_per_host_filesystem() {
 /// long (FSYNC) never hold up the queue thread.
 #[test]
 fn where_blocking_reads_go() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
     // tmpfs refuses RWF_NOWAIT, so every read would block.
-    let mnt = tempfile::tempdir().unwrap();
-    let _tmpfs = Tmpfs::mount(mnt.path(), None);
     let data = pattern(65536, 17);
-    std::fs::write(mnt.path().join("f"), &data).unwrap();
+    let Some((mnt, _tmpfs)) = tmpfs_share(&[("f", &data)]) else {
+        return;
+    };
     let d = Daemon::start_on(mnt.path(), &["--thread-pool-size", "4"]);
     let c = d.client();
     let e = c.lookup(ROOT, "f").unwrap();

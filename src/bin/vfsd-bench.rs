@@ -176,7 +176,12 @@ fn run(a: &Args) -> Result<(), String> {
     let mut client = FuseClient::new(fe);
     if a.direct {
         // A WRITE's data after InHeader and WriteIn, a READ's after OutHeader.
-        client.layout.page_aligned_payload = Some((80, 16));
+        use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, WriteIn};
+        use std::mem::size_of;
+        client.layout.page_aligned_payload = Some((
+            size_of::<InHeader>() + size_of::<WriteIn>(),
+            size_of::<OutHeader>(),
+        ));
     }
     let c = Arc::new(client);
     c.init().map_err(|e| format!("INIT: {e}"))?;

@@ -241,6 +241,7 @@ impl FsDevice {
                         }
                     };
                     let mut busy_meanwhile = false;
+                    let stats = &self.server.stats;
                     // Everything but READ goes to the pool at once, so workers start on it
                     // while this thread tries the reads (below).
                     let mut reads = Vec::new();
@@ -262,15 +263,11 @@ impl FsDevice {
                                 bytes += len as usize;
                             }
                             None if alone => {
-                                let stats = &self.server.stats;
                                 stats.reads_served_alone.fetch_add(1, Ordering::Relaxed);
                                 busy_meanwhile = self.serve_alone(&mem, vring, chain, t);
                             }
                             None => {
-                                self.server
-                                    .stats
-                                    .reads_handed_off
-                                    .fetch_add(1, Ordering::Relaxed);
+                                stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
                                 pool.send(chain, t, vring)
                             }
                         }
@@ -302,9 +299,7 @@ impl FsDevice {
             }
         }
     }
-}
 
-impl FsDevice {
     /// Serves one request on the queue thread, blocking if it must (`process_queue`).
     /// Returns whether the guest sent more while it was served, before seeing its reply:
     /// then it has more than one request in flight at a time.
@@ -316,8 +311,10 @@ impl FsDevice {
         t: Ticket,
     ) -> bool {
         let head = chain.head_index();
-        let stats = &self.server.stats;
-        stats.served_alone.fetch_add(1, Ordering::Relaxed);
+        self.server
+            .stats
+            .served_alone
+            .fetch_add(1, Ordering::Relaxed);
         let mut later = || Later::boxed(vring, t, head);
         let len = self.server.handle(mem, chain, &mut later);
         let busy = vring.more_available(mem);

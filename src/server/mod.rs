@@ -129,16 +129,7 @@ impl FuseServer {
             // The header was readable, so the guest learns its request failed.
             Err(request::BadRequest { hdr: Some(h), why }) => {
                 warn!("request {} answered EFAULT: {why}", h.unique);
-                let len = if no_reply(h.opcode) {
-                    0
-                } else {
-                    reply(
-                        mem,
-                        &chain,
-                        &h,
-                        Err(io::Error::from_raw_os_error(libc::EFAULT)),
-                    )
-                };
+                let len = answer_errno(mem, &chain, &h, libc::EFAULT);
                 (Some(len), h.opcode, true)
             }
             Ok(mut req) => {
@@ -173,15 +164,7 @@ impl FuseServer {
             crate::stats::opcode_name(hdr.opcode),
             hdr.unique
         );
-        if no_reply(hdr.opcode) {
-            return 0;
-        }
-        reply(
-            mem,
-            chain,
-            hdr,
-            Err(io::Error::from_raw_os_error(libc::EIO)),
-        )
+        answer_errno(mem, chain, hdr, libc::EIO)
     }
 
     /// Whether `chain` holds a READ request (worth trying without blocking). Only a hint
@@ -522,6 +505,23 @@ where
         .find(|d| d.is_write_only())
         .filter(|d| d.len() as usize >= std::mem::size_of::<OutHeader>())
         .map(|d| d.addr())
+}
+
+/// The reply to a request that failed before its handler could answer it: `errno`,
+/// unless the opcode takes no reply (then nothing is written, and the length is 0).
+fn answer_errno<M>(
+    mem: &GuestMemoryMmap,
+    chain: &DescriptorChain<M>,
+    hdr: &InHeader,
+    errno: i32,
+) -> u32
+where
+    M: Deref<Target = GuestMemoryMmap> + Clone,
+{
+    if no_reply(hdr.opcode) {
+        return 0;
+    }
+    reply(mem, chain, hdr, Err(io::Error::from_raw_os_error(errno)))
 }
 
 /// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.

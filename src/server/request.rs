@@ -75,14 +75,13 @@ where
             let take = (len - off).min(end - bytes.len());
             let at = bytes.len();
             bytes.resize(at + take, 0);
+            // On an error only the bytes read before it (`..at`) count.
             let Some(addr) = d.addr().checked_add(off as u64) else {
-                bytes.truncate(at);
                 let why = "readable descriptor past the end of the address space";
-                return Err(bad(&bytes, why.into()));
+                return Err(bad(&bytes[..at], why.into()));
             };
             if let Err(e) = mem.read_slice(&mut bytes[at..], addr) {
-                bytes.truncate(at);
-                return Err(bad(&bytes, format!("bad readable descriptor: {e}")));
+                return Err(bad(&bytes[..at], format!("bad readable descriptor: {e}")));
             }
             off += take;
             if at < HDR_LEN && bytes.len() == HDR_LEN {
