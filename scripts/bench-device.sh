@@ -29,9 +29,8 @@ done
 say() { printf '[bench-device %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'bench-device.sh: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (a loop device and a mount)"
-VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
-[ -x "$VIRTIOFSD" ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
-command -v fio >/dev/null || die "fio not found: apt-get install fio"
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 say "building vfsd"
 cargo build --release --quiet --features test-frontend
 
@@ -71,19 +70,6 @@ mount "$LOOP" "$W/mnt"
 mkdir -p "$W/mnt/share" "$W/mnt/native"
 say "share: ext4 on $LOOP (direct I/O to $W/disk.img)"
 
-start_daemon() { # daemon sock
-    rm -f "$2"
-    case $1 in
-        vfsd) target/release/vfsd --socket-path "$2" --shared-dir "$W/mnt/share" --log-level error \
-            --cache never --allow-direct-io & ;;
-        virtiofsd) "$VIRTIOFSD" --socket-path "$2" --shared-dir "$W/mnt/share" --log-level error \
-            --sandbox none --cache never --allow-direct-io 2>/dev/null & ;;
-    esac
-    DPID=$!
-    for _ in $(seq 200); do [ -S "$2" ] && return 0; sleep 0.05; done
-    die "$1 did not create its socket"
-}
-
 mkdir -p "$OUT"
 RES=$OUT/results.jsonl
 : > "$RES"
@@ -96,7 +82,7 @@ for run in $(seq "$RUNS"); do
         order="vfsd virtiofsd"; [ $((run % 2)) = 0 ] && order="virtiofsd vfsd"
         for daemon in $order; do
             n=$((n + 1)); say "$n/$total: $row through $daemon (run $run)"
-            start_daemon "$daemon" "$W/sock"
+            start_daemon "$daemon" "--cache never --allow-direct-io" "$W/mnt/share" "$W/sock"
             r=$(target/release/vfsd-bench --socket "$W/sock" --shared-dir "$W/mnt/share" --pid "$DPID" \
                 --workload "$wname" --queues 1 --depth "$depth" --bs "$bs" --file-mib "$mib" \
                 --seconds "$SECS" --direct)

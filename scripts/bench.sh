@@ -49,9 +49,8 @@ say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 onejson() { python3 -c 'import json,sys;t=open(sys.argv[1]).read();print(json.dumps(json.loads(t[t.index("{"):])))' "$1"; }
 die() { printf 'bench.sh: %s\n' "$*" >&2; exit 1; }
 
-VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
-[ -x "$VIRTIOFSD" ] || die "virtiofsd not found: cargo install virtiofsd --version 1.14.0 --locked"
-command -v fio >/dev/null || die "fio not found: apt-get install fio"
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 say "building vfsd"
 cargo build --release --quiet --features test-frontend
 mkdir -p "$OUT"
@@ -100,18 +99,6 @@ if [ $GLUSTER = 1 ]; then
 elif [ $QUICK = 1 ]; then
     WORKLOADS=("${WORKLOADS[0]}" "${WORKLOADS[2]}" "${WORKLOADS[4]}" "${WORKLOADS[6]}")
 fi
-
-start_daemon() { # daemon args share sock
-    local d=$1 args=$2 share=$3 sock=$4
-    rm -f "$sock"
-    case $d in
-        vfsd) target/release/vfsd --socket-path "$sock" --shared-dir "$share" --log-level error $args & ;;
-        virtiofsd) "$VIRTIOFSD" --socket-path "$sock" --shared-dir "$share" --log-level error --sandbox none $args 2>/dev/null & ;;
-    esac
-    DPID=$!
-    for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
-    die "$d did not create its socket"
-}
 
 if [ $LOADGEN = 1 ]; then
     mkdir -p "$W/share"
