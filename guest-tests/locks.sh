@@ -6,8 +6,13 @@
 # the same host directory ($VFSD_SHARE), started by scripts/guest-locks.sh
 # (through scripts/two-guests.sh), which also plays the host's part.  The
 # guests and the host meet through marker files in $VFSD_SHARE/sync (run the
-# daemons with --cache never so that every lookup reaches the host).
+# daemons with --cache never, or auto and wait out the 1 s entry timeout, so
+# that lookups reach the host).
 #
+#   s0  each guest takes an OFD lock, a POSIX lock and a flock on a file of its
+#       own, in a process that exits: each is free again at once, for the same
+#       guest and for the other one (an OFD lock goes with its open file's
+#       RELEASE, which no FORGET follows under --cache auto or always).
 #   s1  flock: A holds LOCK_EX; B's LOCK_NB attempts (ex and sh) fail; B's
 #       blocking flock is granted after A's release (delay measured); A holds
 #       LOCK_SH: B's sh is granted, its ex refused.
@@ -71,6 +76,26 @@ mark up
 say "mode $MODE, waiting for guest $OTHER"
 barrier start 600
 say "both guests up"
+
+s0() {
+    # Each guest on a file of its own: locks end with the close that ends them on a
+    # local file system. An OFD lock is its open file's, so it must go with the last
+    # close (FUSE RELEASE), though the guest's FLUSH names the process, not the file.
+    F=$D/close-file.$ROLE
+    say "s0: locks end with close"
+    : > "$F"
+    for spec in owr:0:10 wr:0:10 ex; do
+        expect "s0: $spec taken, then the process exits" 0 $L "$F" $spec
+        expect "s0: $spec taken again after the close" 0 $L "$F" $spec
+    done
+    # The other guest must find them free too (the host holds nothing).
+    mark s0-done
+    await "$OTHER.s0-done"
+    for spec in owr:0:10 wr:0:10 ex; do
+        expect "s0: $spec on the other guest's file after its close" 0 $L "$D/close-file.$OTHER" $spec
+    done
+    barrier s0-end
+}
 
 s1() {
     F=$D/flock-file
@@ -203,9 +228,9 @@ s5() {
 }
 
 case $MODE in
-    quick) s1; s2; s3 ;;
-    full) s1; s2; s3; s4; s5 ;;
-    cross) s1; s2; s4 ;;
+    quick) s0; s1; s2; s3 ;;
+    full) s0; s1; s2; s3; s4; s5 ;;
+    cross) s0; s1; s2; s4 ;;
     counter) counter flock flock
              say "s4: under flock: $TOTAL of $((2 * N))" ;;
     *) abort "unknown mode $MODE" ;;

@@ -11,7 +11,8 @@
 # Builds each cargo-fuzz target in fuzz/ (libFuzzer + AddressSanitizer + debug assertions;
 # the stable toolchain is told to accept cargo-fuzz's -Z flags with RUSTC_BOOTSTRAP=1),
 # then runs it for the budget. Prints executions and crashes per target and exits non-zero
-# if any target crashed, hung (timeout), ran out of memory or leaked. Crashing inputs land in
+# if any target crashed, hung (timeout), ran out of memory or leaked. The inputs kept in
+# fuzz/regressions/<target>/ (earlier finds) run first on every run. Crashing inputs land in
 # fuzz/artifacts/<target>/, the growing corpus in fuzz/corpus/<target>/, logs in fuzz/logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +84,10 @@ for t in $TARGETS; do
     mkdir -p "$corpus" "$artifacts"
     before=$(find "$artifacts" -type f | wc -l)
     echo "== running $t for ${BUDGET}s"
-    cmd=(cargo fuzz run -a "$t" "$corpus" --
+    # Inputs kept from earlier finds (fuzz/regressions/TARGET) are run first, every time.
+    kept=()
+    [ -d "fuzz/regressions/$t" ] && kept=("fuzz/regressions/$t")
+    cmd=(cargo fuzz run -a "$t" "$corpus" "${kept[@]}" --
         -max_total_time="$BUDGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         ${FUZZ_ARGS:-})
     echo "   ${cmd[*]}"

@@ -15,7 +15,10 @@
 #                  the contrast where the guests arbitrate flock locally)
 #   -n N           increments per guest (default 1000)
 #   --daemon D     vfsd (default), virtiofsd or a run-vm.sh template
-#   --daemon-args A  extra daemon arguments (always added: --cache=never)
+#   --daemon-args A  extra daemon arguments
+#   --cache MODE   the daemons' cache mode (default never: every lookup reaches the
+#                  host at once; auto and always work too, markers then show
+#                  within the entry timeout)
 #   --accel A      tcg (default), kvm, auto
 #   --kernel P, --initrd P, --logs DIR (default: new dir in $TMPDIR)
 #   --no-retry     do not run the pair again after an infrastructure failure
@@ -39,6 +42,7 @@ INITRD=
 LOGS=
 RETRY=1
 TWO_HOSTS=
+CACHE_MODE=never
 
 say() { printf 'guest-locks: %s\n' "$*"; }
 die() { printf 'guest-locks: error: %s\n' "$*" >&2; exit 2; }
@@ -95,6 +99,7 @@ while [ $# -gt 0 ]; do
         -n) N=${2:?}; shift 2 ;;
         --daemon) DAEMON=${2:?}; shift 2 ;;
         --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
+        --cache) CACHE_MODE=${2:?}; shift 2 ;;
         --accel) ACCEL=${2:?}; shift 2 ;;
         --kernel) KERNEL=${2:?}; shift 2 ;;
         --initrd) INITRD=${2:?}; shift 2 ;;
@@ -106,6 +111,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [[ $N =~ ^[0-9]+$ ]] || die "-n wants a number"
+case $CACHE_MODE in auto|always|never|metadata) ;; *) die "--cache: auto, always, never or metadata, not '$CACHE_MODE'" ;; esac
 if [ -n "$TWO_HOSTS" ]; then
     HOST_A=${TWO_HOSTS%%:*} HOST_B=${TWO_HOSTS#*:}
     [ -d "$HOST_A" ] && [ -d "$HOST_B" ] && [ "$HOST_A" != "$TWO_HOSTS" ] ||
@@ -138,11 +144,11 @@ while :; do
         SHARE_A=$RUN/share SHARE_B=$RUN/share
         mkdir -p "$SHARE_A/sync"
     fi
-    say "mode $MODE, N=$N, daemon $DAEMON${DAEMON_ARGS:+ $DAEMON_ARGS} --cache=never, attempt $attempt, logs $RUN${TWO_HOSTS:+, guest A in $SHARE_A, guest B in $SHARE_B}"
+    say "mode $MODE, N=$N, daemon $DAEMON${DAEMON_ARGS:+ $DAEMON_ARGS} --cache=$CACHE_MODE, attempt $attempt, logs $RUN${TWO_HOSTS:+, guest A in $SHARE_A, guest B in $SHARE_B}"
     "$HERE/two-guests.sh" --share "$SHARE_A" --share-b "$SHARE_B" --workdir "$RUN" \
         --cmd-a "/guest-tests/locks.sh A $MODE $N" --cmd-b "/guest-tests/locks.sh B $MODE $N" \
         --host "$(printf '%q ' "$0" --host-role "$MODE" "$LOCK")" \
-        --expect-a "$EXPECT_A" --daemon "$DAEMON" --daemon-args "--cache=never${DAEMON_ARGS:+ $DAEMON_ARGS}" \
+        --expect-a "$EXPECT_A" --daemon "$DAEMON" --daemon-args "--cache=$CACHE_MODE${DAEMON_ARGS:+ $DAEMON_ARGS}" \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --timeout 1800 | tee "$RUN/two-guests.log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" = 3 ] && [ "$RETRY" = 1 ] && [ "$attempt" = 1 ]; then

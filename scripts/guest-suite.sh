@@ -317,10 +317,15 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         # Two guests at once, each with its own daemon on one directory, and a host
         # process: flock and fcntl conflicts and wake-ups (about a minute).  The
         # full version (counters, kill -9 of a guest): scripts/guest-locks.sh --full.
-        host_test "$label" locks guest-locks.log 'FAIL|error' "$HERE/guest-locks.sh" --quick \
-            --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
-            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
-        grep -E 'guest-locks:   guest' "$TEST_DIR/guest-locks.log" | sed 's/^guest-locks:   /guest-suite:     locks: /'
+        # Under --cache never (FORGET follows each close) and auto, the default (RELEASE
+        # alone ends an open file's OFD locks).
+        for cache in never auto; do
+            name=locks; [ "$cache" = never ] || name=locks-$cache
+            host_test "$label" "$name" "guest-$name.log" 'FAIL|error' "$HERE/guest-locks.sh" --quick \
+                --cache "$cache" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
+                --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
+            grep -E 'guest-locks:   guest' "$TEST_DIR/guest-$name.log" | sed "s/^guest-locks:   /guest-suite:     $name: /"
+        done
     fi
 
     if wanted twohosts; then

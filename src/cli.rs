@@ -209,6 +209,12 @@ pub struct Opt {
     #[arg(long)]
     pub allow_mmap: bool,
 
+    /// Let the guest change a file's project id and project inheritance (FUSE_IOCTL's
+    /// FS_IOC_FSSETXATTR, FS_IOC_SETFLAGS). Off by default: a project id is a host-side
+    /// quota boundary, and a guest could move files out of the project that caps its share
+    #[arg(long)]
+    pub allow_project_id: bool,
+
     /// Do not set FOPEN_PARALLEL_DIRECT_WRITES on direct-I/O opens (for comparisons)
     #[arg(long)]
     pub no_parallel_direct_writes: bool,
@@ -420,6 +426,7 @@ impl Opt {
                     "no_posix_acl" => self.posix_acl = false,
                     "allow_mmap" => self.allow_mmap = true,
                     "no_allow_mmap" => self.allow_mmap = false,
+                    "allow_project_id" => self.allow_project_id = true,
                     "posix_lock" => self.no_posix_lock = false,
                     "no_posix_lock" => self.no_posix_lock = true,
                     "flock" => self.no_flock = false,

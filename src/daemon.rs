@@ -305,6 +305,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.max_locks = opt.max_locks;
     cfg.max_lock_waiters = opt.max_lock_waiters;
     cfg.allow_mmap = opt.allow_mmap;
+    cfg.allow_project_id = opt.allow_project_id;
     cfg.posix_acl = opt.posix_acl;
     // ACLs are extended attributes: --posix-acl implies --xattr, as in virtiofsd.
     cfg.xattr |= opt.posix_acl;

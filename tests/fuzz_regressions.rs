@@ -159,3 +159,38 @@ fn copy_file_range_in_opposite_directions_does_not_deadlock() {
         w.join().unwrap();
     }
 }
+
+/// `fuzz/regressions/fuse_request/init-reply-too-small.bin`: an INIT (7.38, so its reply
+/// is 64 bytes after the header) with only 56 bytes of reply room. The reply did not fit,
+/// was dropped, and the guest was left waiting. A reply that does not fit is answered with
+/// an errno in the header, which always fits.
+#[test]
+fn a_reply_too_large_for_the_guests_buffer_is_answered_with_an_errno() {
+    let input = include_bytes!("../fuzz/regressions/fuse_request/init-reply-too-small.bin");
+    // The harness's format (fuzz/src/request.rs): cfg, then flags, req_len u16, reply_len
+    // u32, request bytes (shorter at the input's end).
+    let req_len = u16::from_le_bytes([input[2], input[3]]) as usize;
+    let reply_len = u32::from_le_bytes(input[4..8].try_into().unwrap());
+    let req = &input[8..(8 + req_len).min(input.len())];
+    assert_eq!(
+        u32::from_le_bytes(req[4..8].try_into().unwrap()),
+        26,
+        "an INIT"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = FuseServer::new(Arc::new(
+        PassthroughFs::new(Config::new(dir.path())).unwrap(),
+    ));
+    let reply = call(&server, req, reply_len);
+    assert_eq!(reply.len(), 16, "an errno reply, header only");
+    assert_eq!(
+        u64_at(&reply, 8),
+        u64_at(req, 8),
+        "under the request's unique"
+    );
+    assert!(error_of(&reply) < 0);
+    // A GETATTR whose reply (16 + 104 bytes) has 40 bytes of room: the same.
+    let reply = call(&server, &request(3, 1, &[0u8; 16]), 40);
+    assert_eq!(reply.len(), 16);
+    assert!(error_of(&reply) < 0);
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{errno, Daemon};
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use vfsd::frontend::fuse::*;
 use vm_memory::{Bytes, GuestAddress};
@@ -286,4 +286,34 @@ fn notify_reply_gets_no_reply() {
         .unwrap();
     assert_eq!(c.wait_no_reply(t).unwrap(), 0);
     c.getattr(ROOT).unwrap();
+}
+
+/// CREATE with flags a kernel never sends (O_PATH, O_TMPFILE's bit): they are dropped, so
+/// O_PATH can't turn an exclusive create of an existing name into a "success" (O_PATH
+/// ignores O_CREAT and O_EXCL), nor, with `--security-label`, have the cleanup of a failed
+/// label remove the file that was already there.
+#[test]
+fn create_ignores_o_path_and_keeps_o_excl_exclusive() {
+    for extra in [&[][..], &["--security-label"][..]] {
+        let d = Daemon::start(extra);
+        std::fs::write(d.path("there"), b"keep me").unwrap();
+        let c = d.client();
+        for flags in [
+            libc::O_RDWR | libc::O_EXCL | libc::O_PATH,
+            libc::O_RDONLY | libc::O_EXCL | libc::O_PATH,
+        ] {
+            assert_eq!(
+                errno(c.create(1, "there", flags as u32, 0o644)),
+                libc::EEXIST,
+                "{extra:?} flags {flags:#o}"
+            );
+        }
+        assert_eq!(std::fs::read(d.path("there")).unwrap(), b"keep me");
+        // A new name with O_PATH in the flags: a real, readable and writable file.
+        let (e, o) = c
+            .create(1, "new", (libc::O_RDWR | libc::O_PATH) as u32, 0o644)
+            .unwrap();
+        assert_eq!(c.write(e.nodeid, o.fh, 0, b"data").unwrap(), 4);
+        assert_eq!(c.read(e.nodeid, o.fh, 0, 4).unwrap(), b"data");
+    }
 }

@@ -122,3 +122,59 @@ fn max_write_and_max_pages_match_the_request_limit() {
     assert_eq!(out.max_pages, 256);
     assert_eq!(out.max_write, 1 << 20);
 }
+
+/// A guest that reboots without DESTROY (a reset, a crash) sends a new INIT on the same
+/// connection: everything the old boot held goes, as DESTROY lets it go. Its flock (on a
+/// handle's host fd), its POSIX locks, its handles, and its nodes, so an unlinked file it
+/// kept open is no longer pinned on the host.
+#[test]
+fn a_new_init_releases_everything_the_old_session_held() {
+    use std::os::fd::AsRawFd;
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    std::fs::write(d.path("gone"), vec![1u8; 1 << 20]).unwrap();
+    let c = d.client();
+    let f = c.lookup(1, "f").unwrap();
+    let h = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    c.setlk(f.nodeid, h, 7, Lock::flock(libc::F_WRLCK)).unwrap();
+    let h2 = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    c.setlk(f.nodeid, h2, 8, Lock::range(0, 9, libc::F_WRLCK, 1))
+        .unwrap();
+    let g = c.lookup(1, "gone").unwrap();
+    let gh = c.open(g.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    c.unlink(1, "gone").unwrap();
+    let host_flock_free = || {
+        let file = std::fs::File::open(d.path("f")).unwrap();
+        // SAFETY: plain syscall on an fd we own.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    };
+    assert!(!host_flock_free(), "the guest's flock is on the host");
+    let before = d.stats();
+    assert!(before["live_inodes"].as_u64().unwrap() >= 3);
+    assert_eq!(before["open_handles"].as_u64().unwrap(), 3);
+
+    // The reboot: a new INIT, no DESTROY.
+    c.init().unwrap();
+    assert!(
+        host_flock_free(),
+        "the old boot's flock outlived the new INIT"
+    );
+    let after = d.stats();
+    assert_eq!(after["open_handles"].as_u64().unwrap(), 0);
+    assert_eq!(
+        after["live_inodes"].as_u64().unwrap(),
+        1,
+        "only the root stays known"
+    );
+    assert_eq!(after["locks_held"].as_u64().unwrap(), 0);
+    assert!(
+        c.read(g.nodeid, gh, 0, 4096).is_err(),
+        "an old handle still works"
+    );
+    assert!(c.getattr(f.nodeid).is_err(), "an old node still works");
+    // The new boot starts afresh.
+    let f = c.lookup(1, "f").unwrap();
+    let h = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    c.setlk(f.nodeid, h, 7, Lock::flock(libc::F_WRLCK)).unwrap();
+    c.release_flock(f.nodeid, h, 7).unwrap();
+}

@@ -323,7 +323,7 @@ fn a_non_root_caller_gets_the_hosts_answers() {
 
 #[test]
 fn fsxattr_flags_and_project_id() {
-    let d = Daemon::start(&IMMUTABLE_CAP);
+    let d = Daemon::start(&["--allow-project-id"]);
     if !host_supports_flags(&d) {
         return;
     }
@@ -524,4 +524,47 @@ fn a_translated_caller_sets_flags_on_its_own_file() {
         5000
     );
     assert_eq!(host_flags(&d.path("mine")) & NODUMP, NODUMP);
+}
+
+/// A project id is a host-side quota boundary: a guest may not move a file out of (or
+/// into) a project, nor change project inheritance, unless `--allow-project-id` says so.
+/// Refused with EINVAL, as the host kernel refuses the same change from a user namespace.
+#[test]
+fn project_id_changes_need_allow_project_id() {
+    const PROJINHERIT_FL: u32 = 0x2000_0000;
+    const XFLAG_PROJINHERIT: u32 = 0x200;
+    let d = Daemon::start(&IMMUTABLE_CAP);
+    if !host_supports_flags(&d) {
+        return;
+    }
+    let c = d.client();
+    let (f, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    let dir = c.mkdir(ROOT, "d", 0o755).unwrap();
+    let dh = c.opendir(dir.nodeid).unwrap().fh;
+    let x = fsx_get(&c, f.nodeid, o.fh).unwrap();
+    let mut moved = x;
+    moved[3] = x[3] + 7;
+    assert_eq!(errno(fsx_set(&c, f.nodeid, o.fh, &moved)), libc::EINVAL);
+    let mut inherit = fsx_get(&c, dir.nodeid, dh).unwrap();
+    inherit[0] |= XFLAG_PROJINHERIT;
+    assert_eq!(errno(fsx_set(&c, dir.nodeid, dh, &inherit)), libc::EINVAL);
+    let flags = host_flags(&d.path("d"));
+    assert_eq!(
+        errno(c.ioctl(
+            dir.nodeid,
+            dh,
+            0x10,
+            FS_IOC_SETFLAGS,
+            &(flags | PROJINHERIT_FL).to_ne_bytes(),
+            0
+        )),
+        libc::EINVAL
+    );
+    // Other fsxattr changes with the project id left as it is still go through.
+    let mut nodump = x;
+    nodump[0] |= XFLAG_NODUMP;
+    fsx_set(&c, f.nodeid, o.fh, &nodump).unwrap();
+    let mut host = [0; 7];
+    host_ioctl(&d.path("f"), FS_IOC_FSGETXATTR, &mut host).unwrap();
+    assert_eq!(host[3], x[3], "the host's project id is untouched");
 }

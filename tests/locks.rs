@@ -432,3 +432,207 @@ fn an_interrupt_cancels_a_waiting_setlkw() {
         "the interrupted wait took the lock anyway"
     );
 }
+
+/// An OFD lock belongs to the guest's open file, not to a process: the guest's close()
+/// sends FLUSH with the process's owner (which is not the OFD lock's), and the lock must go
+/// with the RELEASE of the handle it was taken through. Under every cache mode (under
+/// `never` a FORGET follows at once and used to hide the leak).
+#[test]
+fn ofd_lock_goes_with_the_release_of_its_handle_in_every_cache_mode() {
+    for mode in ["auto", "always", "never"] {
+        let d = Daemon::start(&["--cache", mode]);
+        std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+        let c = d.client();
+        let (n, h) = open_f(&c);
+        // The open file's owner (OFD) takes bytes 0-9; the process's owner only flushes.
+        let ofd_owner = 0x0fd0_0000 + h;
+        c.setlk(n, h, ofd_owner, wr(0, 9, 0)).unwrap();
+        assert!(
+            !host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 10),
+            "[{mode}] lock not on the host"
+        );
+        c.flush_owner(n, h, A).unwrap();
+        c.release(n, h).unwrap();
+        // The node stays known (no FORGET): the lock must be gone all the same.
+        assert!(
+            host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 10),
+            "[{mode}] the OFD lock outlived the RELEASE of its handle"
+        );
+        let h2 = c.open(n, libc::O_RDWR as u32).unwrap().fh;
+        c.setlk(n, h2, 0x0fd1_0000, wr(0, 9, 0)).unwrap();
+        c.setlk(n, h2, 0x0fd1_0000, un(0, 9)).unwrap();
+        c.release(n, h2).unwrap();
+        assert_eq!(stat(&d, "locks_held"), 0, "[{mode}]");
+        assert_eq!(
+            stat(&d, "lock_owners"),
+            0,
+            "[{mode}] an owner (and its fd) leaked"
+        );
+    }
+}
+
+/// A GETLK poller, a holder and a SETLKW waiter in loops on one file, with many other
+/// owners holding ranges elsewhere in it (so a GETLK walks them). No lock order between
+/// the owners table and an owner's ranges may freeze the share.
+#[test]
+fn getlk_poller_holder_and_waiter_never_deadlock() {
+    let d = Daemon::start(&["--thread-pool-size", "8"]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    let mut c = FuseClient::new(d.frontend(FrontendConfig {
+        request_queues: 3,
+        ..Default::default()
+    }));
+    c.timeout = Duration::from_secs(5);
+    c.init().unwrap();
+    let (n, h) = open_f(&c);
+    for i in 0..200u64 {
+        c.setlk(n, h, 0x1000 + i, rd(1000 + 2 * i, 1000 + 2 * i, 9))
+            .unwrap();
+    }
+    let c = &c;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = &stop;
+    let until = Instant::now() + Duration::from_secs(4);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            while Instant::now() < until && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match c.setlk(n, h, A, wr(0, 9, 1)) {
+                    Ok(()) => c.setlk(n, h, A, un(0, 9)).expect("holder unlock"),
+                    Err(FuseError::Errno(libc::EAGAIN)) => {}
+                    Err(e) => {
+                        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        panic!("holder: {e:?}");
+                    }
+                }
+            }
+        });
+        s.spawn(move || {
+            while Instant::now() < until && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = c.setlkw(2, n, h, B, wr(0, 9, 2)).unwrap();
+                if let Err(e) = c.wait(t).and_then(|r| r.ok()) {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    panic!("waiter: {e:?}");
+                }
+                c.setlk(n, h, B, un(0, 9)).expect("waiter unlock");
+            }
+        });
+        s.spawn(move || {
+            let mut polls = 0u64;
+            while Instant::now() < until && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (u, req) = c.lk_req(FUSE_GETLK, n, h, C, wr(0, 9, 3));
+                let r = c
+                    .submit_bytes(3, &req, 64, u)
+                    .and_then(|t| c.wait(t))
+                    .and_then(|r| r.ok());
+                if let Err(e) = r {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    panic!("poller after {polls} GETLKs: {e:?}");
+                }
+                polls += 1;
+            }
+        });
+    });
+}
+
+/// Two SETLKWs the guest sent under one `unique` (a hostile or buggy guest): an INTERRUPT
+/// for that unique cancels both, and none is left that nothing can cancel.
+#[test]
+fn waits_sharing_a_unique_can_all_be_interrupted() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 0, 1)).unwrap();
+    const U: u64 = 0xdead_0000;
+    let mut tickets = Vec::new();
+    for owner in [B, C] {
+        let (_, mut req) = c2.lk_req(FUSE_SETLKW, n2, h2, owner, wr(0, 0, 2));
+        req[8..16].copy_from_slice(&U.to_ne_bytes());
+        tickets.push(c2.submit_bytes(1, &req, 64, U).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(stat(&d2, "lock_waiters"), 2);
+    let intr = fuse_backend_rs::abi::fuse_abi::InterruptIn { unique: U };
+    for _ in 0..2 {
+        let ti = c2
+            .submit(
+                0,
+                FUSE_INTERRUPT,
+                0,
+                &[vm_memory::ByteValued::as_slice(&intr)],
+                64,
+            )
+            .unwrap();
+        assert_eq!(c2.wait_no_reply(ti).unwrap(), 0);
+    }
+    let mut c2 = c2;
+    c2.timeout = Duration::from_secs(3);
+    for t in tickets {
+        assert_eq!(
+            c2.wait(t).expect("a wait nothing could cancel").error,
+            -libc::EINTR
+        );
+    }
+    assert_eq!(stat(&d2, "lock_waiters"), 0);
+}
+
+/// Owners cost host fds: a GETLK by a fresh owner opens nothing that stays, an owner whose
+/// locks are all gone is dropped, so the owners never outnumber `--max-locks`.
+#[test]
+fn lock_owners_are_bounded_and_getlk_keeps_none() {
+    let d = Daemon::start(&["--max-locks", "8"]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    let c = d.client();
+    let (n, h) = open_f(&c);
+    c.setlk(n, h, A, wr(0, 0, 1)).unwrap();
+    for owner in 0..100u64 {
+        let l = c.getlk(n, h, 0x100 + owner, wr(0, 9, 2)).unwrap();
+        assert_eq!(
+            (l.type_ as i32, l.start, l.end, l.pid),
+            (libc::F_WRLCK, 0, 0, 1)
+        );
+        let l = c.getlk(n, h, 0x100 + owner, wr(5, 9, 2)).unwrap();
+        assert_eq!(l.type_ as i32, libc::F_UNLCK);
+    }
+    // The holder's own GETLK sees no conflict with itself.
+    assert_eq!(
+        c.getlk(n, h, A, wr(0, 9, 1)).unwrap().type_ as i32,
+        libc::F_UNLCK
+    );
+    for owner in 0..100u64 {
+        c.setlk(n, h, 0x1000 + owner, rd(10, 10, 3)).unwrap();
+        c.setlk(n, h, 0x1000 + owner, un(0, EOF)).unwrap();
+        assert_eq!(
+            errno(c.setlk(n, h, 0x1000 + owner, wr(0, 0, 3))),
+            libc::EAGAIN
+        );
+    }
+    assert_eq!(stat(&d, "lock_owners"), 1);
+    // Past --max-locks, a new owner is refused before it opens anything.
+    for owner in 0..7u64 {
+        c.setlk(n, h, 0x2000 + owner, rd(20 + owner, 20 + owner, 4))
+            .unwrap();
+    }
+    assert_eq!(errno(c.setlk(n, h, 0x3000, rd(40, 40, 4))), libc::ENOLCK);
+    assert_eq!(stat(&d, "lock_owners"), 8);
+}
+
+/// Under `--readonly` an owner's host description is opened read-only: a read-write one
+/// would make the host's execve of the file fail (ETXTBSY) and break its leases.
+#[test]
+fn readonly_share_locks_through_read_only_descriptions() {
+    let d = Daemon::start(&["--readonly"]);
+    let script = d.path("run.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let c = d.client();
+    let e = c.lookup(ROOT, "run.sh").unwrap();
+    let h = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    c.setlk(e.nodeid, h, A, rd(0, EOF, 1)).unwrap();
+    let st = std::process::Command::new(&script).status();
+    assert!(
+        matches!(&st, Ok(s) if s.success()),
+        "the host could not run the locked file: {st:?}"
+    );
+}

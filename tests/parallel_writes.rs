@@ -371,3 +371,35 @@ fn one_file_through_a_bind_mount_has_one_lock() {
     std::fs::hard_link(share.path().join("a/f"), share.path().join("f")).unwrap();
     read_waits_behind(&d, &c, open_trunc, fa.nodeid, o.fh);
 }
+
+/// COPY_FILE_RANGE between two node ids of one host file (the first forgotten while its
+/// handle stays open, then the file looked up again; a bind mount inside the share gives
+/// the same): the two nodes share the file's one I/O lock, which the copy must take once,
+/// not twice.
+#[test]
+fn copy_file_range_between_two_nodes_of_one_file_completes() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), pattern(16384, 3)).unwrap();
+    let mut c = d.client();
+    c.timeout = std::time::Duration::from_secs(5);
+    let e1 = c.lookup(1, "f").unwrap();
+    let h1 = c.open(e1.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    c.forget(e1.nodeid, 1).unwrap();
+    let e2 = c.lookup(1, "f").unwrap();
+    assert_ne!(
+        e1.nodeid, e2.nodeid,
+        "a forgotten node is not reused while open"
+    );
+    let h2 = c.open(e2.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    for (a, ha, b, hb) in [
+        (e1.nodeid, h1, e2.nodeid, h2),
+        (e2.nodeid, h2, e1.nodeid, h1),
+    ] {
+        let n = c
+            .copy_file_range(a, ha, 0, b, hb, 8192, 4096)
+            .expect("the copy completes");
+        assert_eq!(n, 4096);
+    }
+    let data = std::fs::read(d.path("f")).unwrap();
+    assert_eq!(&data[8192..12288], &pattern(16384, 3)[..4096]);
+}

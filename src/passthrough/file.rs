@@ -6,6 +6,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use fuse_backend_rs::api::filesystem::{
     Context, Entry, OpenOptions, ZeroCopyReader, ZeroCopyWriter,
@@ -22,7 +23,12 @@ use crate::sys::{self, cvt, errno};
 impl PassthroughFs {
     /// Host open flags for guest open flags.
     fn host_flags(&self, flags: u32) -> i32 {
-        let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+        // O_PATH and O_TMPFILE's bit never reach OPEN or CREATE from a kernel (O_PATH
+        // opens stay in the guest, O_TMPFILE is FUSE_TMPFILE); a guest that sends them
+        // anyway must not get an O_PATH handle, or an O_EXCL create that opens an existing
+        // file because O_PATH ignores O_CREAT and O_EXCL.
+        const NEVER_SENT: i32 = libc::O_PATH | (libc::O_TMPFILE & !libc::O_DIRECTORY);
+        let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | NEVER_SENT);
         if !self.cfg.preserve_noatime {
             f &= !libc::O_NOATIME;
         }
@@ -356,11 +362,14 @@ impl PassthroughFs {
         if let Some(gid) = killpriv::needed(uid, gid, false) {
             killpriv::kill_suidgid(hout.fd.as_raw_fd(), gid)?;
         }
-        // Two inodes' locks: always taken lower node id first, so copies in opposite
-        // directions can't deadlock (found by the fuzz harness).
-        let (gout, _gin) = if hin.inode.nodeid == hout.inode.nodeid {
+        // The I/O lock belongs to the host file, so two nodes (a bind mount, a node
+        // forgotten and looked up again) may share one: then it is taken once. Two locks
+        // are taken in one order, by their address (stable while held), so copies in
+        // opposite directions can't deadlock (found by the fuzz harness).
+        let (lin, lout) = (&hin.inode.io, &hout.inode.io);
+        let (gout, _gin) = if Arc::ptr_eq(lin, lout) {
             (hout.inode.io.exclusive(), None)
-        } else if hin.inode.nodeid < hout.inode.nodeid {
+        } else if Arc::as_ptr(lin) < Arc::as_ptr(lout) {
             let gin = hin.inode.io.shared();
             (hout.inode.io.exclusive(), Some(gin))
         } else {

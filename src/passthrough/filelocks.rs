@@ -175,9 +175,51 @@ pub struct Plan {
 pub struct Owner {
     /// Its own host open file description, carrying its OFD locks.
     fd: OwnedFd,
-    ranges: Mutex<RangeSet>,
+    state: Mutex<OwnerState>,
     /// The guest pid of its last lock request (GETLK reports it).
     pid: AtomicU32,
+}
+
+/// What an owner's mutex guards. Lock order: the owners table first, then an owner's
+/// state; nothing takes the table while it holds an owner's state.
+#[derive(Default)]
+struct OwnerState {
+    ranges: RangeSet,
+    /// Left the table (released, or dropped once empty): a lock it is granted now is
+    /// undone, and a request that finds it dead takes a fresh owner.
+    dead: bool,
+    /// SETLKWs of this owner waiting on their threads: an owner with waits is kept.
+    waiting: usize,
+}
+
+/// An owner in the table, with the guest handles it locked through: an OFD lock's owner
+/// is its open file, so the RELEASE of the last such handle ends it.
+struct Entry {
+    owner: Arc<Owner>,
+    handles: Vec<u64>,
+}
+
+#[derive(Default)]
+struct Owners {
+    /// node -> guest lock owner -> entry.
+    by_node: HashMap<u64, HashMap<u64, Entry>>,
+    count: usize,
+}
+
+impl Owners {
+    fn get(&self, node: u64, owner: u64) -> Option<&Entry> {
+        self.by_node.get(&node)?.get(&owner)
+    }
+
+    fn remove(&mut self, node: u64, owner: u64) -> Option<Arc<Owner>> {
+        let m = self.by_node.get_mut(&node)?;
+        let e = m.remove(&owner)?;
+        if m.is_empty() {
+            self.by_node.remove(&node);
+        }
+        self.count -= 1;
+        Some(e.owner)
+    }
 }
 
 /// Counters for the statistics.
@@ -186,6 +228,8 @@ pub struct LockCounters {
     pub held: AtomicUsize,
     pub waiters: AtomicUsize,
     pub enolck: AtomicU64,
+    /// Owners in the table, each with a host open file description.
+    pub owners: AtomicUsize,
 }
 
 pub struct FileLocks {
@@ -193,7 +237,9 @@ pub struct FileLocks {
     pub flock: bool,
     max_locks: usize,
     max_waiters: usize,
-    owners: Mutex<HashMap<(u64, u64), Arc<Owner>>>,
+    /// Host descriptions for owners are opened read-only (`--readonly`).
+    readonly: bool,
+    owners: Mutex<Owners>,
     pub counters: LockCounters,
 }
 
@@ -202,7 +248,8 @@ pub struct FileLocks {
 pub enum Wait {
     Posix {
         locks: Arc<FileLocks>,
-        key: (u64, u64),
+        node: u64,
+        key: u64,
         owner: Arc<Owner>,
         range: Range,
     },
@@ -215,21 +262,40 @@ pub enum Wait {
 
 impl Drop for Wait {
     fn drop(&mut self) {
-        let locks = match self {
-            Wait::Posix { locks, .. } | Wait::Flock { locks, .. } => locks,
-        };
-        locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
+        match self {
+            Wait::Posix {
+                locks,
+                node,
+                key,
+                owner,
+                ..
+            } => {
+                owner.state.lock().unwrap().waiting -= 1;
+                locks.drop_if_unused(*node, *key, owner);
+                locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
+            }
+            Wait::Flock { locks, .. } => {
+                locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
     }
 }
 
 impl FileLocks {
-    pub fn new(posix: bool, flock: bool, max_locks: usize, max_waiters: usize) -> Self {
+    pub fn new(
+        posix: bool,
+        flock: bool,
+        max_locks: usize,
+        max_waiters: usize,
+        readonly: bool,
+    ) -> Self {
         FileLocks {
             posix,
             flock,
             max_locks,
             max_waiters,
-            owners: Mutex::new(HashMap::new()),
+            readonly,
+            owners: Mutex::new(Owners::default()),
             counters: LockCounters::default(),
         }
     }
@@ -239,24 +305,69 @@ impl FileLocks {
         errno(libc::ENOLCK)
     }
 
-    /// The owner's state, made with `open` (a new host description of the node's file)
-    /// on first use.
+    /// The owner `key` of `node`, made on first use with `open` (a new host description of
+    /// the node's file), noting handle `fh` as one it locks through. The host open runs
+    /// outside the table's lock: an open can be slow on a network file system. Owners are
+    /// bounded by `--max-locks` (each holds a host fd and at least one range).
     fn owner(
         &self,
-        key: (u64, u64),
-        open: impl FnOnce() -> io::Result<OwnedFd>,
+        node: u64,
+        key: u64,
+        fh: u64,
+        open: &impl Fn(bool) -> io::Result<OwnedFd>,
     ) -> io::Result<Arc<Owner>> {
+        let found = |m: &mut Owners| {
+            let e = m.by_node.get_mut(&node)?.get_mut(&key)?;
+            if !e.handles.contains(&fh) {
+                e.handles.push(fh);
+            }
+            Some(e.owner.clone())
+        };
+        if let Some(o) = found(&mut self.owners.lock().unwrap()) {
+            return Ok(o);
+        }
+        if self.owners.lock().unwrap().count >= self.max_locks {
+            return Err(self.enolck());
+        }
+        let fd = open(self.readonly)?;
         let mut m = self.owners.lock().unwrap();
-        if let Some(o) = m.get(&key) {
-            return Ok(o.clone());
+        if let Some(o) = found(&mut m) {
+            return Ok(o);
+        }
+        if m.count >= self.max_locks {
+            return Err(self.enolck());
         }
         let o = Arc::new(Owner {
-            fd: open()?,
-            ranges: Mutex::new(RangeSet::default()),
+            fd,
+            state: Mutex::new(OwnerState::default()),
             pid: AtomicU32::new(0),
         });
-        m.insert(key, o.clone());
+        m.by_node.entry(node).or_default().insert(
+            key,
+            Entry {
+                owner: o.clone(),
+                handles: vec![fh],
+            },
+        );
+        m.count += 1;
+        self.counters.owners.store(m.count, Ordering::Relaxed);
         Ok(o)
+    }
+
+    /// Drops owner `key` of `node` from the table if it is `o` and holds no range and no
+    /// wait: its host description closes, so owners that come and go pin no fds.
+    fn drop_if_unused(&self, node: u64, key: u64, o: &Arc<Owner>) {
+        let mut m = self.owners.lock().unwrap();
+        if !m.get(node, key).is_some_and(|e| Arc::ptr_eq(&e.owner, o)) {
+            return;
+        }
+        let mut st = o.state.lock().unwrap();
+        if st.ranges.is_empty() && st.waiting == 0 && !st.dead {
+            st.dead = true;
+            drop(st);
+            m.remove(node, key);
+            self.counters.owners.store(m.count, Ordering::Relaxed);
+        }
     }
 
     /// Checks `--max-locks` for an owner's ranges going from `old` to `new` in number.
@@ -288,21 +399,24 @@ impl FileLocks {
     }
 
     /// GETLK: the first lock that would conflict with `r` for `owner`, or `r` as F_UNLCK.
-    /// Its pid is the guest pid when the holder is an owner of this guest, else 0.
-    pub fn getlk(
-        &self,
-        nodeid: u64,
-        owner: u64,
-        r: Range,
-        open: impl FnOnce() -> io::Result<OwnedFd>,
-    ) -> io::Result<(Range, u32)> {
+    /// Its pid is the guest pid when the holder is an owner of this guest, else 0. An
+    /// owner with no locks yet is asked through `probe` (the guest handle's own host fd,
+    /// which carries no OFD lock), so a GETLK opens nothing and makes no owner.
+    pub fn getlk(&self, node: u64, owner: u64, r: Range, probe: RawFd) -> io::Result<(Range, u32)> {
         if r.typ == libc::F_UNLCK {
             return Err(errno(libc::EINVAL));
         }
-        let o = self.owner((nodeid, owner), open)?;
+        let mine = self
+            .owners
+            .lock()
+            .unwrap()
+            .get(node, owner)
+            .map(|e| e.owner.clone());
+        let fd = mine.as_ref().map_or(probe, |o| o.fd.as_raw_fd());
         let mut f = r.flock();
-        // SAFETY: plain fcntl on an fd we own with a live flock.
-        cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_GETLK, &mut f) })?;
+        // SAFETY: plain fcntl on a live fd (the owner's, or the caller's handle's) with a
+        // live flock.
+        cvt(unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut f) })?;
         if f.l_type as i32 == libc::F_UNLCK {
             return Ok((
                 Range {
@@ -313,84 +427,136 @@ impl FileLocks {
             ));
         }
         let found = Range::of_flock(&f);
-        let pid = self
-            .owners
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|((n, w), other)| {
-                *n == nodeid && *w != owner && other.ranges.lock().unwrap().holds(&found)
+        // Table, then each owner's state: the one lock order.
+        let m = self.owners.lock().unwrap();
+        let pid = m
+            .by_node
+            .get(&node)
+            .and_then(|owners| {
+                owners.iter().find(|(&k, e)| {
+                    k != owner && e.owner.state.lock().unwrap().ranges.holds(&found)
+                })
             })
-            .map_or(0, |(_, other)| other.pid.load(Ordering::Relaxed));
+            .map_or(0, |(_, e)| e.owner.pid.load(Ordering::Relaxed));
         Ok((found, pid))
     }
 
-    /// SETLK (and the first try of a SETLKW): places or removes `r` for `owner` without
-    /// waiting. `Ok(None)` done; `Ok(Some(wait))` the lock is taken by someone else and
-    /// the caller asked to wait.
+    /// SETLK (and the first try of a SETLKW) through guest handle `fh`: places or removes
+    /// `r` for `owner` without waiting. `Ok(None)` done; `Ok(Some(wait))` the lock is
+    /// taken by someone else and the caller asked to wait.
     #[allow(clippy::too_many_arguments)]
     pub fn setlk(
         self: &Arc<Self>,
-        nodeid: u64,
+        node: u64,
+        fh: u64,
         owner: u64,
         pid: u32,
         r: Range,
         wait: bool,
-        open: impl FnOnce() -> io::Result<OwnedFd>,
+        open: impl Fn(bool) -> io::Result<OwnedFd>,
     ) -> io::Result<Option<Wait>> {
-        let key = (nodeid, owner);
-        let o = if r.typ == libc::F_UNLCK {
-            // Unlocking what was never locked needs no host description.
-            match self.owners.lock().unwrap().get(&key) {
-                Some(o) => o.clone(),
-                None => return Ok(None),
+        // An owner found dead was dropped between the table and its state: take a fresh
+        // one. Each round needs another request to drop it, so a few rounds settle it.
+        for _ in 0..8 {
+            let o = if r.typ == libc::F_UNLCK {
+                // Unlocking what was never locked needs no host description.
+                match self.owners.lock().unwrap().get(node, owner) {
+                    Some(e) => e.owner.clone(),
+                    None => return Ok(None),
+                }
+            } else {
+                self.owner(node, owner, fh, &open)?
+            };
+            let mut st = o.state.lock().unwrap();
+            if st.dead {
+                continue;
             }
-        } else {
-            self.owner(key, open)?
-        };
-        o.pid.store(pid, Ordering::Relaxed);
-        let mut ranges = o.ranges.lock().unwrap();
-        let new = ranges.plan(r);
-        self.check_bound(ranges.len(), new.len_after)?;
-        let f = r.flock();
-        // SAFETY: plain fcntl on an fd we own with a live flock.
-        match cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) }) {
-            Ok(_) => {
-                self.commit(&mut ranges, new);
-                Ok(None)
+            o.pid.store(pid, Ordering::Relaxed);
+            let new = st.ranges.plan(r);
+            if let Err(e) = self.check_bound(st.ranges.len(), new.len_after) {
+                drop(st);
+                self.drop_if_unused(node, owner, &o);
+                return Err(e);
             }
-            Err(e) if wait && matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
-                drop(ranges);
-                self.waiter()?;
-                Ok(Some(Wait::Posix {
-                    locks: self.clone(),
-                    key,
-                    owner: o,
-                    range: r,
-                }))
-            }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
-                Err(errno(libc::EAGAIN))
-            }
-            Err(e) => Err(e),
+            let f = r.flock();
+            // SAFETY: plain fcntl on an fd we own with a live flock.
+            let res = cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) });
+            let busy =
+                |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES));
+            let out = match res {
+                Ok(_) => {
+                    self.commit(&mut st.ranges, new);
+                    Ok(None)
+                }
+                Err(e) if wait && busy(&e) => match self.waiter() {
+                    Ok(()) => {
+                        st.waiting += 1;
+                        drop(st);
+                        return Ok(Some(Wait::Posix {
+                            locks: self.clone(),
+                            node,
+                            key: owner,
+                            owner: o,
+                            range: r,
+                        }));
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) if busy(&e) => Err(errno(libc::EAGAIN)),
+                Err(e) => Err(e),
+            };
+            drop(st);
+            self.drop_if_unused(node, owner, &o);
+            return out;
         }
+        Err(errno(libc::EAGAIN))
     }
 
     /// FLUSH by `owner` (the guest's close()): its POSIX locks on the node go, as a local
     /// filesystem drops a process's locks when it closes any fd of the file.
-    pub fn release_owner(&self, nodeid: u64, owner: u64) {
-        let o = self.owners.lock().unwrap().remove(&(nodeid, owner));
+    pub fn release_owner(&self, node: u64, owner: u64) {
+        let o = self.owners.lock().unwrap().remove(node, owner);
         if let Some(o) = o {
             self.drop_owner(&o);
         }
     }
 
-    /// Every owner's locks on `nodeid` (the node forgotten or its last handle released).
-    pub fn release_node(&self, nodeid: u64) {
+    /// RELEASE of guest handle `fh` (the open file's last close): the owners that locked
+    /// only through it go. That is every OFD lock of that open file, whose owner is the
+    /// open file itself and which no FLUSH names; a process's POSIX owner was released by
+    /// the FLUSH of its own close already.
+    pub fn release_handle(&self, node: u64, fh: u64) {
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
-            let keys: Vec<(u64, u64)> = m.keys().filter(|k| k.0 == nodeid).copied().collect();
-            keys.into_iter().filter_map(|k| m.remove(&k)).collect()
+            let mut keys = Vec::new();
+            if let Some(owners) = m.by_node.get_mut(&node) {
+                for (&k, e) in owners.iter_mut() {
+                    e.handles.retain(|&h| h != fh);
+                    if e.handles.is_empty() {
+                        keys.push(k);
+                    }
+                }
+            }
+            let gone = keys.into_iter().filter_map(|k| m.remove(node, k)).collect();
+            self.counters.owners.store(m.count, Ordering::Relaxed);
+            gone
+        };
+        for o in gone {
+            self.drop_owner(&o);
+        }
+    }
+
+    /// Every owner's locks on `node` (the node forgotten).
+    pub fn release_node(&self, node: u64) {
+        let gone: Vec<Arc<Owner>> = {
+            let mut m = self.owners.lock().unwrap();
+            let gone: Vec<Arc<Owner>> = match m.by_node.remove(&node) {
+                Some(owners) => owners.into_values().map(|e| e.owner).collect(),
+                None => Vec::new(),
+            };
+            m.count -= gone.len();
+            self.counters.owners.store(m.count, Ordering::Relaxed);
+            gone
         };
         for o in gone {
             self.drop_owner(&o);
@@ -399,18 +565,22 @@ impl FileLocks {
 
     /// Everything (DESTROY, a new INIT).
     pub fn release_all(&self) {
-        let gone: Vec<Arc<Owner>> = self
-            .owners
-            .lock()
-            .unwrap()
-            .drain()
-            .map(|(_, o)| o)
-            .collect();
+        let gone: Vec<Arc<Owner>> = {
+            let mut m = self.owners.lock().unwrap();
+            let all = std::mem::take(&mut *m);
+            self.counters.owners.store(0, Ordering::Relaxed);
+            all.by_node
+                .into_values()
+                .flat_map(|owners| owners.into_values().map(|e| e.owner))
+                .collect()
+        };
         for o in gone {
             self.drop_owner(&o);
         }
     }
 
+    /// Ends an owner already out of the table: its host locks go and it is marked dead
+    /// (under its state lock, so a waiter granted a lock afterwards sees it and undoes it).
     fn drop_owner(&self, o: &Owner) {
         let all = Range {
             start: 0,
@@ -418,14 +588,14 @@ impl FileLocks {
             typ: libc::F_UNLCK,
         };
         let f = all.flock();
-        // SAFETY: plain fcntl on an fd we own. A waiter still holding `o` can't place a
-        // lock afterwards that outlives it: the description closes with the last Arc.
+        let mut st = o.state.lock().unwrap();
+        st.dead = true;
+        // SAFETY: plain fcntl on an fd we own.
         unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) };
-        let mut ranges = o.ranges.lock().unwrap();
         self.counters
             .held
-            .fetch_sub(ranges.len(), Ordering::Relaxed);
-        *ranges = RangeSet::default();
+            .fetch_sub(st.ranges.len(), Ordering::Relaxed);
+        st.ranges = RangeSet::default();
     }
 
     /// Locks held now (for tests and statistics).
@@ -452,31 +622,32 @@ impl Wait {
     }
 
     fn wait_once(&self) -> io::Result<()> {
-        let (locks, key, owner, range) = match self {
+        let (locks, owner, range) = match self {
             Wait::Flock { handle, typ, .. } => {
                 return flock(handle.fd.as_raw_fd(), *typ, true);
             }
             Wait::Posix {
                 locks,
-                key,
                 owner,
                 range,
-            } => (locks, key, owner, range),
+                ..
+            } => (locks, owner, range),
         };
         let f = range.flock();
         // SAFETY: plain fcntl on an fd we own with a live flock.
         cvt(unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLKW, &f) })?;
-        let mut ranges = owner.ranges.lock().unwrap();
-        let new = ranges.plan(*range);
-        // Still an owner of this connection? If it was released meanwhile (FLUSH,
-        // FORGET, DESTROY), the lock must not outlive that: undo it.
-        let live = locks
-            .owners
-            .lock()
-            .unwrap()
-            .get(key)
-            .is_some_and(|o| Arc::ptr_eq(o, owner));
-        if !live {
+        let mut st = owner.state.lock().unwrap();
+        let new = st.ranges.plan(*range);
+        // Released meanwhile (FLUSH, RELEASE, FORGET, DESTROY)? The lock must not outlive
+        // that. Past `--max-locks` now? It must not stay either.
+        let refused = if st.dead {
+            Some(errno(libc::EINTR))
+        } else {
+            locks.check_bound(st.ranges.len(), new.len_after).err()
+        };
+        if let Some(e) = refused {
+            // Back to what the owner held before: its own ranges there, if any, are put
+            // back after the unlock.
             let un = Range {
                 typ: libc::F_UNLCK,
                 ..*range
@@ -484,21 +655,40 @@ impl Wait {
             .flock();
             // SAFETY: as above.
             unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &un) };
-            return Err(errno(libc::EINTR));
+            if !st.dead {
+                for (&s, &(e, t)) in st.ranges.ranges.range(..=range.end) {
+                    if e >= range.start {
+                        let back = Range {
+                            start: s.max(range.start),
+                            end: e.min(range.end),
+                            typ: t,
+                        }
+                        .flock();
+                        // SAFETY: as above.
+                        unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &back) };
+                    }
+                }
+            }
+            return Err(e);
         }
-        locks.commit(&mut ranges, new);
+        locks.commit(&mut st.ranges, new);
         Ok(())
     }
 }
 
 impl PassthroughFs {
     /// A new host open file description of `nodeid`'s file for an owner's OFD locks:
-    /// read-write where the host allows, else read-only, else write-only.
-    fn lock_description(&self, nodeid: u64) -> impl FnOnce() -> io::Result<OwnedFd> + '_ {
-        move || {
+    /// read-write where the host allows, else read-only, else write-only; read-only on a
+    /// read-only share (a guest there takes read locks only), where a write open would
+    /// keep the host from running the file (ETXTBSY) and break its read leases.
+    fn lock_description(&self, nodeid: u64) -> impl Fn(bool) -> io::Result<OwnedFd> + '_ {
+        move |readonly| {
             let i = self.inode(nodeid)?;
             if !i.is_reg() {
                 return Err(errno(libc::EINVAL));
+            }
+            if readonly {
+                return self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK);
             }
             self.reopen(&i, libc::O_RDWR | libc::O_NONBLOCK)
                 .or_else(|_| self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK))
@@ -535,9 +725,8 @@ impl PassthroughFs {
         if is_flock || !self.locks.posix {
             return Err(errno(libc::ENOSYS));
         }
-        self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
-        self.locks
-            .getlk(nodeid, owner, r, self.lock_description(nodeid))
+        let h = self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
+        self.locks.getlk(nodeid, owner, r, h.fd.as_raw_fd())
     }
 
     /// SETLK and SETLKW: `Ok(Some(wait))` when a SETLKW must wait (for a waiter thread).
@@ -573,8 +762,15 @@ impl PassthroughFs {
             return Err(errno(libc::ENOSYS));
         }
         self.lock_handle(nodeid, fh, r.typ)?;
-        self.locks
-            .setlk(nodeid, owner, pid, r, wait, self.lock_description(nodeid))
+        self.locks.setlk(
+            nodeid,
+            fh,
+            owner,
+            pid,
+            r,
+            wait,
+            self.lock_description(nodeid),
+        )
     }
 }
 

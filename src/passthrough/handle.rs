@@ -104,9 +104,12 @@ impl Default for HandleTable {
 }
 
 impl HandleTable {
-    pub fn clear(&self) {
+    /// Empties the table; gives what it held.
+    pub fn clear(&self) -> Vec<Arc<Handle>> {
+        let mut all = Vec::new();
         for s in &self.shards {
-            s.write().unwrap().clear();
+            all.extend(s.write().unwrap().drain().map(|(_, h)| h));
         }
+        all
     }
 }

@@ -9,8 +9,13 @@
 //! Changes run with the caller's fsuid/fsgid: the host kernel then refuses a non-owner
 //! (EPERM) and, since setfsuid to a non-root id drops CAP_LINUX_IMMUTABLE, a non-root
 //! caller touching the immutable or append-only flag (EPERM), exactly as a local ext4
-//! does. A root caller gets the daemon's capabilities: +i/+a need
-//! `--modcaps=+linux_immutable`, which vfsd's default set (virtiofsd's) lacks.
+//! does. A root caller gets the daemon's capabilities: vfsd's default set keeps
+//! CAP_LINUX_IMMUTABLE (virtiofsd's lacks it), so guest root's +i/+a work as on a local
+//! filesystem; `--modcaps=-linux_immutable` takes that away.
+//!
+//! A file's project id and project inheritance are the host's: they decide which project
+//! quota a file counts against, and hosts cap a VM's share that way. Changing them is
+//! refused (EINVAL) unless `--allow-project-id` is given.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -157,7 +162,30 @@ impl AsRawFd for Target {
     }
 }
 
+/// FS_PROJINHERIT_FL in the flags, and FS_XFLAG_PROJINHERIT in `fsx_xflags`.
+const PROJINHERIT_FL: u32 = 0x2000_0000;
+const XFLAG_PROJINHERIT: u32 = 0x200;
+/// `fsx_projid`'s place in `struct fsxattr` (xflags, extsize, nextents, projid, ...).
+const FSX_PROJID: usize = 3;
+
 impl PassthroughFs {
+    /// Without `--allow-project-id`, a set request must leave the file's project id and
+    /// project inheritance as they are: EINVAL, as the host kernel answers the same change
+    /// made from a user namespace (a project id is a host-side quota boundary).
+    fn check_project_kept(&self, fd: &Target, cmd: Cmd, arg: &Arg) -> io::Result<()> {
+        let (get, inherit, changed) = match cmd {
+            Cmd::SetFlags => (Cmd::GetFlags, PROJINHERIT_FL, None),
+            Cmd::SetXattr => (Cmd::GetXattr, XFLAG_PROJINHERIT, Some(FSX_PROJID)),
+            _ => return Ok(()),
+        };
+        let mut now: Arg = [0; FSXATTR_SIZE / 4];
+        host_ioctl(fd, get, &mut now)?;
+        if (now[0] ^ arg[0]) & inherit != 0 || changed.is_some_and(|i| now[i] != arg[i]) {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(())
+    }
+
     /// FUSE_IOCTL. `data` is the request's input (`in_size` bytes, None when 0).
     pub(super) fn do_ioctl<'a>(
         &'a self,
@@ -194,6 +222,9 @@ impl PassthroughFs {
         };
         let mut arg = arg_from(input);
         if cmd.is_set() {
+            if !self.cfg.allow_project_id {
+                self.check_project_kept(&fd, cmd, &arg)?;
+            }
             let _cred = self.creator(ctx)?;
             host_ioctl(&fd, cmd, &mut arg)?;
             return Ok(IoctlData {

@@ -90,6 +90,8 @@ pub struct Config {
     /// Offer FUSE_DIRECT_IO_ALLOW_MMAP (`--allow-mmap`): shared mmap of files opened for
     /// direct I/O (`--cache never`, `metadata`).
     pub allow_mmap: bool,
+    /// Guest changes of project ids and project inheritance (`--allow-project-id`).
+    pub allow_project_id: bool,
     /// POSIX ACLs (`--posix-acl`): FUSE_POSIX_ACL and DONT_MASK are offered and the
     /// `system.posix_acl_*` names are passed to the host (see `acl`).
     pub posix_acl: bool,
@@ -123,6 +125,7 @@ impl Config {
             max_locks: 65536,
             max_lock_waiters: 1024,
             allow_mmap: false,
+            allow_project_id: false,
             posix_acl: false,
             security_label: false,
             id_translate: idtranslate::IdTranslate::default(),
@@ -153,6 +156,8 @@ pub struct FsCounters {
     pub locks_held: usize,
     pub lock_waiters: usize,
     pub lock_enolck: u64,
+    /// Lock owners, each with a host open file description.
+    pub lock_owners: usize,
     /// RWF_NOWAIT reads answered EOPNOTSUPP (at most about one per host filesystem).
     pub nowait_unsupported: u64,
 }
@@ -210,6 +215,7 @@ impl PassthroughFs {
             cfg.flock,
             cfg.max_locks,
             cfg.max_lock_waiters,
+            cfg.readonly,
         ));
         Ok(PassthroughFs {
             locks,
@@ -244,6 +250,11 @@ impl PassthroughFs {
                 .locks
                 .counters
                 .enolck
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lock_owners: self
+                .locks
+                .counters
+                .owners
                 .load(std::sync::atomic::Ordering::Relaxed),
             nowait_unsupported: self
                 .nowait_unsupported
@@ -370,15 +381,19 @@ impl PassthroughFs {
         &self.locks
     }
 
-    /// Drops every node and handle but the root (the guest unmounted), and every lock.
+    /// Drops every node and handle but the root (the guest unmounted, or a new INIT), and
+    /// every lock. A handle's flock goes at once, even if a request still running holds
+    /// the handle (and so its fd) a moment longer.
     fn reset(&self) {
         self.locks.release_all();
+        for h in self.handles.clear() {
+            let _ = filelocks::flock(h.fd.as_raw_fd(), libc::F_UNLCK, false);
+        }
         for inode in self.inodes.snapshot() {
             if inode.nodeid != ROOT_ID {
                 self.inodes.forget(inode.nodeid, u64::MAX);
             }
         }
-        self.handles.clear();
     }
 }
 
@@ -426,8 +441,9 @@ impl PassthroughFs {
             // SETXATTR_EXT carries the kill-sgid flag of an ACL change (see `acl`).
             want |= f::POSIX_ACL | f::DONT_MASK | f::SETXATTR_EXT;
         }
-        // A new session: nothing of an earlier one's locks survives.
-        self.locks.release_all();
+        // A new session (a guest reset or crashed sends no DESTROY): nothing of an earlier
+        // one survives, exactly as after DESTROY.
+        self.reset();
         if self.cfg.readdirplus {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }
@@ -669,6 +685,8 @@ impl FileSystem for PassthroughFs {
         if let Some(owner) = lock_owner {
             self.locks.release_owner(inode, owner);
         }
+        // The open file's own owners (OFD locks) end with it.
+        self.locks.release_handle(inode, handle);
         Ok(())
     }
 

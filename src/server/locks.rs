@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,15 +35,21 @@ pub trait Deferred: Send {
 }
 
 struct Waiter {
+    /// The guest's `unique` of the request (what an INTERRUPT names). Not a key: a guest
+    /// may send two requests under one unique.
+    unique: u64,
     cancelled: AtomicBool,
-    done: AtomicBool,
+    /// True until the thread stops waiting. Held while the thread is signalled, so that a
+    /// signal never goes to a thread that has moved on, let alone exited.
+    waiting: Mutex<bool>,
     thread: libc::pthread_t,
 }
 
-/// The waiting SETLKWs, by request `unique`.
+/// The waiting SETLKWs, by an id vfsd gives each.
 #[derive(Default)]
 pub struct Waiters {
-    by_unique: Mutex<HashMap<u64, Arc<Waiter>>>,
+    next_id: AtomicU64,
+    by_id: Mutex<HashMap<u64, Arc<Waiter>>>,
 }
 
 extern "C" fn wake(_: libc::c_int) {}
@@ -62,31 +68,45 @@ pub fn install_wake_handler() {
 }
 
 impl Waiters {
-    /// Cancels the wait of request `unique` (FUSE_INTERRUPT).
+    /// Cancels the waits of requests sent under `unique` (FUSE_INTERRUPT).
     pub fn interrupt(&self, unique: u64) {
-        let w = self.by_unique.lock().unwrap().get(&unique).cloned();
-        if let Some(w) = w {
+        let hit: Vec<Arc<Waiter>> = self
+            .by_id
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|w| w.unique == unique)
+            .cloned()
+            .collect();
+        for w in hit {
             cancel(&w);
         }
     }
 
     /// Cancels every wait (DESTROY, a new INIT).
     pub fn cancel_all(&self) {
-        let all: Vec<Arc<Waiter>> = self.by_unique.lock().unwrap().values().cloned().collect();
+        let all: Vec<Arc<Waiter>> = self.by_id.lock().unwrap().values().cloned().collect();
         for w in all {
             cancel(&w);
         }
     }
 }
 
-/// Signals the waiter until it has seen the cancellation (a signal that lands just before
-/// it blocks is lost, so one is not enough), for at most a second.
+/// Signals the waiter until it has stopped waiting (a signal that lands just before it
+/// blocks is lost, so one is not enough), for at most a second.
 fn cancel(w: &Waiter) {
     w.cancelled.store(true, Ordering::Release);
     let t = Instant::now();
-    while !w.done.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(1) {
-        // SAFETY: the thread is alive until `done` is set, which is checked first.
-        unsafe { libc::pthread_kill(w.thread, WAKE_SIGNAL) };
+    while t.elapsed() < Duration::from_secs(1) {
+        {
+            let waiting = w.waiting.lock().unwrap();
+            if !*waiting {
+                return;
+            }
+            // SAFETY: the thread is alive: it clears `waiting` under this lock before it
+            // does anything else, and it can't exit while it is held here.
+            unsafe { libc::pthread_kill(w.thread, WAKE_SIGNAL) };
+        }
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -155,26 +175,28 @@ pub fn spawn_waiter(
         .name("vfsd-lock-waiter".into())
         .stack_size(WAITER_STACK)
         .spawn(move || {
+            let id = waiters2.next_id.fetch_add(1, Ordering::Relaxed);
             let me = Arc::new(Waiter {
+                unique: hdr.unique,
                 cancelled: AtomicBool::new(false),
-                done: AtomicBool::new(false),
+                waiting: Mutex::new(true),
                 // SAFETY: pthread_self has no preconditions.
                 thread: unsafe { libc::pthread_self() },
             });
-            waiters2
-                .by_unique
-                .lock()
-                .unwrap()
-                .insert(hdr.unique, me.clone());
+            waiters2.by_id.lock().unwrap().insert(id, me.clone());
+            let stop_waiting = || {
+                *me.waiting.lock().unwrap() = false;
+                waiters2.by_id.lock().unwrap().remove(&id);
+            };
             let _ = ready_tx.send(());
             let Ok(done) = rx.recv() else {
-                waiters2.by_unique.lock().unwrap().remove(&hdr.unique);
-                me.done.store(true, Ordering::Release);
+                stop_waiting();
                 return;
             };
             let r = wait.block(&me.cancelled);
-            waiters2.by_unique.lock().unwrap().remove(&hdr.unique);
-            me.done.store(true, Ordering::Release);
+            // No signal reaches this thread after this: the reply's writes and the
+            // guest's notification can't be interrupted.
+            stop_waiting();
             let error = match r {
                 Ok(()) => 0,
                 Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),

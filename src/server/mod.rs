@@ -534,17 +534,27 @@ fn reply<M>(
 where
     M: Deref<Target = GuestMemoryMmap> + Clone,
 {
-    let (error, payload) = match r {
+    let Ok(mut w) = VirtioFsWriter::new(mem, chain.clone()) else {
+        return 0;
+    };
+    let (mut error, mut payload) = match r {
         Ok(p) => (0, p),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
     };
+    let header = std::mem::size_of::<OutHeader>();
+    if header + payload.len() > w.available_bytes() && header <= w.available_bytes() {
+        // The guest left room for a header but not for this reply: an errno still tells
+        // it the request is done (as for a request the crate can't answer).
+        debug!(
+            "reply of {} bytes does not fit; answering EINVAL",
+            payload.len()
+        );
+        (error, payload) = (-libc::EINVAL, Vec::new());
+    }
     let out = OutHeader {
-        len: (std::mem::size_of::<OutHeader>() + payload.len()) as u32,
+        len: (header + payload.len()) as u32,
         error,
         unique: hdr.unique,
-    };
-    let Ok(mut w) = VirtioFsWriter::new(mem, chain.clone()) else {
-        return 0;
     };
     if w.write_all(out.as_slice())
         .and_then(|_| w.write_all(&payload))
