@@ -9,7 +9,7 @@
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
-#                     selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests
+#                     selftest,smoke,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests
 #                     (and twohosts, with --gluster)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
@@ -82,9 +82,9 @@ if [ "$GLUSTER" = 1 ]; then
 elif [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
-ONLY=${ONLY:-selftest,smoke,setid,features,fio,pjdfstest,fsx,locks,xfstests}
+ONLY=${ONLY:-selftest,smoke,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|features|fio|pjdfstest|fsx|locks|xfstests) ;;
+    case $t in selftest|smoke|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
@@ -263,6 +263,20 @@ for daemon in "${DAEMONS[@]}"; do
                 "--cache=$cache --inode-file-handles=$handles"
             finish_test "$label" "setid-$cache"
             show '^setid: [0-9]+ checks'
+        done
+    fi
+
+    if wanted fdwalk; then
+        # Issue 21: a 6,000-file tree at --rlimit-nofile=1024 in each file-handle mode
+        # (the default cache mode keeps every inode the guest has seen referenced).
+        modes="never prefer mandatory"
+        [ -n "$SHARE_ROOT" ] && modes="never prefer"
+        for handles in $modes; do
+            run_test "$daemon" "$label" "fdwalk-$handles" 0 600 \
+                "/guest-tests/fdwalk.sh handles=$handles" \
+                "--rlimit-nofile=1024 --inode-file-handles=$handles"
+            finish_test "$label" "fdwalk-$handles"
+            show '^fdwalk: [0-9]+ checks'
         done
     fi
 

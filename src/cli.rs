@@ -231,9 +231,10 @@ pub struct Opt {
     #[arg(long, value_name = "CAPS", allow_hyphen_values = true)]
     pub modcaps: Option<String>,
 
-    /// Name known inodes by file handles instead of holding an fd each (bounds the host fds
-    /// a guest can pin by walking a large tree; needs CAP_DAC_READ_SEARCH)
-    #[arg(long, value_enum, default_value = "never")]
+    /// Find known inodes again by file handle (prefer: where the host can reopen handles,
+    /// else by parent and name; mandatory: refuse to start without; never: by name only).
+    /// Either way the O_PATH fds nodes hold stay within half the fd limit (at most 65,536)
+    #[arg(long, value_enum, default_value = "prefer")]
     pub inode_file_handles: InodeFileHandles,
 
     /// Map namespace uids onto host uids in the namespace sandbox's user namespace, as

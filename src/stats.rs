@@ -36,6 +36,8 @@ pub struct Stats {
     pub reads_served_alone: AtomicU64,
     /// Requests whose handler panicked (answered EIO; the worker lives on).
     pub panics: AtomicU64,
+    /// Requests answered EMFILE or ENFILE: the host's fd limits were reached.
+    pub fds_exhausted: AtomicU64,
 }
 
 /// FUSE opcode names as in the kernel's `enum fuse_opcode` (from the dispatch table).
@@ -54,6 +56,7 @@ impl Default for Stats {
             served_alone: AtomicU64::new(0),
             reads_served_alone: AtomicU64::new(0),
             panics: AtomicU64::new(0),
+            fds_exhausted: AtomicU64::new(0),
         }
     }
 }
@@ -127,6 +130,9 @@ impl Stats {
             "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),
+            "fds_exhausted": self.fds_exhausted.load(Ordering::Relaxed),
+            "inode_fds": fs.inode_fds,
+            "inode_fd_limit": fs.inode_fd_limit,
             "locks_held": fs.locks_held,
             "lock_waiters": fs.lock_waiters,
             "lock_enolck": fs.lock_enolck,

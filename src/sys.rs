@@ -452,6 +452,19 @@ pub fn removexattr_path(dir: RawFd, path: &CStr, name: &CStr) -> io::Result<()> 
     .map(drop)
 }
 
+/// The soft RLIMIT_NOFILE now (1024 if it can't be read).
+pub fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the live struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,3 +194,35 @@ fn a_reply_too_large_for_the_guests_buffer_is_answered_with_an_errno() {
     assert_eq!(reply.len(), 16);
     assert!(error_of(&reply) < 0);
 }
+
+/// A request that changes something (CREATE, MKDIR, WRITE...) with too little reply room
+/// for its reply is refused before it acts: otherwise the file is made, or the node and
+/// handle taken, and the guest never learns of them.
+#[test]
+fn a_request_whose_reply_cannot_fit_is_refused_before_it_acts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FuseServer::new(Arc::new(
+        PassthroughFs::new(Config::new(dir.path())).unwrap(),
+    ));
+    // CreateIn: flags, mode, umask, open_flags; then the name.
+    let mut create = Vec::new();
+    for v in [(libc::O_RDWR | libc::O_CREAT) as u32, 0o644, 0, 0] {
+        create.extend_from_slice(&v.to_le_bytes());
+    }
+    create.extend_from_slice(b"made\0");
+    let reply = call(&server, &request(35, 1, &create), 16 + 100);
+    assert_eq!((reply.len(), error_of(&reply)), (16, -libc::EINVAL));
+    assert!(!dir.path().join("made").exists(), "CREATE acted anyway");
+    // MkdirIn: mode, umask; then the name.
+    let mut mkdir = Vec::new();
+    for v in [0o755u32, 0] {
+        mkdir.extend_from_slice(&v.to_le_bytes());
+    }
+    mkdir.extend_from_slice(b"sub\0");
+    let reply = call(&server, &request(9, 1, &mkdir), 16);
+    assert_eq!((reply.len(), error_of(&reply)), (16, -libc::EINVAL));
+    assert!(!dir.path().join("sub").exists(), "MKDIR acted anyway");
+    // With room for the reply, both work.
+    assert_eq!(error_of(&call(&server, &request(35, 1, &create), 4096)), 0);
+    assert_eq!(error_of(&call(&server, &request(9, 1, &mkdir), 4096)), 0);
+}

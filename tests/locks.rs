@@ -636,3 +636,36 @@ fn readonly_share_locks_through_read_only_descriptions() {
         "the host could not run the locked file: {st:?}"
     );
 }
+
+/// A SETLKW waits while another thread of the same process closes the file (FLUSH of the
+/// same owner): as on Linux, the wait goes on and is granted when the holder lets go. It
+/// used to spin for ever on a released owner, never answering.
+#[test]
+fn a_wait_outlives_a_flush_of_its_owner() {
+    let (d1, d2) = two_guests(&[]);
+    let c1 = d1.client();
+    let c2 = d2.client();
+    let (n1, h1) = open_f(&c1);
+    let (n2, h2) = open_f(&c2);
+    c1.setlk(n1, h1, A, wr(0, 9, 1)).unwrap();
+    c2.setlk(n2, h2, B, wr(100, 109, 2)).unwrap();
+    let t = c2.setlkw(1, n2, h2, B, wr(0, 9, 2)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Another thread of B's process closes another fd of the file.
+    let h3 = c2.open(n2, libc::O_RDWR as u32).unwrap().fh;
+    c2.flush_owner(n2, h3, B).unwrap();
+    c2.release(n2, h3).unwrap();
+    assert!(
+        host_ofd_lock(&d2.path("f"), libc::F_WRLCK, 100, 10),
+        "the FLUSH left B's held lock"
+    );
+    c1.setlk(n1, h1, A, un(0, 9)).unwrap();
+    let mut c2 = c2;
+    c2.timeout = Duration::from_secs(3);
+    assert_eq!(c2.wait(t).expect("the wait was answered").error, 0);
+    assert!(
+        !host_ofd_lock(&d2.path("f"), libc::F_WRLCK, 0, 10),
+        "B was granted the lock"
+    );
+    assert_eq!(stat(&d2, "lock_waiters"), 0);
+}

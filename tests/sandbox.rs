@@ -62,10 +62,11 @@ fn namespace_sandbox_pivots_into_the_share_and_closes_stray_fds() {
         "inherited fd left open"
     );
     // Capabilities: only virtiofsd's set (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETGID,
-    // SETUID, MKNOD, SETFCAP) plus LINUX_IMMUTABLE (guest root's chattr +i/+a).
+    // SETUID, MKNOD, SETFCAP) plus LINUX_IMMUTABLE (guest root's chattr +i/+a) and, for
+    // the default --inode-file-handles=prefer, DAC_READ_SEARCH (open_by_handle_at).
     let cap = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
     let eff = u64::from_str_radix(cap.split_whitespace().nth(1).unwrap(), 16).unwrap();
-    let want = [0u64, 1, 3, 4, 6, 7, 9, 27, 31]
+    let want = [0u64, 1, 2, 3, 4, 6, 7, 9, 27, 31]
         .iter()
         .fold(0, |m, b| m | 1 << b);
     assert_eq!(eff, want, "{cap}");
@@ -491,4 +492,53 @@ fn a_root_daemon_keeps_no_supplementary_groups() {
         let _ = child.wait();
         assert_eq!(groups.split_whitespace().count(), 1, "{sandbox}: {groups}");
     }
+}
+
+/// Rootless, as libvirt runs vfsd unprivileged (`--uid-map`): no CAP_DAC_READ_SEARCH, so
+/// file handles can't be reopened and the default `--inode-file-handles=prefer` finds
+/// files by parent and name. More files than the fd limit stay usable all the same.
+#[test]
+fn an_unprivileged_daemon_knows_more_files_than_its_fd_limit() {
+    if !is_root() {
+        eprintln!("skipped: dropping to another user for the test needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    chown(dir.path(), 65534, 65534);
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    for i in 0..2000 {
+        std::fs::write(share.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    chown(&share, 65534, 65534);
+    let sock = dir.path().join("s");
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::vfsd_bin())
+        .arg("--fd=3")
+        .args(["--log-level", "warn", "--rlimit-nofile", "256"])
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--uid-map=:0:65534:1:", "--gid-map=:0:65534:1:"])
+        .stdin(std::process::Stdio::null())
+        .spawn_with_listener(&sock);
+    let c = vfsd::frontend::fuse::FuseClient::new(
+        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
+            .unwrap(),
+    );
+    c.init().unwrap();
+    let nodes: Vec<u64> = (0..2000)
+        .map(|i| {
+            c.lookup(ROOT, &format!("f{i}"))
+                .unwrap_or_else(|e| panic!("f{i}: {e:?}"))
+                .nodeid
+        })
+        .collect();
+    for (i, &n) in nodes.iter().enumerate().step_by(13) {
+        let o = c.open(n, libc::O_RDONLY as u32).unwrap();
+        assert_eq!(c.read(n, o.fh, 0, 16).unwrap(), format!("{i}").as_bytes());
+        c.release(n, o.fh).unwrap();
+    }
+    drop(c);
+    assert!(child.wait().unwrap().success());
 }

@@ -37,7 +37,7 @@ impl PassthroughFs {
     /// Clears S_ISGID of `inode` after an ACL change the guest kernel found the caller
     /// not entitled to keep it through (FUSE_SETXATTR_ACL_KILL_SGID).
     pub fn acl_kill_sgid(&self, inode: u64) -> io::Result<()> {
-        let fd = self.reopen(&*self.inode(inode)?, libc::O_RDONLY | libc::O_NONBLOCK)?;
+        let fd = self.reopen(&self.inode(inode)?, libc::O_RDONLY | libc::O_NONBLOCK)?;
         let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
         let mode = st.st_mode & 0o7777;
         if mode & libc::S_ISGID == 0 {

@@ -47,7 +47,9 @@ impl PassthroughFs {
             sys::EMPTY,
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )?;
-        let inode = self.inodes.lookup_insert(fd, &st)?;
+        // `..` and `.` are not names a node can be found by again.
+        let seen = (!sys::is_dot_or_dotdot(name)).then_some((&p, name));
+        let inode = self.inodes.lookup_insert(fd, &st, seen)?;
         let mut e = self.entry(&inode, st.st);
         // A directory on another mount than its parent: with --announce-submounts the guest
         // mounts it separately, with its own st_dev, so inode numbers of different host
@@ -152,9 +154,21 @@ impl PassthroughFs {
             }));
         }
         let p = self.inode(parent)?;
+        let pfd = p.path_fd()?;
+        let victim = self.known_at(&pfd, name);
         // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-        cvt(unsafe { libc::unlinkat(p.path_fd()?.as_raw_fd(), name.as_ptr(), flags) })?;
+        cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), flags) })?;
+        if let Some(v) = victim.filter(|v| v.is_at(&p, name)) {
+            v.name_gone();
+        }
         Ok(())
+    }
+
+    /// The known node of `name` in the directory `dir`, if any (before a rename or an
+    /// unlink moves or removes the name it is found by).
+    fn known_at(&self, dir: &impl AsRawFd, name: &CStr) -> Option<Arc<Inode>> {
+        let st = sys::statx(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+        self.inodes.by_key(&st)
     }
 
     pub(super) fn do_rename(
@@ -177,16 +191,36 @@ impl PassthroughFs {
         }
         let od = self.inode(olddir)?;
         let nd = self.inode(newdir)?;
+        let (ofd, nfd) = (od.path_fd()?, nd.path_fd()?);
+        let moved = self.known_at(&ofd, oldname);
+        let target = self.known_at(&nfd, newname);
         // SAFETY: names are NUL-terminated and relative to their parents' fds.
         cvt(unsafe {
             libc::renameat2(
-                od.path_fd()?.as_raw_fd(),
+                ofd.as_raw_fd(),
                 oldname.as_ptr(),
-                nd.path_fd()?.as_raw_fd(),
+                nfd.as_raw_fd(),
                 newname.as_ptr(),
                 flags,
             )
         })?;
+        // The nodes' names move with their files.
+        let same = |a: &Option<Arc<Inode>>, b: &Option<Arc<Inode>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !same(&moved, &target) {
+            if let Some(t) = &target {
+                if flags & libc::RENAME_EXCHANGE != 0 {
+                    t.seen_at(&od, oldname);
+                } else if t.is_at(&nd, newname) {
+                    t.name_gone();
+                }
+            }
+        }
+        if let Some(m) = &moved {
+            m.seen_at(&nd, newname);
+        }
         Ok(())
     }
 

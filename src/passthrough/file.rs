@@ -127,7 +127,7 @@ impl PassthroughFs {
                         unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
                         return Err(e);
                     }
-                    return self.created(fd, hflags, flags);
+                    return self.created(fd, hflags, flags, Some((&p, name)));
                 }
                 Err(e)
                     if e.raw_os_error() == Some(libc::EEXIST)
@@ -169,6 +169,7 @@ impl PassthroughFs {
         fd: std::os::fd::OwnedFd,
         hflags: i32,
         flags: u32,
+        name: Option<(&Arc<Inode>, &CStr)>,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         // Take the O_PATH fd from the opened file itself, so the entry is exactly the file
         // created even if the name changes meanwhile.
@@ -179,7 +180,7 @@ impl PassthroughFs {
             0,
         )?;
         let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
-        let inode = self.inodes.lookup_insert(path_fd, &st)?;
+        let inode = self.inodes.lookup_insert(path_fd, &st, name)?;
         let entry = self.entry(&inode, st.st);
         let nowait = self.nowait_unsupported.worth_trying(inode.key.mnt_id);
         let fh = self.handles.insert(Handle {
@@ -400,7 +401,7 @@ impl PassthroughFs {
             self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?
         } else {
             self.reopen(
-                &*self.inode(fuse_backend_rs::api::filesystem::ROOT_ID)?,
+                &self.inode(fuse_backend_rs::api::filesystem::ROOT_ID)?,
                 libc::O_RDONLY,
             )?
         };
@@ -517,10 +518,12 @@ impl PassthroughFs {
             )?
         };
         self.label_created_file(fd.as_raw_fd())?;
+        // No name: its node keeps its fd (nothing else finds it) until a LINK names it.
         self.created(
             fd,
             hflags & !libc::O_EXCL,
             flags & !(libc::O_TMPFILE as u32),
+            None,
         )
     }
 }

@@ -309,21 +309,30 @@ impl FileLocks {
     /// the node's file), noting handle `fh` as one it locks through. The host open runs
     /// outside the table's lock: an open can be slow on a network file system. Owners are
     /// bounded by `--max-locks` (each holds a host fd and at least one range).
+    /// `fh_open` says whether the handle is still open; asked under the table's lock, so
+    /// a RELEASE racing this request either finds the handle noted here or makes it fail
+    /// (EBADF): no owner outlives its handle unnoticed.
     fn owner(
         &self,
         node: u64,
         key: u64,
         fh: u64,
         open: &impl Fn(bool) -> io::Result<OwnedFd>,
+        fh_open: &impl Fn() -> bool,
     ) -> io::Result<Arc<Owner>> {
-        let found = |m: &mut Owners| {
-            let e = m.by_node.get_mut(&node)?.get_mut(&key)?;
+        let found = |m: &mut Owners| -> io::Result<Option<Arc<Owner>>> {
+            let Some(e) = m.by_node.get_mut(&node).and_then(|o| o.get_mut(&key)) else {
+                return Ok(None);
+            };
             if !e.handles.contains(&fh) {
+                if !fh_open() {
+                    return Err(errno(libc::EBADF));
+                }
                 e.handles.push(fh);
             }
-            Some(e.owner.clone())
+            Ok(Some(e.owner.clone()))
         };
-        if let Some(o) = found(&mut self.owners.lock().unwrap()) {
+        if let Some(o) = found(&mut self.owners.lock().unwrap())? {
             return Ok(o);
         }
         if self.owners.lock().unwrap().count >= self.max_locks {
@@ -331,11 +340,14 @@ impl FileLocks {
         }
         let fd = open(self.readonly)?;
         let mut m = self.owners.lock().unwrap();
-        if let Some(o) = found(&mut m) {
+        if let Some(o) = found(&mut m)? {
             return Ok(o);
         }
         if m.count >= self.max_locks {
             return Err(self.enolck());
+        }
+        if !fh_open() {
+            return Err(errno(libc::EBADF));
         }
         let o = Arc::new(Owner {
             fd,
@@ -454,6 +466,7 @@ impl FileLocks {
         r: Range,
         wait: bool,
         open: impl Fn(bool) -> io::Result<OwnedFd>,
+        fh_open: impl Fn() -> bool,
     ) -> io::Result<Option<Wait>> {
         // An owner found dead was dropped between the table and its state: take a fresh
         // one. Each round needs another request to drop it, so a few rounds settle it.
@@ -465,7 +478,7 @@ impl FileLocks {
                     None => return Ok(None),
                 }
             } else {
-                self.owner(node, owner, fh, &open)?
+                self.owner(node, owner, fh, &open, &fh_open)?
             };
             let mut st = o.state.lock().unwrap();
             if st.dead {
@@ -514,8 +527,22 @@ impl FileLocks {
 
     /// FLUSH by `owner` (the guest's close()): its POSIX locks on the node go, as a local
     /// filesystem drops a process's locks when it closes any fd of the file.
+    /// A wait of the owner goes on (Linux keeps a blocked F_SETLKW of a process whose
+    /// other thread closes the file), so an owner with waits stays, holding nothing.
     pub fn release_owner(&self, node: u64, owner: u64) {
-        let o = self.owners.lock().unwrap().remove(node, owner);
+        let o = {
+            let mut m = self.owners.lock().unwrap();
+            match m.get(node, owner) {
+                None => return,
+                Some(e) if e.owner.state.lock().unwrap().waiting > 0 => {
+                    let o = e.owner.clone();
+                    drop(m);
+                    self.unlock_all(&o);
+                    return;
+                }
+                Some(_) => m.remove(node, owner),
+            }
+        };
         if let Some(o) = o {
             self.drop_owner(&o);
         }
@@ -582,14 +609,24 @@ impl FileLocks {
     /// Ends an owner already out of the table: its host locks go and it is marked dead
     /// (under its state lock, so a waiter granted a lock afterwards sees it and undoes it).
     fn drop_owner(&self, o: &Owner) {
+        let mut st = o.state.lock().unwrap();
+        st.dead = true;
+        self.unlock_locked(o, &mut st);
+    }
+
+    /// Removes every lock of an owner that stays (it has waits).
+    fn unlock_all(&self, o: &Owner) {
+        let mut st = o.state.lock().unwrap();
+        self.unlock_locked(o, &mut st);
+    }
+
+    fn unlock_locked(&self, o: &Owner, st: &mut OwnerState) {
         let all = Range {
             start: 0,
             end: OFFSET_MAX,
             typ: libc::F_UNLCK,
         };
         let f = all.flock();
-        let mut st = o.state.lock().unwrap();
-        st.dead = true;
         // SAFETY: plain fcntl on an fd we own.
         unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) };
         self.counters
@@ -637,17 +674,10 @@ impl Wait {
         // SAFETY: plain fcntl on an fd we own with a live flock.
         cvt(unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLKW, &f) })?;
         let mut st = owner.state.lock().unwrap();
-        let new = st.ranges.plan(*range);
-        // Released meanwhile (FLUSH, RELEASE, FORGET, DESTROY)? The lock must not outlive
-        // that. Past `--max-locks` now? It must not stay either.
-        let refused = if st.dead {
-            Some(errno(libc::EINTR))
-        } else {
-            locks.check_bound(st.ranges.len(), new.len_after).err()
-        };
-        if let Some(e) = refused {
-            // Back to what the owner held before: its own ranges there, if any, are put
-            // back after the unlock.
+        if st.dead {
+            // Released meanwhile (RELEASE, FORGET, DESTROY, a new INIT): the lock must
+            // not outlive that. Final, as Linux answers a lock that lost its fd to a
+            // close (EBADF): a retry would be granted and undone for ever.
             let un = Range {
                 typ: libc::F_UNLCK,
                 ..*range
@@ -655,22 +685,12 @@ impl Wait {
             .flock();
             // SAFETY: as above.
             unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &un) };
-            if !st.dead {
-                for (&s, &(e, t)) in st.ranges.ranges.range(..=range.end) {
-                    if e >= range.start {
-                        let back = Range {
-                            start: s.max(range.start),
-                            end: e.min(range.end),
-                            typ: t,
-                        }
-                        .flock();
-                        // SAFETY: as above.
-                        unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &back) };
-                    }
-                }
-            }
-            return Err(e);
+            return Err(errno(libc::EBADF));
         }
+        // Not refused past `--max-locks` now that the host granted it: undoing it would
+        // free bytes the owner held before to others for a moment. A wait adds at most
+        // two ranges, so the count stays within --max-locks + 2 x --max-lock-waiters.
+        let new = st.ranges.plan(*range);
         locks.commit(&mut st.ranges, new);
         Ok(())
     }
@@ -770,6 +790,7 @@ impl PassthroughFs {
             r,
             wait,
             self.lock_description(nodeid),
+            || self.handles.get(fh, nodeid).is_ok(),
         )
     }
 }

@@ -2,18 +2,38 @@
 //!
 //! A host file is identified by (st_dev, st_ino, mount id); looking the same file up twice
 //! returns the same node id with its lookup count raised. FORGET lowers the count and, at
-//! zero, drops the entry and closes its fd.
+//! zero, drops the entry.
 //!
-//! Each node names its file either by an O_PATH fd or, with `--inode-file-handles`, by a
-//! kernel file handle (no fd held: a guest walking a huge tree can't exhaust the host's
-//! fds). `Inode::path_fd` gives an O_PATH fd either way.
+//! How a node finds its file (`Inode::path_fd`), cheapest first:
+//! - the O_PATH fd it holds, while it holds one;
+//! - its kernel file handle, where the host can reopen handles (`--inode-file-handles`
+//!   prefer or mandatory, with CAP_DAC_READ_SEARCH, on a file system whose handles outlive
+//!   an evicted inode);
+//! - its parent and name, as last seen: the name is opened relative to the parent (found
+//!   the same way) with O_NOFOLLOW and must be the same file, (st_dev, st_ino, mount) and
+//!   its file handle (which carries the inode generation) where the file system gives
+//!   one. Another file there, or none, is ESTALE, never the other file.
+//!
+//! The O_PATH fds nodes hold are bounded (`FdCache`, at most half the fd limit and 65,536):
+//! past the bound, the fd of a node not used lately is closed (CLOCK: each use marks a
+//! node, the sweep gives a marked node a second chance). The root, and nodes that could
+//! not be found again (an O_TMPFILE, a file unlinked through vfsd) keep theirs. A guest
+//! walking a tree of millions of files therefore holds at most the bound in fds; the
+//! memory of a known node stays (about 300 bytes, docs/benchmarks.md) until it is
+//! forgotten.
+//!
+//! Limits: a host-side rename of a file (or of a directory above it) after its node gave
+//! up its fd makes the node ESTALE until the guest looks the new name up; a rename through
+//! vfsd moves the node's name with it. A hard-linked file is found by the last name the
+//! guest looked it up by.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::lock::{FileId, FileLock, LockTable};
 use crate::sys;
@@ -35,29 +55,12 @@ impl InodeKey {
     }
 }
 
-/// How a node names its host file.
-pub enum InodeFile {
-    /// O_PATH | O_NOFOLLOW fd: names this file without opening it for I/O.
-    Fd(OwnedFd),
-    /// A file handle, opened on demand relative to a file of its mount.
-    Handle {
-        handle: sys::FileHandle,
-        mount_fd: Arc<OwnedFd>,
-    },
-}
+/// An O_PATH fd of a node's file, shared with the node while it holds it.
+pub struct PathFd(Arc<OwnedFd>);
 
-/// An O_PATH fd of a node's file: the node's own, or one opened from its handle.
-pub enum PathFd<'a> {
-    Borrowed(&'a OwnedFd),
-    Owned(OwnedFd),
-}
-
-impl AsRawFd for PathFd<'_> {
+impl AsRawFd for PathFd {
     fn as_raw_fd(&self) -> RawFd {
-        match self {
-            PathFd::Borrowed(f) => f.as_raw_fd(),
-            PathFd::Owned(f) => f.as_raw_fd(),
-        }
+        self.0.as_raw_fd()
     }
 }
 
@@ -65,48 +68,182 @@ impl AsRawFd for PathFd<'_> {
 /// spelled by `cli::InodeFileHandles`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileHandleMode {
-    /// Always hold an O_PATH fd.
+    /// Find files again by parent and name only.
     Never,
-    /// Use a file handle where the filesystem supports them, else an fd.
+    /// Use file handles where the host can reopen them, else parent and name.
     Prefer,
     /// Use file handles; a lookup on a filesystem without them fails.
     Mandatory,
 }
 
+/// A node's file handle, and the fd of its mount it reopens relative to (None where the
+/// host can't reopen handles: the handle then only checks identity).
+struct Handle {
+    handle: sys::FileHandle,
+    mount_fd: Option<Arc<OwnedFd>>,
+}
+
+/// Where a node was last seen: its parent and its name there.
+struct Name {
+    parent: Weak<Inode>,
+    name: CString,
+}
+
 pub struct Inode {
     pub nodeid: u64,
-    pub file: InodeFile,
     pub key: InodeKey,
-    /// `S_IFMT` bits; a host file never changes type under a live fd.
+    /// `S_IFMT` bits; a host file never changes type.
     pub file_type: u32,
     /// Guest lookup count (FUSE "nlookup").
     lookups: AtomicU64,
     /// Serialises size-changing I/O against in-EOF I/O on this host file; shared with
     /// every other node of the same file (see `lock`).
     pub io: Arc<FileLock>,
+    handle: Option<Handle>,
+    name: Mutex<Option<Name>>,
+    /// The O_PATH fd while the node holds one (counted in `cache`).
+    fd: Mutex<Option<Arc<OwnedFd>>>,
+    /// Used since the last sweep (CLOCK's mark).
+    used: AtomicBool,
+    /// Keeps its fd: nothing else would find its file again.
+    pinned: AtomicBool,
+    cache: Arc<FdCache>,
 }
+
+/// Ancestors followed at most to find a node's file again (a loop of stale names can't
+/// recurse forever).
+const MAX_DEPTH: usize = 4096;
 
 impl Inode {
     /// An O_PATH fd of this node's file, for `*at()` calls relative to it.
-    pub fn path_fd(&self) -> io::Result<PathFd<'_>> {
-        match &self.file {
-            InodeFile::Fd(fd) => Ok(PathFd::Borrowed(fd)),
-            InodeFile::Handle { handle, mount_fd } => Ok(PathFd::Owned(sys::open_by_handle(
-                mount_fd.as_raw_fd(),
+    pub fn path_fd(self: &Arc<Self>) -> io::Result<PathFd> {
+        self.path_fd_at(0)
+    }
+
+    fn path_fd_at(self: &Arc<Self>, depth: usize) -> io::Result<PathFd> {
+        if let Some(fd) = self.fd.lock().unwrap().as_ref() {
+            self.used.store(true, Ordering::Relaxed);
+            return Ok(PathFd(fd.clone()));
+        }
+        let fd = match self.find_again(depth) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                // Out of fds: give up more of the cached ones and try once more.
+                self.cache.shrink();
+                self.find_again(depth)?
+            }
+            r => r?,
+        };
+        let fd = Arc::new(fd);
+        let mut held = self.fd.lock().unwrap();
+        if let Some(other) = held.as_ref() {
+            // Another request found it first.
+            return Ok(PathFd(other.clone()));
+        }
+        *held = Some(fd.clone());
+        drop(held);
+        self.used.store(true, Ordering::Relaxed);
+        self.cache.admitted(self);
+        Ok(PathFd(fd))
+    }
+
+    /// Opens the file again, by handle or by parent and name, and checks it is this one.
+    fn find_again(&self, depth: usize) -> io::Result<OwnedFd> {
+        if let Some(Handle {
+            handle,
+            mount_fd: Some(m),
+        }) = &self.handle
+        {
+            return sys::open_by_handle(m.as_raw_fd(), handle, libc::O_PATH | libc::O_NOFOLLOW);
+        }
+        if depth >= MAX_DEPTH {
+            return Err(sys::errno(libc::ESTALE));
+        }
+        let (parent, name) = {
+            let n = self.name.lock().unwrap();
+            let Some(n) = n.as_ref() else {
+                return Err(sys::errno(libc::ESTALE));
+            };
+            let Some(p) = n.parent.upgrade() else {
+                return Err(sys::errno(libc::ESTALE));
+            };
+            (p, n.name.clone())
+        };
+        let pfd = parent.path_fd_at(depth + 1)?;
+        let fd = match sys::openat(pfd.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                return Err(sys::errno(libc::ESTALE))
+            }
+            r => r?,
+        };
+        let st = sys::statx(
+            fd.as_raw_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )?;
+        if InodeKey::of(&st) != self.key {
+            return Err(sys::errno(libc::ESTALE));
+        }
+        if let Some(h) = &self.handle {
+            // The same inode number can be another file (deleted, then reused): the
+            // handle's generation tells them apart.
+            match sys::name_to_handle(fd.as_raw_fd()) {
+                Ok((now, _)) if now == h.handle => {}
+                _ => return Err(sys::errno(libc::ESTALE)),
+            }
+        }
+        Ok(fd)
+    }
+
+    /// Opens the file for I/O directly from its handle (None: no reopenable handle).
+    pub fn open_by_handle(&self, flags: i32) -> Option<io::Result<OwnedFd>> {
+        match &self.handle {
+            Some(Handle {
                 handle,
-                libc::O_PATH | libc::O_NOFOLLOW,
-            )?)),
+                mount_fd: Some(m),
+            }) => Some(sys::open_by_handle(m.as_raw_fd(), handle, flags)),
+            _ => None,
         }
     }
 
-    /// Opens the file for I/O directly from its handle (None: the node holds an fd).
-    pub fn open_by_handle(&self, flags: i32) -> Option<io::Result<OwnedFd>> {
-        match &self.file {
-            InodeFile::Fd(_) => None,
-            InodeFile::Handle { handle, mount_fd } => {
-                Some(sys::open_by_handle(mount_fd.as_raw_fd(), handle, flags))
-            }
+    /// Whether the node finds its file by a reopenable file handle.
+    pub fn has_file_handle(&self) -> bool {
+        matches!(
+            self.handle,
+            Some(Handle {
+                mount_fd: Some(_),
+                ..
+            })
+        )
+    }
+
+    /// Records where the guest last saw this file: `name` in `parent`.
+    pub fn seen_at(&self, parent: &Arc<Inode>, name: &CStr) {
+        if self.nodeid == fuse_backend_rs::api::filesystem::ROOT_ID {
+            // The share's root (seen again through a bind mount inside it) keeps its fd.
+            return;
         }
+        *self.name.lock().unwrap() = Some(Name {
+            parent: Arc::downgrade(parent),
+            name: name.to_owned(),
+        });
+        // A name finds it again now (an O_TMPFILE just linked, say).
+        self.pinned.store(false, Ordering::Relaxed);
+    }
+
+    /// The name the node was found by is gone (unlinked, or replaced by a rename through
+    /// vfsd): it keeps the fd it holds, if any, since nothing else would find its file.
+    pub fn name_gone(&self) {
+        *self.name.lock().unwrap() = None;
+        if !self.has_file_handle() {
+            self.pinned.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `name` in `parent` is where this node was last seen.
+    pub fn is_at(&self, parent: &Arc<Inode>, name: &CStr) -> bool {
+        self.name.lock().unwrap().as_ref().is_some_and(|n| {
+            n.name.as_c_str() == name && Weak::ptr_eq(&n.parent, &Arc::downgrade(parent))
+        })
     }
 
     pub fn is_dir(&self) -> bool {
@@ -124,13 +261,106 @@ impl Inode {
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
     }
+
+    /// Closes the node's O_PATH fd unless it is pinned or in use (for `FdCache`).
+    fn give_up_fd(&self) -> bool {
+        if self.pinned.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut fd) = self.fd.try_lock() else {
+            return false;
+        };
+        if fd.take().is_some() {
+            self.cache.held.fetch_sub(1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+impl Drop for Inode {
+    fn drop(&mut self) {
+        if self.fd.get_mut().unwrap().is_some() {
+            self.cache.held.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The bound on the O_PATH fds nodes hold, and the nodes holding them in the order they
+/// got them.
+pub struct FdCache {
+    limit: usize,
+    held: AtomicUsize,
+    ring: Mutex<VecDeque<Weak<Inode>>>,
+}
+
+impl FdCache {
+    pub fn new(limit: usize) -> FdCache {
+        FdCache {
+            limit: limit.max(1),
+            held: AtomicUsize::new(0),
+            ring: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The bound for an fd limit of `nofile`: half of it (the rest is for open files,
+    /// lock descriptions, the daemon's own), at most 65,536.
+    pub fn limit_for(nofile: u64) -> usize {
+        (nofile / 2).clamp(16, 65_536) as usize
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// `inode` has just taken an fd: count it, and give up others' past the bound.
+    fn admitted(&self, inode: &Arc<Inode>) {
+        self.held.fetch_add(1, Ordering::Relaxed);
+        let mut ring = self.ring.lock().unwrap();
+        ring.push_back(Arc::downgrade(inode));
+        self.sweep(&mut ring, self.limit);
+        // Entries of nodes since dropped, or that gave up their fd another way, pile up
+        // where nothing is swept: compact now and then.
+        if ring.len() > 2 * self.limit + 64 {
+            ring.retain(|w| w.upgrade().is_some_and(|i| i.fd.lock().unwrap().is_some()));
+        }
+    }
+
+    /// Out of fds: give up an eighth of the held ones.
+    pub fn shrink(&self) {
+        let target = self.held() - self.held() / 8;
+        let mut ring = self.ring.lock().unwrap();
+        self.sweep(&mut ring, target.min(self.limit));
+    }
+
+    /// CLOCK: closes fds of nodes not used since the last pass until `target` are held.
+    fn sweep(&self, ring: &mut VecDeque<Weak<Inode>>, target: usize) {
+        let mut budget = 2 * ring.len() + 1;
+        while self.held() > target && budget > 0 {
+            budget -= 1;
+            let Some(w) = ring.pop_front() else { break };
+            let Some(i) = w.upgrade() else { continue };
+            // Pinned, used since the last pass (its second chance), or busy: kept, and
+            // looked at again on a later pass.
+            let keep = i.pinned.load(Ordering::Relaxed)
+                || i.used.swap(false, Ordering::Relaxed)
+                || (!i.give_up_fd() && i.fd.lock().map(|f| f.is_some()).unwrap_or(true));
+            if keep {
+                ring.push_back(w);
+            }
+        }
+    }
 }
 
 struct Maps {
     by_id: HashMap<u64, Arc<Inode>>,
     by_key: HashMap<InodeKey, u64>,
     next_id: u64,
-    /// One O_PATH fd per mount that file handles are opened relative to.
+    /// One fd per mount that file handles are opened relative to.
     mount_fds: HashMap<u64, Arc<OwnedFd>>,
     /// Per mount: do its file handles still open after the host evicts the inode?
     durable_handles: HashMap<u64, bool>,
@@ -141,7 +371,10 @@ struct Maps {
 pub struct InodeTable {
     maps: RwLock<Maps>,
     handles: FileHandleMode,
+    /// Whether this process can reopen file handles at all (CAP_DAC_READ_SEARCH).
+    can_open_handles: AtomicBool,
     locks: LockTable,
+    cache: Arc<FdCache>,
     /// Write-concurrency figures of inodes already forgotten, so statistics outlive them.
     retired_peak: std::sync::atomic::AtomicU32,
     retired_violations: AtomicU64,
@@ -149,13 +382,15 @@ pub struct InodeTable {
 
 impl InodeTable {
     pub fn new() -> Self {
-        Self::with_file_handles(FileHandleMode::Never)
+        Self::with_file_handles(FileHandleMode::Never, FdCache::limit_for(1024))
     }
 
-    pub fn with_file_handles(handles: FileHandleMode) -> Self {
+    pub fn with_file_handles(handles: FileHandleMode, fd_limit: usize) -> Self {
         InodeTable {
             handles,
+            can_open_handles: AtomicBool::new(true),
             locks: LockTable::new(),
+            cache: Arc::new(FdCache::new(fd_limit)),
             maps: RwLock::new(Maps {
                 by_id: HashMap::new(),
                 by_key: HashMap::new(),
@@ -166,6 +401,10 @@ impl InodeTable {
             retired_peak: Default::default(),
             retired_violations: Default::default(),
         }
+    }
+
+    pub fn fd_cache(&self) -> &FdCache {
+        &self.cache
     }
 
     /// A directory fd usable as open_by_handle_at's mount fd.
@@ -186,7 +425,7 @@ impl InodeTable {
         };
         if !durable {
             let then = match self.handles {
-                FileHandleMode::Prefer => "nodes on it keep an fd each, as with never",
+                FileHandleMode::Prefer => "nodes on it are found again by name",
                 _ => "lookups on it fail with EOPNOTSUPP under mandatory",
             };
             log::warn!(
@@ -201,60 +440,88 @@ impl InodeTable {
         durable
     }
 
-    /// A file handle for `fd`'s file under `--inode-file-handles` (None: keep the fd).
-    fn handle_of(&self, fd: &OwnedFd) -> io::Result<Option<(sys::FileHandle, u64)>> {
+    /// `fd`'s file handle, and whether nodes may reopen it (`--inode-file-handles` and
+    /// the host allow it). Without a reopenable handle, a handle still checks identity.
+    fn handle_of(&self, fd: &OwnedFd) -> io::Result<Option<(sys::FileHandle, u64, bool)>> {
         let mode = self.handles;
-        if mode == FileHandleMode::Never {
-            return Ok(None);
-        }
+        let can_open =
+            mode != FileHandleMode::Never && self.can_open_handles.load(Ordering::Relaxed);
         match sys::name_to_handle(fd.as_raw_fd()) {
-            Ok((h, mnt)) if self.durable_handles(mnt, fd) => Ok(Some((h, mnt))),
-            _ if mode == FileHandleMode::Prefer => Ok(None),
-            Ok(_) => Err(sys::errno(libc::EOPNOTSUPP)),
-            Err(e) => Err(e),
+            Ok((h, mnt)) => {
+                let reopen = can_open && self.durable_handles(mnt, fd);
+                if mode == FileHandleMode::Mandatory && !reopen {
+                    return Err(sys::errno(libc::EOPNOTSUPP));
+                }
+                Ok(Some((h, mnt, reopen)))
+            }
+            Err(e) if mode == FileHandleMode::Mandatory => Err(e),
+            Err(_) => Ok(None),
         }
     }
 
-    /// Installs the share's root as node id 1. Its count never reaches zero.
+    /// Installs the share's root as node id 1. Its count never reaches zero, and it keeps
+    /// its fd.
     pub fn insert_root(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<()> {
         let nodeid = fuse_backend_rs::api::filesystem::ROOT_ID;
         let key = InodeKey::of(st);
-        if self.handles == FileHandleMode::Mandatory {
-            // Refuse at start rather than fail every lookup later (as virtiofsd does).
-            let fail = |why: String| {
-                io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!("--inode-file-handles=mandatory: {why}; use prefer or never"),
-                )
-            };
-            if let Err(e) = sys::name_to_handle(fd.as_raw_fd()) {
-                return Err(fail(format!("its file system gives no file handles ({e})")));
+        let fail = |why: String| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("--inode-file-handles=mandatory: {why}; use prefer or never"),
+            )
+        };
+        if self.handles != FileHandleMode::Never {
+            // Can this process reopen handles at all? Without CAP_DAC_READ_SEARCH
+            // (rootless, --uid-map) it can't: prefer then finds files by name.
+            let anchor = Self::anchor(&fd)?;
+            let probe = sys::name_to_handle(fd.as_raw_fd())
+                .and_then(|(h, _)| sys::open_by_handle(anchor.as_raw_fd(), &h, libc::O_PATH));
+            match probe {
+                Ok(_) => {
+                    self.maps
+                        .write()
+                        .unwrap()
+                        .mount_fds
+                        .insert(st.mnt_id, Arc::new(anchor));
+                }
+                Err(e) if self.handles == FileHandleMode::Mandatory => {
+                    return Err(fail(match e.raw_os_error() {
+                        Some(libc::EPERM) => "open_by_handle_at needs CAP_DAC_READ_SEARCH".into(),
+                        _ => format!("its file system gives no file handles ({e})"),
+                    }));
+                }
+                Err(e) => {
+                    log::info!(
+                        "--inode-file-handles=prefer: file handles can't be reopened here ({e}); nodes are found again by name"
+                    );
+                    self.can_open_handles.store(false, Ordering::Relaxed);
+                }
             }
-            if !matches!(sys::handles_outlive_eviction(fd.as_raw_fd()), Ok(true)) {
+            if self.handles == FileHandleMode::Mandatory
+                && !matches!(sys::handles_outlive_eviction(fd.as_raw_fd()), Ok(true))
+            {
                 return Err(fail(
                     "it is on a FUSE (or FAT) file system, whose file handles go stale once the host evicts an inode"
                         .into(),
                 ));
             }
         }
-        let handle = self.handle_of(&fd).ok().flatten().map(|(h, _)| h);
+        let handle = sys::name_to_handle(fd.as_raw_fd()).ok().map(|(h, _)| h);
         let io = self.locks.get(file_id(st, handle));
-        if self.handles != FileHandleMode::Never {
-            let anchor = Arc::new(Self::anchor(&fd)?);
-            self.maps
-                .write()
-                .unwrap()
-                .mount_fds
-                .insert(st.mnt_id, anchor);
-        }
         let inode = Arc::new(Inode {
             nodeid,
-            file: InodeFile::Fd(fd),
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(u64::MAX / 2),
             io,
+            handle: None,
+            name: Mutex::new(None),
+            fd: Mutex::new(Some(Arc::new(fd))),
+            used: AtomicBool::new(false),
+            pinned: AtomicBool::new(true),
+            cache: self.cache.clone(),
         });
+        self.cache.held.fetch_add(1, Ordering::Relaxed);
         let mut m = self.maps.write().unwrap();
         m.by_id.insert(nodeid, inode);
         m.by_key.insert(key, nodeid);
@@ -271,67 +538,103 @@ impl InodeTable {
             .ok_or_else(|| sys::errno(libc::EBADF))
     }
 
-    /// Registers one guest lookup of the file `fd` names. If the file is already known the
-    /// new fd is dropped and the existing node's count goes up.
-    pub fn lookup_insert(&self, fd: OwnedFd, st: &sys::StatX) -> io::Result<Arc<Inode>> {
+    /// Registers one guest lookup of the file `fd` names, found as `name` in `parent`
+    /// (None: a file with no name, O_TMPFILE). If the file is already known the new fd is
+    /// dropped, the existing node's count goes up, and its name becomes this one.
+    pub fn lookup_insert(
+        &self,
+        fd: OwnedFd,
+        st: &sys::StatX,
+        name: Option<(&Arc<Inode>, &CStr)>,
+    ) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
         let handle = self.handle_of(&fd)?;
-        // A known node of this file, if any. A node named by a file handle holds no fd, so
-        // its file may be gone and the inode number reused: a different handle means a
-        // different file, which gets a node of its own (the old one answers ESTALE).
+        // A known node of this file, if any. A node whose fd is gone may name a file since
+        // deleted whose inode number was reused: a different handle means a different
+        // file, which gets a node of its own (the old one answers ESTALE).
         let known = |m: &Maps| {
             let inode = m.by_id.get(m.by_key.get(&key)?)?;
-            match (&inode.file, &handle) {
-                (InodeFile::Handle { handle: old, .. }, Some((new, _))) if old != new => None,
+            match (&inode.handle, &handle) {
+                (Some(old), Some((new, _, _))) if old.handle != *new => None,
                 _ => Some(inode.clone()),
+            }
+        };
+        let seen = |inode: &Arc<Inode>| {
+            if let Some((p, n)) = name {
+                if !inode.is_at(p, n) {
+                    inode.seen_at(p, n);
+                }
             }
         };
         if let Some(inode) = known(&self.maps.read().unwrap()) {
             // A count raised under the read lock can't race a removal: forget takes the
             // write lock.
             inode.lookups.fetch_add(1, Ordering::Relaxed);
+            seen(&inode);
             return Ok(inode);
         }
         let io = self
             .locks
-            .get(file_id(st, handle.as_ref().map(|(h, _)| h.clone())));
+            .get(file_id(st, handle.as_ref().map(|(h, _, _)| h.clone())));
         let mut m = self.maps.write().unwrap();
         if let Some(inode) = known(&m) {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
+            drop(m);
+            seen(&inode);
             return Ok(inode);
         }
         let is_dir = st.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        let file = match handle {
-            Some((handle, mnt)) if m.mount_fds.contains_key(&mnt) => InodeFile::Handle {
-                handle,
-                mount_fd: m.mount_fds[&mnt].clone(),
-            },
-            Some((handle, mnt)) if is_dir => {
-                // open_by_handle_at wants a real (not O_PATH) fd on the mount: the first
-                // directory seen on it becomes that anchor.
-                let anchor = Arc::new(Self::anchor(&fd)?);
-                m.mount_fds.insert(mnt, anchor.clone());
-                InodeFile::Handle {
-                    handle,
-                    mount_fd: anchor,
-                }
+        let handle = match handle {
+            Some((handle, mnt, true)) => {
+                let mount_fd = match m.mount_fds.get(&mnt) {
+                    Some(a) => Some(a.clone()),
+                    // open_by_handle_at wants a real (not O_PATH) fd on the mount: the
+                    // first directory seen on it becomes that anchor.
+                    None if is_dir => {
+                        let a = Arc::new(Self::anchor(&fd)?);
+                        m.mount_fds.insert(mnt, a.clone());
+                        Some(a)
+                    }
+                    None => None,
+                };
+                Some(Handle { handle, mount_fd })
             }
-            // No anchor on this mount yet: this node keeps its fd.
-            _ => InodeFile::Fd(fd),
+            Some((handle, _, false)) => Some(Handle {
+                handle,
+                mount_fd: None,
+            }),
+            None => None,
         };
         let nodeid = m.next_id;
         m.next_id += 1;
+        let findable = name.is_some() || handle.as_ref().is_some_and(|h| h.mount_fd.is_some());
         let inode = Arc::new(Inode {
             nodeid,
-            file,
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
             lookups: AtomicU64::new(1),
             io,
+            handle,
+            name: Mutex::new(name.map(|(p, n)| Name {
+                parent: Arc::downgrade(p),
+                name: n.to_owned(),
+            })),
+            fd: Mutex::new(Some(Arc::new(fd))),
+            used: AtomicBool::new(true),
+            pinned: AtomicBool::new(!findable),
+            cache: self.cache.clone(),
         });
         m.by_id.insert(nodeid, inode.clone());
         m.by_key.insert(key, nodeid);
+        drop(m);
+        self.cache.admitted(&inode);
         Ok(inode)
+    }
+
+    /// The known node of the file `st` describes, if any.
+    pub fn by_key(&self, st: &sys::StatX) -> Option<Arc<Inode>> {
+        let m = self.maps.read().unwrap();
+        m.by_id.get(m.by_key.get(&InodeKey::of(st))?).cloned()
     }
 
     /// Lowers a node's lookup count by `count`; at zero the node is removed (its fd closes

@@ -158,6 +158,9 @@ pub struct FsCounters {
     pub lock_enolck: u64,
     /// Lock owners, each with a host open file description.
     pub lock_owners: usize,
+    /// O_PATH fds nodes hold, and their bound (`inode::FdCache`).
+    pub inode_fds: usize,
+    pub inode_fd_limit: usize,
     /// RWF_NOWAIT reads answered EOPNOTSUPP (at most about one per host filesystem).
     pub nowait_unsupported: u64,
 }
@@ -208,7 +211,10 @@ impl PassthroughFs {
         // Modes from the guest already had its umask applied; the daemon's must not apply twice.
         // SAFETY: umask has no preconditions.
         unsafe { libc::umask(0) };
-        let inodes = InodeTable::with_file_handles(cfg.inode_file_handles);
+        let inodes = InodeTable::with_file_handles(
+            cfg.inode_file_handles,
+            inode::FdCache::limit_for(sys::nofile_limit()),
+        );
         inodes.insert_root(root_fd, &st)?;
         let locks = Arc::new(filelocks::FileLocks::new(
             cfg.posix_lock,
@@ -256,6 +262,8 @@ impl PassthroughFs {
                 .counters
                 .owners
                 .load(std::sync::atomic::Ordering::Relaxed),
+            inode_fds: self.inodes.fd_cache().held(),
+            inode_fd_limit: self.inodes.fd_cache().limit(),
             nowait_unsupported: self
                 .nowait_unsupported
                 .seen
@@ -282,7 +290,7 @@ impl PassthroughFs {
 
     /// Opens the file behind an O_PATH fd for I/O through `/proc/self/fd/N`: this names the
     /// exact inode, so no path component is resolved again.
-    pub(crate) fn reopen(&self, inode: &Inode, flags: i32) -> io::Result<OwnedFd> {
+    pub(crate) fn reopen(&self, inode: &Arc<Inode>, flags: i32) -> io::Result<OwnedFd> {
         if inode.is_symlink() {
             return Err(sys::errno(libc::ELOOP));
         }
@@ -291,16 +299,26 @@ impl PassthroughFs {
             return Err(sys::errno(libc::ENXIO));
         }
         let flags = flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
-        if let Some(fd) = inode.open_by_handle(flags | libc::O_NOCTTY) {
-            return fd;
+        let open = || {
+            if let Some(fd) = inode.open_by_handle(flags | libc::O_NOCTTY) {
+                return fd;
+            }
+            let pfd = inode.path_fd()?;
+            sys::openat(
+                self.proc_self_fd.as_raw_fd(),
+                &sys::fd_name(pfd.as_raw_fd()),
+                flags | libc::O_NOCTTY,
+                0,
+            )
+        };
+        match open() {
+            // Open files come first: nodes give up cached fds to make room for one.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                self.inodes.fd_cache().shrink();
+                open()
+            }
+            r => r,
         }
-        let pfd = inode.path_fd()?;
-        sys::openat(
-            self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(pfd.as_raw_fd()),
-            flags | libc::O_NOCTTY,
-            0,
-        )
     }
 
     pub(crate) fn check_writable(&self) -> io::Result<()> {

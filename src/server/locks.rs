@@ -92,6 +92,24 @@ impl Waiters {
     }
 }
 
+/// A waiter thread's place in `Waiters`, for as long as it may be signalled.
+struct Registered<'a> {
+    waiters: &'a Waiters,
+    id: u64,
+    me: &'a Waiter,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        *self.me.waiting.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.waiters
+            .by_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
 /// Signals the waiter until it has stopped waiting (a signal that lands just before it
 /// blocks is lost, so one is not enough), for at most a second.
 fn cancel(w: &Waiter) {
@@ -184,19 +202,21 @@ pub fn spawn_waiter(
                 thread: unsafe { libc::pthread_self() },
             });
             waiters2.by_id.lock().unwrap().insert(id, me.clone());
-            let stop_waiting = || {
-                *me.waiting.lock().unwrap() = false;
-                waiters2.by_id.lock().unwrap().remove(&id);
+            // Stops the signals and leaves the table when dropped: on every way out of
+            // the thread, a panic included, so no signal goes to an exited thread.
+            let registered = Registered {
+                waiters: &waiters2,
+                id,
+                me: &me,
             };
             let _ = ready_tx.send(());
             let Ok(done) = rx.recv() else {
-                stop_waiting();
                 return;
             };
             let r = wait.block(&me.cancelled);
             // No signal reaches this thread after this: the reply's writes and the
             // guest's notification can't be interrupted.
-            stop_waiting();
+            drop(registered);
             let error = match r {
                 Ok(()) => 0,
                 Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),

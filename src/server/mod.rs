@@ -138,7 +138,10 @@ impl FuseServer {
                     self.serve(mem, &chain, &mut req, defer)
                 }));
                 match served {
-                    Ok(Some((len, bad))) => (Some(len), op, bad),
+                    Ok(Some((len, bad))) => {
+                        self.count_fd_exhaustion(mem, &chain, len);
+                        (Some(len), op, bad)
+                    }
                     Ok(None) => (None, op, false),
                     Err(_) => (Some(self.answer_panic(mem, &chain, &req.hdr)), op, true),
                 }
@@ -146,6 +149,25 @@ impl FuseServer {
         };
         self.stats.record(op, start.elapsed(), bad);
         len
+    }
+
+    /// Counts a reply of EMFILE or ENFILE (read back from the reply's header, which the
+    /// crate may have written): the host's fd limits were reached, and `--stats` says so.
+    fn count_fd_exhaustion<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>, len: u32)
+    where
+        M: Deref<Target = GuestMemoryMmap> + Clone,
+    {
+        if len as usize != std::mem::size_of::<OutHeader>() {
+            return;
+        }
+        let Some(at) = reply_address(chain) else {
+            return;
+        };
+        if let Ok(out) = mem.read_obj::<OutHeader>(at) {
+            if out.error == -libc::EMFILE || out.error == -libc::ENFILE {
+                self.stats.fds_exhausted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The reply to a request whose handler panicked: EIO, unless the opcode takes none.
@@ -238,6 +260,15 @@ impl FuseServer {
         let hdr = req.hdr;
         if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != opcode::INIT {
             panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
+        }
+        if let Some(need) = effect_reply_size(hdr.opcode) {
+            if writable_len(chain) < std::mem::size_of::<OutHeader>() + need {
+                // Refused before it changes anything: a reply that could not be written
+                // would leave a file made, or a node or handle taken, that the guest never
+                // hears of.
+                let e = io::Error::from_raw_os_error(libc::EINVAL);
+                return Some((reply(mem, chain, &hdr, Err(e)), true));
+            }
         }
         Some(match hdr.opcode {
             opcode::GETLK => {
@@ -478,6 +509,33 @@ impl FuseServer {
             });
         reply(mem, chain, hdr, result)
     }
+}
+
+/// The reply payload size of an opcode that changes something (a file, a node's lookup
+/// count, a handle) before it replies.
+fn effect_reply_size(op: u32) -> Option<usize> {
+    use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, OpenOut};
+    use std::mem::size_of;
+    Some(match op {
+        1 | opcode::SYMLINK | opcode::MKNOD | opcode::MKDIR | 13 => size_of::<EntryOut>(),
+        opcode::CREATE | opcode::TMPFILE => size_of::<EntryOut>() + size_of::<OpenOut>(),
+        opcode::OPEN | 27 => size_of::<OpenOut>(),
+        opcode::WRITE | opcode::COPY_FILE_RANGE => size_of::<WriteOut>(),
+        4 => size_of::<AttrOut>(),
+        _ => return None,
+    })
+}
+
+/// Bytes of the chain the device may write.
+fn writable_len<M>(chain: &DescriptorChain<M>) -> usize
+where
+    M: Deref<Target = GuestMemoryMmap> + Clone,
+{
+    chain
+        .clone()
+        .filter(|d| d.is_write_only())
+        .map(|d| d.len() as usize)
+        .sum()
 }
 
 /// The opcode of the request in `chain`, read from its first descriptor without walking
