@@ -149,8 +149,9 @@ label_of() {  # a short name for a daemon spec
     esac
 }
 
-# run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND [DAEMON_ARGS]
+# run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND [DAEMON_ARGS] [PREPARE]
 # Sets TEST_DIR (kept share + logs) and TEST_RC. DAEMON_ARGS go after --daemon-args's.
+# PREPARE, a function name, runs on the host with the fresh share as $1 before the boot.
 run_test() {
     local daemon=$1 label=$2 name=$3 expect=$4 timeout=$5 cmd=$6
     local args="$DAEMON_ARGS${7:+ $7}"
@@ -158,6 +159,7 @@ run_test() {
     TEST_SHARE=$TEST_DIR/share
     [ -n "$SHARE_ROOT" ] && TEST_SHARE=$SHARE_ROOT/vfsd-suite-$(basename "$LOGS")-$label-$name
     rm -rf "$TEST_DIR" "$TEST_SHARE"; mkdir -p "$TEST_DIR" "$TEST_SHARE"
+    [ -n "${8:-}" ] && "$8" "$TEST_SHARE"
     local start=$(date +%s)
     printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
     "$HERE/run-vm.sh" --daemon "$daemon" ${args:+--daemon-args "$args"} \
@@ -267,6 +269,17 @@ for daemon in "${DAEMONS[@]}"; do
     fi
 
     if wanted fdwalk; then
+        # The tree is host-made (60 directories of 100 files), as a user's data is.
+        fdwalk_tree() {
+            python3 -c 'import os, sys
+t = os.path.join(sys.argv[1], "fdwalk-tree")
+for d in range(60):
+    os.makedirs(os.path.join(t, "d%d" % d))
+    for f in range(100):
+        with open(os.path.join(t, "d%d" % d, "f%d" % f), "w") as o:
+            o.write("%d/%d\n" % (d, f))
+os.chmod(t, 0o777)' "$1"
+        }
         # Issue 21: a 6,000-file tree at --rlimit-nofile=1024 in each file-handle mode
         # (the default cache mode keeps every inode the guest has seen referenced).
         modes="never prefer mandatory"
@@ -274,7 +287,7 @@ for daemon in "${DAEMONS[@]}"; do
         for handles in $modes; do
             run_test "$daemon" "$label" "fdwalk-$handles" 0 600 \
                 "/guest-tests/fdwalk.sh handles=$handles" \
-                "--rlimit-nofile=1024 --inode-file-handles=$handles"
+                "--rlimit-nofile=1024 --inode-file-handles=$handles" fdwalk_tree
             finish_test "$label" "fdwalk-$handles"
             show '^fdwalk: [0-9]+ checks'
         done

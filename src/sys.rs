@@ -42,12 +42,14 @@ pub fn fd_name(fd: RawFd) -> std::ffi::CString {
 pub struct StatX {
     pub st: libc::stat64,
     pub mnt_id: u64,
+    /// Birth time (seconds, nanoseconds), where the file system keeps one.
+    pub btime: Option<(i64, u32)>,
 }
 
 /// `statx(2)` relative to `dir`, converted to the `stat64` FUSE wants.
 pub fn statx(dir: RawFd, name: &CStr, flags: i32) -> io::Result<StatX> {
     let mut stx = MaybeUninit::<libc::statx>::zeroed();
-    let mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID | libc::STATX_BTIME;
     // SAFETY: `stx` is a writable buffer of the right size and `name` is NUL-terminated.
     cvt(unsafe { libc::statx(dir, name.as_ptr(), flags, mask, stx.as_mut_ptr()) })?;
     // SAFETY: statx succeeded and filled the structure (it was zeroed before anyway).
@@ -75,7 +77,9 @@ pub fn statx(dir: RawFd, name: &CStr, flags: i32) -> io::Result<StatX> {
     } else {
         0
     };
-    Ok(StatX { st, mnt_id })
+    let btime = (stx.stx_mask & libc::STATX_BTIME != 0)
+        .then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec));
+    Ok(StatX { st, mnt_id, btime })
 }
 
 /// Attributes of the file `fd` refers to (O_PATH fds included); symlinks are not followed.

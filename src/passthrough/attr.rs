@@ -44,9 +44,18 @@ impl PassthroughFs {
             Some(fh) => Some(self.handles.get(fh, inode)?),
             None => None,
         };
-        // Held while the /proc name is in use: it names this fd.
-        let pfd = i.path_fd()?;
-        let proc_name = sys::fd_name(pfd.as_raw_fd());
+        // Held while the /proc name is in use: it names this fd. With a handle, its own fd
+        // names the file (an open file unlinked since has no other way to be found).
+        let path = match &h {
+            Some(_) => None,
+            None => Some(i.path_fd()?),
+        };
+        let pfd: std::os::fd::RawFd = match (&h, &path) {
+            (Some(h), _) => h.fd.as_raw_fd(),
+            (None, Some(p)) => p.as_raw_fd(),
+            (None, None) => unreachable!("a node without a handle has its path fd"),
+        };
+        let proc_name = sys::fd_name(pfd);
 
         if valid.contains(SetattrValid::MODE) {
             // SAFETY: plain syscalls; the /proc name is resolved inside /proc/self/fd and names
@@ -80,7 +89,7 @@ impl PassthroughFs {
             // SAFETY: AT_EMPTY_PATH makes this act on the O_PATH fd itself, never a path.
             cvt(unsafe {
                 libc::fchownat(
-                    pfd.as_raw_fd(),
+                    pfd,
                     sys::EMPTY.as_ptr(),
                     uid,
                     gid,
@@ -156,7 +165,7 @@ impl PassthroughFs {
                 match &h {
                     Some(h) => libc::futimens(h.fd.as_raw_fd(), times.as_ptr()),
                     None if i.is_symlink() => libc::utimensat(
-                        pfd.as_raw_fd(),
+                        pfd,
                         sys::EMPTY.as_ptr(),
                         times.as_ptr(),
                         libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
@@ -171,7 +180,7 @@ impl PassthroughFs {
             })?;
         }
 
-        self.do_getattr(inode, None)
+        self.do_getattr(inode, handle)
     }
 
     pub(super) fn do_readlink(&self, inode: u64) -> io::Result<Vec<u8>> {

@@ -155,13 +155,19 @@ impl PassthroughFs {
         }
         let p = self.inode(parent)?;
         let pfd = p.path_fd()?;
-        let victim = self.known_at(&pfd, name);
-        // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
-        cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), flags) })?;
-        if let Some(v) = victim.filter(|v| v.is_at(&p, name)) {
-            v.name_gone();
+        let victim = self.known_at(&pfd, name).filter(|v| v.is_at(&p, name));
+        if let Some(v) = &victim {
+            v.hold_for_name_change();
         }
-        Ok(())
+        // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
+        let r = cvt(unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), flags) });
+        if let Some(v) = &victim {
+            match r {
+                Ok(_) => v.name_gone(),
+                Err(_) => v.name_kept(),
+            }
+        }
+        r.map(drop)
     }
 
     /// The known node of `name` in the directory `dir`, if any (before a rename or an
@@ -193,9 +199,17 @@ impl PassthroughFs {
         let nd = self.inode(newdir)?;
         let (ofd, nfd) = (od.path_fd()?, nd.path_fd()?);
         let moved = self.known_at(&ofd, oldname);
-        let target = self.known_at(&nfd, newname);
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        // A node found by the name renamed over loses it: it keeps its fd first.
+        let replaced = self.known_at(&nfd, newname).filter(|t| {
+            !moved.as_ref().is_some_and(|m| Arc::ptr_eq(m, t))
+                && (exchange || t.is_at(&nd, newname))
+        });
+        if let Some(t) = replaced.as_ref().filter(|_| !exchange) {
+            t.hold_for_name_change();
+        }
         // SAFETY: names are NUL-terminated and relative to their parents' fds.
-        cvt(unsafe {
+        let r = cvt(unsafe {
             libc::renameat2(
                 ofd.as_raw_fd(),
                 oldname.as_ptr(),
@@ -203,19 +217,19 @@ impl PassthroughFs {
                 newname.as_ptr(),
                 flags,
             )
-        })?;
+        });
+        if let Err(e) = r {
+            if let Some(t) = replaced.as_ref().filter(|_| !exchange) {
+                t.name_kept();
+            }
+            return Err(e);
+        }
         // The nodes' names move with their files.
-        let same = |a: &Option<Arc<Inode>>, b: &Option<Arc<Inode>>| match (a, b) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        if !same(&moved, &target) {
-            if let Some(t) = &target {
-                if flags & libc::RENAME_EXCHANGE != 0 {
-                    t.seen_at(&od, oldname);
-                } else if t.is_at(&nd, newname) {
-                    t.name_gone();
-                }
+        if let Some(t) = &replaced {
+            if exchange {
+                t.seen_at(&od, oldname);
+            } else {
+                t.name_gone();
             }
         }
         if let Some(m) = &moved {

@@ -9,23 +9,28 @@
 //! - its kernel file handle, where the host can reopen handles (`--inode-file-handles`
 //!   prefer or mandatory, with CAP_DAC_READ_SEARCH, on a file system whose handles outlive
 //!   an evicted inode);
-//! - its parent and name, as last seen: the name is opened relative to the parent (found
-//!   the same way) with O_NOFOLLOW and must be the same file, (st_dev, st_ino, mount) and
-//!   its file handle (which carries the inode generation) where the file system gives
-//!   one. Another file there, or none, is ESTALE, never the other file.
+//! - its parent and name, as last seen: the name is opened relative to the nearest
+//!   ancestor that holds an fd (walking down, never recursing), with O_NOFOLLOW, and must
+//!   be the same file: (st_dev, st_ino, mount), its birth time where the file system keeps
+//!   one, and its file handle where it gives one (the handle carries the inode
+//!   generation). Another file there, or none, is ESTALE, never the other file.
 //!
 //! The O_PATH fds nodes hold are bounded (`FdCache`, at most half the fd limit and 65,536):
 //! past the bound, the fd of a node not used lately is closed (CLOCK: each use marks a
-//! node, the sweep gives a marked node a second chance). The root, and nodes that could
-//! not be found again (an O_TMPFILE, a file unlinked through vfsd) keep theirs. A guest
-//! walking a tree of millions of files therefore holds at most the bound in fds; the
-//! memory of a known node stays (about 300 bytes, docs/benchmarks.md) until it is
-//! forgotten.
+//! node, the sweep gives a marked node a second chance). Some nodes keep theirs (are
+//! pinned), at most half the bound of them: the root; nodes no name finds (an O_TMPFILE,
+//! a `..` of a forgotten directory); nodes whose name was unlinked or renamed over
+//! through vfsd; and nodes whose file can't be told from a later one with its inode
+//! number (neither a file handle nor a birth time). A guest walking a tree of millions of
+//! files therefore holds at most the bound in fds; the memory of a known node stays until
+//! it is forgotten (a node holds its parent, so a forgotten directory stays in memory
+//! while nodes below it are known).
 //!
 //! Limits: a host-side rename of a file (or of a directory above it) after its node gave
 //! up its fd makes the node ESTALE until the guest looks the new name up; a rename through
 //! vfsd moves the node's name with it. A hard-linked file is found by the last name the
-//! guest looked it up by.
+//! guest looked it up by. Where virtiofsd's `never` keeps an fd per node for ever (and so
+//! follows host renames, up to the fd limit), vfsd's nodes past the bound go by name.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
@@ -83,9 +88,10 @@ struct Handle {
     mount_fd: Option<Arc<OwnedFd>>,
 }
 
-/// Where a node was last seen: its parent and its name there.
+/// Where a node was last seen: its parent and its name there. The parent is held: a
+/// directory the guest forgot still finds its children's files.
 struct Name {
-    parent: Weak<Inode>,
+    parent: Arc<Inode>,
     name: CString,
 }
 
@@ -100,6 +106,9 @@ pub struct Inode {
     /// every other node of the same file (see `lock`).
     pub io: Arc<FileLock>,
     handle: Option<Handle>,
+    /// Birth time at lookup, where the file system keeps one: with the handle, what tells
+    /// this file from a later one that got its inode number.
+    btime: Option<(i64, u32)>,
     name: Mutex<Option<Name>>,
     /// The O_PATH fd while the node holds one (counted in `cache`).
     fd: Mutex<Option<Arc<OwnedFd>>>,
@@ -117,59 +126,82 @@ const MAX_DEPTH: usize = 4096;
 impl Inode {
     /// An O_PATH fd of this node's file, for `*at()` calls relative to it.
     pub fn path_fd(self: &Arc<Self>) -> io::Result<PathFd> {
-        self.path_fd_at(0)
-    }
-
-    fn path_fd_at(self: &Arc<Self>, depth: usize) -> io::Result<PathFd> {
-        if let Some(fd) = self.fd.lock().unwrap().as_ref() {
-            self.used.store(true, Ordering::Relaxed);
-            return Ok(PathFd(fd.clone()));
+        if let Some(fd) = self.held() {
+            return Ok(fd);
         }
-        let fd = match self.find_again(depth) {
+        match self.find_again() {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 // Out of fds: give up more of the cached ones and try once more.
                 self.cache.shrink();
-                self.find_again(depth)?
+                self.find_again()
             }
-            r => r?,
-        };
-        let fd = Arc::new(fd);
+            r => r,
+        }
+    }
+
+    /// The fd the node holds, if it holds one (marking it used).
+    fn held(&self) -> Option<PathFd> {
+        let fd = self.fd.lock().unwrap().as_ref()?.clone();
+        self.used.store(true, Ordering::Relaxed);
+        Some(PathFd(fd))
+    }
+
+    /// Keeps `fd` as the node's (unless another request got one first) and counts it.
+    fn keep(self: &Arc<Self>, fd: OwnedFd) -> PathFd {
         let mut held = self.fd.lock().unwrap();
         if let Some(other) = held.as_ref() {
-            // Another request found it first.
-            return Ok(PathFd(other.clone()));
+            return PathFd(other.clone());
         }
+        let fd = Arc::new(fd);
         *held = Some(fd.clone());
         drop(held);
         self.used.store(true, Ordering::Relaxed);
         self.cache.admitted(self);
-        Ok(PathFd(fd))
+        PathFd(fd)
     }
 
-    /// Opens the file again, by handle or by parent and name, and checks it is this one.
-    fn find_again(&self, depth: usize) -> io::Result<OwnedFd> {
-        if let Some(Handle {
-            handle,
-            mount_fd: Some(m),
-        }) = &self.handle
-        {
-            return sys::open_by_handle(m.as_raw_fd(), handle, libc::O_PATH | libc::O_NOFOLLOW);
-        }
-        if depth >= MAX_DEPTH {
-            return Err(sys::errno(libc::ESTALE));
-        }
-        let (parent, name) = {
-            let n = self.name.lock().unwrap();
-            let Some(n) = n.as_ref() else {
-                return Err(sys::errno(libc::ESTALE));
+    /// Opens the file again: by handle, or by name from the nearest ancestor that holds an
+    /// fd or has a handle, each level checked to be its own file. Iterative, so a deep tree
+    /// costs no stack; a loop of stale names (host renames) is ESTALE.
+    fn find_again(self: &Arc<Self>) -> io::Result<PathFd> {
+        let mut below: Vec<(Arc<Inode>, CString)> = Vec::new();
+        let mut cur = self.clone();
+        let mut base = loop {
+            if let Some(fd) = cur.held() {
+                break fd;
+            }
+            if let Some(Handle {
+                handle,
+                mount_fd: Some(m),
+            }) = &cur.handle
+            {
+                let fd =
+                    sys::open_by_handle(m.as_raw_fd(), handle, libc::O_PATH | libc::O_NOFOLLOW)?;
+                break cur.keep(fd);
+            }
+            let (parent, name) = {
+                let n = cur.name.lock().unwrap();
+                let n = n.as_ref().ok_or_else(|| sys::errno(libc::ESTALE))?;
+                (n.parent.clone(), n.name.clone())
             };
-            let Some(p) = n.parent.upgrade() else {
+            let looped =
+                Arc::ptr_eq(&parent, self) || below.iter().any(|(n, _)| Arc::ptr_eq(n, &parent));
+            if looped || below.len() >= MAX_DEPTH {
                 return Err(sys::errno(libc::ESTALE));
-            };
-            (p, n.name.clone())
+            }
+            below.push((cur, name));
+            cur = parent;
         };
-        let pfd = parent.path_fd_at(depth + 1)?;
-        let fd = match sys::openat(pfd.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+        while let Some((node, name)) = below.pop() {
+            let fd = node.open_at(&base, &name)?;
+            base = node.keep(fd);
+        }
+        Ok(base)
+    }
+
+    /// `name` in the directory `dir`, if it is this node's file.
+    fn open_at(&self, dir: &PathFd, name: &CStr) -> io::Result<OwnedFd> {
+        let fd = match sys::openat(dir.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Err(sys::errno(libc::ESTALE))
             }
@@ -180,7 +212,7 @@ impl Inode {
             sys::EMPTY,
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )?;
-        if InodeKey::of(&st) != self.key {
+        if InodeKey::of(&st) != self.key || (self.btime.is_some() && st.btime != self.btime) {
             return Err(sys::errno(libc::ESTALE));
         }
         if let Some(h) = &self.handle {
@@ -223,27 +255,71 @@ impl Inode {
             return;
         }
         *self.name.lock().unwrap() = Some(Name {
-            parent: Arc::downgrade(parent),
+            parent: parent.clone(),
             name: name.to_owned(),
         });
-        // A name finds it again now (an O_TMPFILE just linked, say).
-        self.pinned.store(false, Ordering::Relaxed);
+        // A name finds it again now (an O_TMPFILE just linked, say), if its identity can
+        // be checked.
+        if self.identifiable() {
+            self.unpin();
+        }
     }
 
-    /// The name the node was found by is gone (unlinked, or replaced by a rename through
-    /// vfsd): it keeps the fd it holds, if any, since nothing else would find its file.
+    /// Whether a file found by name can be told to be this one: by its handle, or its
+    /// birth time. Otherwise (no handles, no birth time) a reused inode number could pass
+    /// for it, so the node keeps its fd.
+    fn identifiable(&self) -> bool {
+        self.handle.is_some() || self.btime.is_some()
+    }
+
+    /// Before the name it was found by goes (an unlink, a rename over it, through vfsd):
+    /// the node takes its fd and keeps it, since nothing else might find its file.
+    /// (A handle may not reopen an unlinked file either: some file systems answer ESTALE.)
+    pub fn hold_for_name_change(self: &Arc<Self>) {
+        if self.path_fd().is_ok() {
+            self.pin();
+        }
+    }
+
+    /// The name change went through: the old name no longer finds the file.
     pub fn name_gone(&self) {
         *self.name.lock().unwrap() = None;
-        if !self.has_file_handle() {
-            self.pinned.store(true, Ordering::Relaxed);
+    }
+
+    /// The name change failed: the name still finds it.
+    pub fn name_kept(&self) {
+        if (self.has_file_handle() || self.identifiable()) && self.name.lock().unwrap().is_some() {
+            self.unpin();
         }
     }
 
     /// Whether `name` in `parent` is where this node was last seen.
     pub fn is_at(&self, parent: &Arc<Inode>, name: &CStr) -> bool {
-        self.name.lock().unwrap().as_ref().is_some_and(|n| {
-            n.name.as_c_str() == name && Weak::ptr_eq(&n.parent, &Arc::downgrade(parent))
-        })
+        self.name
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|n| n.name.as_c_str() == name && Arc::ptr_eq(&n.parent, parent))
+    }
+
+    /// Keeps the node's fd from the sweep, within the cache's bound on pinned nodes
+    /// (past it the node stays sweepable: a guest can't pin unbounded fds).
+    fn pin(&self) -> bool {
+        if self.pinned.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        if self.cache.pinned.fetch_add(1, Ordering::AcqRel) >= self.cache.max_pinned() {
+            self.cache.pinned.fetch_sub(1, Ordering::AcqRel);
+            self.pinned.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    fn unpin(&self) {
+        if self.pinned.swap(false, Ordering::AcqRel) {
+            self.cache.pinned.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     pub fn is_dir(&self) -> bool {
@@ -264,12 +340,12 @@ impl Inode {
 
     /// Closes the node's O_PATH fd unless it is pinned or in use (for `FdCache`).
     fn give_up_fd(&self) -> bool {
-        if self.pinned.load(Ordering::Relaxed) {
-            return false;
-        }
         let Ok(mut fd) = self.fd.try_lock() else {
             return false;
         };
+        if self.pinned.load(Ordering::Acquire) {
+            return false;
+        }
         if fd.take().is_some() {
             self.cache.held.fetch_sub(1, Ordering::Relaxed);
             return true;
@@ -283,6 +359,25 @@ impl Drop for Inode {
         if self.fd.get_mut().unwrap().is_some() {
             self.cache.held.fetch_sub(1, Ordering::Relaxed);
         }
+        if *self.pinned.get_mut() {
+            self.cache.pinned.fetch_sub(1, Ordering::Relaxed);
+        }
+        // A long chain of parents only this node held goes one by one, not recursively.
+        let mut parent = self
+            .name
+            .get_mut()
+            .map(|n| n.take().map(|n| n.parent))
+            .unwrap_or(None);
+        while let Some(p) = parent {
+            parent = match Arc::try_unwrap(p) {
+                Ok(mut inode) => inode
+                    .name
+                    .get_mut()
+                    .map(|n| n.take().map(|n| n.parent))
+                    .unwrap_or(None),
+                Err(_) => None,
+            };
+        }
     }
 }
 
@@ -291,6 +386,8 @@ impl Drop for Inode {
 pub struct FdCache {
     limit: usize,
     held: AtomicUsize,
+    /// Nodes that keep their fds whatever the sweep says (at most half the limit).
+    pinned: AtomicUsize,
     ring: Mutex<VecDeque<Weak<Inode>>>,
 }
 
@@ -299,6 +396,7 @@ impl FdCache {
         FdCache {
             limit: limit.max(1),
             held: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
             ring: Mutex::new(VecDeque::new()),
         }
     }
@@ -317,6 +415,10 @@ impl FdCache {
         self.limit
     }
 
+    fn max_pinned(&self) -> usize {
+        self.limit / 2
+    }
+
     /// `inode` has just taken an fd: count it, and give up others' past the bound.
     fn admitted(&self, inode: &Arc<Inode>) {
         self.held.fetch_add(1, Ordering::Relaxed);
@@ -332,7 +434,8 @@ impl FdCache {
 
     /// Out of fds: give up an eighth of the held ones.
     pub fn shrink(&self) {
-        let target = self.held() - self.held() / 8;
+        let held = self.held();
+        let target = held - held / 8;
         let mut ring = self.ring.lock().unwrap();
         self.sweep(&mut ring, target.min(self.limit));
     }
@@ -423,10 +526,10 @@ impl InodeTable {
         let Ok(durable) = sys::handles_outlive_eviction(fd.as_raw_fd()) else {
             return false;
         };
-        if !durable {
+        if !durable && self.handles != FileHandleMode::Never {
             let then = match self.handles {
-                FileHandleMode::Prefer => "nodes on it are found again by name",
-                _ => "lookups on it fail with EOPNOTSUPP under mandatory",
+                FileHandleMode::Mandatory => "lookups on it fail with EOPNOTSUPP under mandatory",
+                _ => "nodes on it are found again by name",
             };
             log::warn!(
                 "mount {mnt} (FUSE or FAT) can't reopen file handles of evicted inodes: {then}"
@@ -448,11 +551,14 @@ impl InodeTable {
             mode != FileHandleMode::Never && self.can_open_handles.load(Ordering::Relaxed);
         match sys::name_to_handle(fd.as_raw_fd()) {
             Ok((h, mnt)) => {
-                let reopen = can_open && self.durable_handles(mnt, fd);
+                // A FUSE host's handle carries the client's node id, which changes once the
+                // host evicts the inode: no use even to check identity there.
+                let durable = self.durable_handles(mnt, fd);
+                let reopen = can_open && durable;
                 if mode == FileHandleMode::Mandatory && !reopen {
                     return Err(sys::errno(libc::EOPNOTSUPP));
                 }
-                Ok(Some((h, mnt, reopen)))
+                Ok(durable.then_some((h, mnt, reopen)))
             }
             Err(e) if mode == FileHandleMode::Mandatory => Err(e),
             Err(_) => Ok(None),
@@ -473,11 +579,13 @@ impl InodeTable {
         if self.handles != FileHandleMode::Never {
             // Can this process reopen handles at all? Without CAP_DAC_READ_SEARCH
             // (rootless, --uid-map) it can't: prefer then finds files by name.
-            let anchor = Self::anchor(&fd)?;
-            let probe = sys::name_to_handle(fd.as_raw_fd())
-                .and_then(|(h, _)| sys::open_by_handle(anchor.as_raw_fd(), &h, libc::O_PATH));
+            let probe = Self::anchor(&fd).and_then(|anchor| {
+                let (h, _) = sys::name_to_handle(fd.as_raw_fd())?;
+                sys::open_by_handle(anchor.as_raw_fd(), &h, libc::O_PATH)?;
+                Ok(anchor)
+            });
             match probe {
-                Ok(_) => {
+                Ok(anchor) => {
                     self.maps
                         .write()
                         .unwrap()
@@ -490,12 +598,17 @@ impl InodeTable {
                         _ => format!("its file system gives no file handles ({e})"),
                     }));
                 }
-                Err(e) => {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                     log::info!(
-                        "--inode-file-handles=prefer: file handles can't be reopened here ({e}); nodes are found again by name"
+                        "--inode-file-handles=prefer: file handles can't be reopened without CAP_DAC_READ_SEARCH; nodes are found again by name"
                     );
                     self.can_open_handles.store(false, Ordering::Relaxed);
                 }
+                // No handles on the root's file system: nodes there go by name, those on
+                // submounts with handles still use them.
+                Err(e) => log::info!(
+                    "--inode-file-handles=prefer: the share's root has no file handles ({e})"
+                ),
             }
             if self.handles == FileHandleMode::Mandatory
                 && !matches!(sys::handles_outlive_eviction(fd.as_raw_fd()), Ok(true))
@@ -506,7 +619,7 @@ impl InodeTable {
                 ));
             }
         }
-        let handle = sys::name_to_handle(fd.as_raw_fd()).ok().map(|(h, _)| h);
+        let handle = self.handle_of(&fd).ok().flatten().map(|(h, _, _)| h);
         let io = self.locks.get(file_id(st, handle));
         let inode = Arc::new(Inode {
             nodeid,
@@ -515,6 +628,7 @@ impl InodeTable {
             lookups: AtomicU64::new(u64::MAX / 2),
             io,
             handle: None,
+            btime: st.btime,
             name: Mutex::new(None),
             fd: Mutex::new(Some(Arc::new(fd))),
             used: AtomicBool::new(false),
@@ -522,6 +636,7 @@ impl InodeTable {
             cache: self.cache.clone(),
         });
         self.cache.held.fetch_add(1, Ordering::Relaxed);
+        self.cache.pinned.fetch_add(1, Ordering::Relaxed);
         let mut m = self.maps.write().unwrap();
         m.by_id.insert(nodeid, inode);
         m.by_key.insert(key, nodeid);
@@ -607,7 +722,6 @@ impl InodeTable {
         };
         let nodeid = m.next_id;
         m.next_id += 1;
-        let findable = name.is_some() || handle.as_ref().is_some_and(|h| h.mount_fd.is_some());
         let inode = Arc::new(Inode {
             nodeid,
             key,
@@ -615,15 +729,22 @@ impl InodeTable {
             lookups: AtomicU64::new(1),
             io,
             handle,
+            btime: st.btime,
             name: Mutex::new(name.map(|(p, n)| Name {
-                parent: Arc::downgrade(p),
+                parent: p.clone(),
                 name: n.to_owned(),
             })),
             fd: Mutex::new(Some(Arc::new(fd))),
             used: AtomicBool::new(true),
-            pinned: AtomicBool::new(!findable),
+            pinned: AtomicBool::new(false),
             cache: self.cache.clone(),
         });
+        // Nothing else finds it again (no name, or no way to tell a reused inode number
+        // from it): it keeps its fd, within the bound on such nodes.
+        let findable = inode.has_file_handle() || (name.is_some() && inode.identifiable());
+        if !findable {
+            inode.pin();
+        }
         m.by_id.insert(nodeid, inode.clone());
         m.by_key.insert(key, nodeid);
         drop(m);
