@@ -317,7 +317,6 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         cfg.xattrmap = crate::passthrough::xattrmap::XattrMap::parse(rules)
             .map_err(|e| format!("--xattrmap: {e}"))?;
     }
-    crate::passthrough::set_mapped_capability(&cfg.xattrmap);
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
         .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));

@@ -99,7 +99,10 @@ impl PassthroughFs {
             if i.is_reg() {
                 // As the host kernel drops a file capability on chown.
                 let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
-                super::killpriv::kill_mapped_capability(fd.as_raw_fd())?;
+                super::killpriv::kill_mapped_capability(
+                    fd.as_raw_fd(),
+                    self.mapped_cap.as_deref(),
+                )?;
             }
         }
 
@@ -124,7 +127,7 @@ impl PassthroughFs {
                 }
             };
             if let Some(gid) = kill {
-                super::killpriv::kill_suidgid(fd, gid)?;
+                super::killpriv::kill_suidgid(fd, gid, self.mapped_cap.as_deref())?;
             }
             // SAFETY: plain syscall on an fd we own.
             cvt(unsafe { libc::ftruncate64(fd, size) })?;

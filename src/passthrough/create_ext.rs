@@ -1,10 +1,8 @@
 //! What a create request carries beside its arguments (the server decodes the request
 //! extensions, see `server::ext`): the new node's security context and the caller's
-//! supplementary group. The crate's `FileSystem` calls have no room for them, so the
-//! server puts them in a per-thread slot for the one call it makes (`with`), and the
-//! create paths read them here.
+//! supplementary group. The server decodes the create opcodes itself and passes them to
+//! the create paths as a parameter.
 
-use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -31,41 +29,16 @@ pub struct CreateExt {
     pub groups: Vec<u32>,
 }
 
-thread_local! {
-    static CURRENT: RefCell<CreateExt> = RefCell::default();
-}
-
-/// Runs `f` (one filesystem call) with `ext` visible to the create paths; the slot is
-/// cleared afterwards, also when `f` panics.
-pub fn with<R>(ext: CreateExt, f: impl FnOnce() -> R) -> R {
-    struct Clear;
-    impl Drop for Clear {
-        fn drop(&mut self) {
-            CURRENT.with(|c| *c.borrow_mut() = CreateExt::default());
-        }
-    }
-    CURRENT.with(|c| *c.borrow_mut() = ext);
-    let _clear = Clear;
-    f()
-}
-
-fn groups() -> Vec<u32> {
-    CURRENT.with(|c| c.borrow().groups.clone())
-}
-
-fn secctx() -> Option<SecCtx> {
-    CURRENT.with(|c| c.borrow().secctx.clone())
-}
-
 impl PassthroughFs {
     /// Switches to the guest caller's ids (translated to host ids, `--translate-uid/gid`)
     /// for a create (or a flag change made as the caller), with the supplementary group the
     /// request carried (FUSE_EXT_GROUPS,
     /// see `server::ext`).
-    pub(super) fn creator(&self, ctx: &Context) -> io::Result<sys::FsCred> {
+    pub(super) fn creator(&self, ctx: &Context, groups: &[u32]) -> io::Result<sys::FsCred> {
         let ids = &self.cfg.id_translate;
-        let groups = groups()
-            .into_iter()
+        let groups = groups
+            .iter()
+            .copied()
             .map(|g| ids.gid.to_host(g))
             .collect::<io::Result<Vec<u32>>>()?;
         sys::FsCred::switch_with_groups(
@@ -78,11 +51,17 @@ impl PassthroughFs {
     /// Labels the node just created as `name` in `dir` with the request's security context,
     /// before the guest hears of it. On failure the node is removed again (`rmdir` says
     /// whether it is a directory), so a create never leaves an unlabeled node behind.
-    pub(super) fn label_new(&self, dir: RawFd, name: &CStr, rmdir: bool) -> io::Result<()> {
-        let Some(ctx) = secctx() else {
+    pub(super) fn label_new(
+        &self,
+        dir: RawFd,
+        name: &CStr,
+        rmdir: bool,
+        secctx: Option<&SecCtx>,
+    ) -> io::Result<()> {
+        let Some(ctx) = secctx else {
             return Ok(());
         };
-        let r = self.set_label(dir, name, &ctx);
+        let r = self.set_label(dir, name, ctx);
         if r.is_err() {
             let flags = if rmdir { libc::AT_REMOVEDIR } else { 0 };
             // SAFETY: NUL-terminated name relative to the parent's fd.
@@ -111,9 +90,9 @@ impl PassthroughFs {
     }
 
     /// The security context of the regular file just created and opened as `fd`.
-    pub(super) fn label_created_file(&self, fd: RawFd) -> io::Result<()> {
-        match secctx() {
-            Some(ctx) => Target::Fd(fd).set(&self.label_name(&ctx)?, &ctx.value, 0),
+    pub(super) fn label_created_file(&self, fd: RawFd, secctx: Option<&SecCtx>) -> io::Result<()> {
+        match secctx {
+            Some(ctx) => Target::Fd(fd).set(&self.label_name(ctx)?, &ctx.value, 0),
             None => Ok(()),
         }
     }

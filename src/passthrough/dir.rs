@@ -12,7 +12,7 @@ use std::sync::Arc;
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
 
 use super::handle::Handle;
-use super::{CachePolicy, Inode, PassthroughFs};
+use super::{CachePolicy, CreateExt, Inode, PassthroughFs};
 use crate::sys::{self, cvt, errno};
 
 /// FUSE_ATTR_SUBMOUNT (FUSE 7.31): this directory is the root of another mount.
@@ -92,15 +92,16 @@ impl PassthroughFs {
         linkname: &CStr,
         parent: u64,
         name: &CStr,
+        ext: &CreateExt,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = self.creator(ctx)?;
+            let _cred = self.creator(ctx, &ext.groups)?;
             // SAFETY: both strings are NUL-terminated; the link target is stored, not followed.
             cvt(unsafe { libc::symlinkat(linkname.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) })?;
         }
-        self.label_new(pfd.as_raw_fd(), name, false)?;
+        self.label_new(pfd.as_raw_fd(), name, false, ext.secctx.as_ref())?;
         self.do_lookup(parent, name)
     }
 
@@ -111,17 +112,18 @@ impl PassthroughFs {
         name: &CStr,
         mode: u32,
         rdev: u32,
+        ext: &CreateExt,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = self.creator(ctx)?;
+            let _cred = self.creator(ctx, &ext.groups)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe {
                 libc::mknodat(pfd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
             })?;
         }
-        self.label_new(pfd.as_raw_fd(), name, false)?;
+        self.label_new(pfd.as_raw_fd(), name, false, ext.secctx.as_ref())?;
         self.do_lookup(parent, name)
     }
 
@@ -131,15 +133,16 @@ impl PassthroughFs {
         parent: u64,
         name: &CStr,
         mode: u32,
+        ext: &CreateExt,
     ) -> io::Result<Entry> {
         let p = self.create_parent(parent, name)?;
         let pfd = p.path_fd()?;
         {
-            let _cred = self.creator(ctx)?;
+            let _cred = self.creator(ctx, &ext.groups)?;
             // SAFETY: `name` is NUL-terminated and relative to the parent's fd.
             cvt(unsafe { libc::mkdirat(pfd.as_raw_fd(), name.as_ptr(), mode) })?;
         }
-        self.label_new(pfd.as_raw_fd(), name, true)?;
+        self.label_new(pfd.as_raw_fd(), name, true, ext.secctx.as_ref())?;
         self.do_lookup(parent, name)
     }
 

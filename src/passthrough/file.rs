@@ -17,7 +17,7 @@ use super::inode::Inode;
 use super::killpriv;
 use super::lock::IoGuard;
 use super::nowait;
-use super::PassthroughFs;
+use super::{CreateExt, PassthroughFs};
 use crate::sys::{self, cvt, errno};
 
 impl PassthroughFs {
@@ -74,7 +74,7 @@ impl PassthroughFs {
             let _w = i.io.write_started(&g);
             let fd = self.reopen(&i, hflags)?;
             if let Some(gid) = kill {
-                killpriv::kill_suidgid(fd.as_raw_fd(), gid)?;
+                killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
             }
             fd
         } else {
@@ -94,6 +94,7 @@ impl PassthroughFs {
     /// CREATE. The host file is created with O_EXCL, always: an existing name goes through
     /// OPEN's path instead, whose file-type check keeps FIFOs and device nodes closed and
     /// whose O_TRUNC takes the inode's exclusive lock.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn do_create(
         &self,
         ctx: &Context,
@@ -102,6 +103,7 @@ impl PassthroughFs {
         flags: u32,
         mode: u32,
         kill: Option<u32>,
+        ext: &CreateExt,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
         let hflags = self.host_flags(flags) & !libc::O_TRUNC;
@@ -112,7 +114,7 @@ impl PassthroughFs {
             // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
             let pfd = p.path_fd()?;
             let created = {
-                let _cred = self.creator(ctx)?;
+                let _cred = self.creator(ctx, &ext.groups)?;
                 sys::openat(
                     pfd.as_raw_fd(),
                     name,
@@ -122,7 +124,7 @@ impl PassthroughFs {
             };
             match created {
                 Ok(fd) => {
-                    if let Err(e) = self.label_created_file(fd.as_raw_fd()) {
+                    if let Err(e) = self.label_created_file(fd.as_raw_fd(), ext.secctx.as_ref()) {
                         // SAFETY: NUL-terminated name relative to the parent's fd.
                         unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
                         return Err(e);
@@ -234,7 +236,7 @@ impl PassthroughFs {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
         if let Some(gid) = kill {
-            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid)?;
+            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
         let end = offset
             .checked_add(size as u64)
@@ -309,7 +311,7 @@ impl PassthroughFs {
         self.check_writable()?;
         let h = self.handles.get(handle, inode)?;
         if let Some(gid) = kill {
-            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid)?;
+            killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
         let g = h.inode.io.exclusive();
         let _w = h.inode.io.write_started(&g);
@@ -361,7 +363,7 @@ impl PassthroughFs {
             return Err(errno(libc::EBADF));
         }
         if let Some(gid) = killpriv::needed(uid, gid, false) {
-            killpriv::kill_suidgid(hout.fd.as_raw_fd(), gid)?;
+            killpriv::kill_suidgid(hout.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
         // The I/O lock belongs to the host file, so two nodes (a bind mount, a node
         // forgotten and looked up again) may share one: then it is taken once. Two locks
@@ -492,6 +494,7 @@ impl PassthroughFs {
         flags: u32,
         mode: u32,
         umask: u32,
+        ext: &CreateExt,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         self.check_writable()?;
         let p = self.inode(parent)?;
@@ -509,7 +512,7 @@ impl PassthroughFs {
         hflags |= guest & libc::O_EXCL;
         let pfd = p.path_fd()?;
         let fd = {
-            let _cred = self.creator(ctx)?;
+            let _cred = self.creator(ctx, &ext.groups)?;
             sys::openat(
                 pfd.as_raw_fd(),
                 c".",
@@ -517,7 +520,7 @@ impl PassthroughFs {
                 mode & 0o7777,
             )?
         };
-        self.label_created_file(fd.as_raw_fd())?;
+        self.label_created_file(fd.as_raw_fd(), ext.secctx.as_ref())?;
         // No name: its node keeps its fd (nothing else finds it) until a LINK names it.
         self.created(
             fd,

@@ -20,7 +20,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use fuse_backend_rs::api::filesystem::{Context, IoctlData};
+use fuse_backend_rs::api::filesystem::Context;
 
 use super::PassthroughFs;
 use crate::sys::{self, errno};
@@ -118,32 +118,6 @@ fn host_ioctl(fd: &impl AsRawFd, cmd: Cmd, arg: &mut Arg) -> io::Result<()> {
     sys::cvt(r).map(drop)
 }
 
-/// Room for the largest reply.
-const REPLY_MAX: usize = FSXATTR_SIZE;
-
-thread_local! {
-    /// This thread's reply buffer. Leaked: never freed while a reply may point into it.
-    static REPLY: *mut [u8; REPLY_MAX] = Box::into_raw(Box::new([0; REPLY_MAX]));
-}
-
-/// `bytes` (at most REPLY_MAX) in this thread's reply buffer. `FileSystem::ioctl` must
-/// return data borrowed for as long as the filesystem, which a reply computed per request
-/// can't be; fuse-backend-rs copies the slice into the reply before its handler returns,
-/// on this thread, so a slice is dead before this thread's next call overwrites it.
-fn thread_reply<'a>(bytes: &[u8]) -> &'a [u8] {
-    let n = bytes.len().min(REPLY_MAX);
-    REPLY.with(|&buf| {
-        // SAFETY: `buf` is a leaked allocation (valid forever) only this thread reaches,
-        // and the slice its previous call returned is no longer used (see above).
-        // Raw pointer writes: no `&mut` to the buffer is ever made.
-        unsafe {
-            let p = buf.cast::<u8>();
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, n);
-            std::slice::from_raw_parts(p, n)
-        }
-    })
-}
-
 /// Open flags for a node reopened for an ioctl: O_NONBLOCK so that a lease held on the host
 /// can't stall the worker.
 const REOPEN_FLAGS: i32 = libc::O_RDONLY | libc::O_NONBLOCK;
@@ -186,16 +160,17 @@ impl PassthroughFs {
         Ok(())
     }
 
-    /// FUSE_IOCTL. `data` is the request's input (`in_size` bytes, None when 0).
-    pub(super) fn do_ioctl<'a>(
-        &'a self,
+    /// FUSE_IOCTL (vfsd's server decodes it): the result and the out data. `data` is the
+    /// request's input (`in_size` bytes, None when 0).
+    pub fn ioctl(
+        &self,
         ctx: &Context,
         inode: u64,
         handle: u64,
         cmd: u32,
         data: Option<&[u8]>,
         out_size: u32,
-    ) -> io::Result<IoctlData<'a>> {
+    ) -> io::Result<(i32, Vec<u8>)> {
         let cmd = Cmd::parse(cmd).ok_or_else(|| errno(libc::ENOTTY))?;
         let input = data.unwrap_or(&[]);
         let (want_in, want_out) = if cmd.is_set() {
@@ -225,18 +200,12 @@ impl PassthroughFs {
             if !self.cfg.allow_project_id {
                 self.check_project_kept(&fd, cmd, &arg)?;
             }
-            let _cred = self.creator(ctx)?;
+            let _cred = self.creator(ctx, &[])?;
             host_ioctl(&fd, cmd, &mut arg)?;
-            return Ok(IoctlData {
-                result: 0,
-                data: None,
-            });
+            return Ok((0, Vec::new()));
         }
         host_ioctl(&fd, cmd, &mut arg)?;
-        Ok(IoctlData {
-            result: 0,
-            data: Some(thread_reply(&arg_bytes(&arg)[..cmd.size()])),
-        })
+        Ok((0, arg_bytes(&arg)[..cmd.size()].to_vec()))
     }
 }
 
@@ -272,21 +241,6 @@ mod tests {
         assert_eq!(a[0], u32::from_ne_bytes([1, 2, 3, 4]));
         assert_eq!(a[1], u32::from_ne_bytes([5, 0, 0, 0]));
         assert!(a[2..].iter().all(|&v| v == 0));
-    }
-
-    #[test]
-    fn thread_reply_holds_each_reply_until_the_next() {
-        let a = thread_reply(&[1, 2, 3, 4]).to_vec();
-        let b = thread_reply(&[9; 28]).to_vec();
-        assert_eq!(a, [1, 2, 3, 4]);
-        assert_eq!(b, [9; 28]);
-        // Longer than the buffer: cut, never out of bounds.
-        assert_eq!(thread_reply(&[7; 40]), &[7; 28][..]);
-        // Each thread has its own buffer.
-        let other = std::thread::spawn(|| thread_reply(&[5; 4]).to_vec());
-        let mine = thread_reply(&[6; 4]).to_vec();
-        assert_eq!(other.join().unwrap(), [5; 4]);
-        assert_eq!(mine, [6; 4]);
     }
 
     #[test]

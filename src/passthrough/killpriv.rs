@@ -10,7 +10,6 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::OnceLock;
 
 use super::xattr::Target;
 use super::xattrmap::{HostName, XattrMap};
@@ -27,7 +26,9 @@ pub fn needed(uid: u32, host_gid: u32, guest_asked: bool) -> Option<u32> {
 /// opened for I/O, not O_PATH), as a write by a caller without CAP_FSETID whose group is
 /// `gid` would (the kernel's `setattr_should_drop_suidgid`): the host's
 /// `security.capability` and the name a guest's capability is mapped to.
-pub fn kill_suidgid(fd: RawFd, gid: u32) -> io::Result<()> {
+/// `mapped` is where the xattr map keeps a guest's `security.capability`
+/// (`PassthroughFs::mapped_cap`).
+pub fn kill_suidgid(fd: RawFd, gid: u32, mapped: Option<&CStr>) -> io::Result<()> {
     let st = sys::statx(fd, sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(());
@@ -43,7 +44,7 @@ pub fn kill_suidgid(fd: RawFd, gid: u32) -> io::Result<()> {
         // SAFETY: plain syscall on an fd the caller owns.
         cvt(unsafe { libc::fchmod(fd, mode & !kill) })?;
     }
-    for name in [CAP].into_iter().chain(mapped_capability()) {
+    for name in [CAP].into_iter().chain(mapped) {
         remove_if_present(fd, name)?;
     }
     Ok(())
@@ -51,8 +52,8 @@ pub fn kill_suidgid(fd: RawFd, gid: u32) -> io::Result<()> {
 
 /// After a chown of the regular file open as `fd`: the host kernel drops a real
 /// `security.capability` itself, but not the name the xattr map keeps a guest's under.
-pub fn kill_mapped_capability(fd: RawFd) -> io::Result<()> {
-    match mapped_capability() {
+pub fn kill_mapped_capability(fd: RawFd, mapped: Option<&CStr>) -> io::Result<()> {
+    match mapped {
         Some(name) => remove_if_present(fd, name),
         None => Ok(()),
     }
@@ -76,28 +77,16 @@ fn remove_if_present(fd: RawFd, name: &CStr) -> io::Result<()> {
 
 const CAP: &CStr = c"security.capability";
 
-/// The host name a guest's `security.capability` is stored under when the xattr map
-/// renames it (`user.vfsd.security.capability` by default). A capability the guest set
-/// lives there, so a write must drop it too. Process-wide because the callers of
-/// `kill_suidgid` only hold an fd; a daemon serves one filesystem with one map.
-static MAPPED_CAP: OnceLock<Option<CString>> = OnceLock::new();
-
-/// Records where `map` stores the guest's `security.capability` (once, at start-up).
-pub fn set_mapped_capability(map: &XattrMap) {
-    let _ = MAPPED_CAP.set(mapped_name(map));
-}
-
 /// The host name `map` gives `security.capability`, if not itself (none where the map
 /// refuses the name: the guest can't have set one).
-fn mapped_name(map: &XattrMap) -> Option<CString> {
+/// The host kept-under name of a guest's `security.capability`
+/// (`user.vfsd.security.capability` under the default map): a capability the guest set
+/// lives there, so a write must drop it too.
+pub fn mapped_name(map: &XattrMap) -> Option<CString> {
     match map.to_host(CAP) {
         HostName::Name(n) if n.as_ref() != CAP => Some(n.into_owned()),
         _ => None,
     }
-}
-
-fn mapped_capability() -> Option<&'static CStr> {
-    MAPPED_CAP.get()?.as_deref()
 }
 
 #[cfg(test)]

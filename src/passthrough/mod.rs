@@ -41,7 +41,6 @@ pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
 pub use killpriv::needed as killpriv_needed;
-pub use killpriv::set_mapped_capability;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
@@ -177,6 +176,9 @@ pub struct PassthroughFs {
     handles: HandleTable,
     /// File locks forwarded to the host.
     locks: Arc<filelocks::FileLocks>,
+    /// Where the xattr map keeps a guest's `security.capability` on the host, which a data
+    /// change by a non-root caller drops too (`killpriv`).
+    mapped_cap: Option<CString>,
     /// `/proc/self/fd`, to reopen O_PATH fds for I/O without resolving any guest path.
     proc_self_fd: OwnedFd,
     /// The INIT flags both sides enabled (`abi::flags`): the writeback cache,
@@ -224,6 +226,7 @@ impl PassthroughFs {
             cfg.readonly,
         ));
         Ok(PassthroughFs {
+            mapped_cap: killpriv::mapped_name(&cfg.xattrmap),
             locks,
             cfg,
             inodes,
@@ -469,6 +472,66 @@ impl PassthroughFs {
     }
 }
 
+/// The create opcodes, with what their requests carry beside the arguments (`ext`: a
+/// security context, the caller's supplementary group). vfsd's server calls these.
+impl PassthroughFs {
+    pub fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        args: CreateIn,
+        ext: &CreateExt,
+    ) -> io::Result<(Entry, u64, OpenOptions)> {
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+        );
+        let mode = self.creation_mode(parent, args.mode, args.umask)?;
+        self.do_create(ctx, parent, name, args.flags, mode, kill, ext)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+        ext: &CreateExt,
+    ) -> io::Result<Entry> {
+        let mode = self.creation_mode(parent, mode, umask)?;
+        self.do_mknod(ctx, parent, name, mode, rdev, ext)
+    }
+
+    pub fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+        ext: &CreateExt,
+    ) -> io::Result<Entry> {
+        let mode = self.creation_mode(parent, mode, umask)?;
+        self.do_mkdir(ctx, parent, name, mode, ext)
+    }
+
+    pub fn symlink(
+        &self,
+        ctx: &Context,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+        ext: &CreateExt,
+    ) -> io::Result<Entry> {
+        self.do_symlink(ctx, linkname, parent, name, ext)
+    }
+}
+
 impl FileSystem for PassthroughFs {
     type Inode = u64;
     type Handle = u64;
@@ -529,6 +592,8 @@ impl FileSystem for PassthroughFs {
         self.do_readlink(inode)
     }
 
+    // vfsd's server serves the create opcodes itself, with their extensions (`create`,
+    // `mkdir`, ... on `PassthroughFs`); these are for other callers, which have none.
     fn symlink(
         &self,
         ctx: &Context,
@@ -536,7 +601,7 @@ impl FileSystem for PassthroughFs {
         parent: u64,
         name: &CStr,
     ) -> io::Result<Entry> {
-        self.do_symlink(ctx, linkname, parent, name)
+        self.do_symlink(ctx, linkname, parent, name, &CreateExt::default())
     }
 
     fn mknod(
@@ -548,8 +613,16 @@ impl FileSystem for PassthroughFs {
         rdev: u32,
         umask: u32,
     ) -> io::Result<Entry> {
-        let mode = self.creation_mode(parent, mode, umask)?;
-        self.do_mknod(ctx, parent, name, mode, rdev)
+        PassthroughFs::mknod(
+            self,
+            ctx,
+            parent,
+            name,
+            mode,
+            rdev,
+            umask,
+            &CreateExt::default(),
+        )
     }
 
     fn mkdir(
@@ -560,8 +633,7 @@ impl FileSystem for PassthroughFs {
         mode: u32,
         umask: u32,
     ) -> io::Result<Entry> {
-        let mode = self.creation_mode(parent, mode, umask)?;
-        self.do_mkdir(ctx, parent, name, mode)
+        PassthroughFs::mkdir(self, ctx, parent, name, mode, umask, &CreateExt::default())
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -617,13 +689,8 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let kill = killpriv::needed(
-            ctx.uid,
-            self.host_gid(ctx),
-            args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
-        );
-        let mode = self.creation_mode(parent, args.mode, args.umask)?;
-        let (entry, fh, opts) = self.do_create(ctx, parent, name, args.flags, mode, kill)?;
+        let (entry, fh, opts) =
+            PassthroughFs::create(self, ctx, parent, name, args, &CreateExt::default())?;
         Ok((entry, Some(fh), opts, None))
     }
 
@@ -800,7 +867,10 @@ impl FileSystem for PassthroughFs {
         data: fuse_backend_rs::api::filesystem::IoctlData,
         out_size: u32,
     ) -> io::Result<fuse_backend_rs::api::filesystem::IoctlData<'_>> {
-        self.do_ioctl(ctx, inode, handle, cmd, data.data, out_size)
+        // vfsd's server answers FUSE_IOCTL itself (`PassthroughFs::ioctl`: its reply data
+        // is per request, which this signature can't return).
+        let _ = (ctx, inode, handle, cmd, data, out_size);
+        Err(io::Error::from_raw_os_error(libc::ENOTTY))
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {

@@ -32,6 +32,7 @@ use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
 
 use crate::passthrough::PassthroughFs;
 
+mod create;
 pub mod dispatch;
 mod ext;
 mod fast_read;
@@ -63,6 +64,7 @@ pub mod opcode {
     pub const NOTIFY_REPLY: u32 = 41;
     pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
+    pub const IOCTL: u32 = 39;
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const SYNCFS: u32 = 50;
     pub const TMPFILE: u32 = 51;
@@ -342,6 +344,10 @@ impl FuseServer {
                     });
                 (reply(mem, chain, &hdr, r), false)
             }
+            opcode::IOCTL => {
+                let r = create::ioctl(&self.fs, &hdr, req.args());
+                (reply(mem, chain, &hdr, r), false)
+            }
             opcode::STATX => {
                 let r = newer::statx(&self.fs, &hdr, req.args());
                 (reply(mem, chain, &hdr, r), false)
@@ -360,9 +366,17 @@ impl FuseServer {
             }
             op @ (opcode::CREATE | opcode::MKDIR | opcode::MKNOD | opcode::SYMLINK) => {
                 match ext::take(req) {
-                    Ok(e) => crate::passthrough::create_ext::with(self.negotiated(e), || {
-                        self.serve_by_crate(mem, chain, req, op)
-                    }),
+                    Ok(e) => {
+                        let e = self.negotiated(e);
+                        let (fs, args) = (&*self.fs, req.args());
+                        let r = match op {
+                            opcode::CREATE => create::create(fs, &hdr, args, &e),
+                            opcode::MKDIR => create::mkdir(fs, &hdr, args, &e),
+                            opcode::MKNOD => create::mknod(fs, &hdr, args, &e),
+                            _ => create::symlink(fs, &hdr, args, &e),
+                        };
+                        (reply(mem, chain, &hdr, r), false)
+                    }
                     Err(e) => (
                         reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(e))),
                         true,

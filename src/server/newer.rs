@@ -11,7 +11,7 @@ use fuse_backend_rs::api::filesystem::Context;
 use vm_memory::ByteValued;
 
 use super::request::decode;
-use crate::passthrough::{create_ext, CreateExt, PassthroughFs};
+use crate::passthrough::{CreateExt, PassthroughFs};
 
 fn inval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
@@ -28,9 +28,14 @@ pub fn tmpfile(
     let a: CreateIn = decode(args).ok_or_else(inval)?;
     let name = &args[std::mem::size_of::<CreateIn>()..];
     CStr::from_bytes_until_nul(name).map_err(|_| inval())?;
-    let (entry, fh, opts) = create_ext::with(ext, || {
-        fs.tmpfile(&Context::from(hdr), hdr.nodeid, a.flags, a.mode, a.umask)
-    })?;
+    let (entry, fh, opts) = fs.tmpfile(
+        &Context::from(hdr),
+        hdr.nodeid,
+        a.flags,
+        a.mode,
+        a.umask,
+        &ext,
+    )?;
     let mut out = EntryOut::from(entry).as_slice().to_vec();
     let open = OpenOut {
         fh,
