@@ -93,16 +93,16 @@ for daemon in $DAEMONS; do
     start=$(date +%s)
     "$HERE/run-vm.sh" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --mem 4G --timeout 7200 \
-        --quiet --log "$work/guest.log" --workdir "$work" --share "$TREE:share0:ro" -- \
+        --quiet --log "$work.guest.log" --workdir "$work" --share "$TREE:share0:ro" -- \
         "t=\$(date +%s); echo walk: find \$(find /mnt/share0 | wc -l) entries in \$(( \$(date +%s) - t )) s; t=\$(date +%s); du -s /mnt/share0 > /dev/null; echo walk: du in \$(( \$(date +%s) - t )) s" \
-        > "$work/run-vm.log" 2>&1 || { tail -20 "$work/run-vm.log"; die "$daemon: the guest run failed (logs in $work)"; }
+        > "$work.run-vm.log" 2>&1 || { tail -20 "$work.run-vm.log"; die "$daemon: the guest run failed (log: $work.run-vm.log)"; }
     wait "$sampler" || true
     secs=$(( $(date +%s) - start ))
-    tr -d '\r' < "$work/guest.log" | grep '^walk:' | sed "s/^/bench-walk:   $daemon: /" | tee "$OUT/$daemon.walk.txt"
+    tr -d '\r' < "$work.guest.log" | grep '^walk:' | sed "s/^/bench-walk:   $daemon: /" | tee "$OUT/$daemon.walk.txt"
     peak=$(awk -F, 'NR > 1 {if ($2 > f) f = $2; if ($3 > r) r = $3} END {printf "%d %d", f, r}' "$csv")
     say "  $daemon: peak fds ${peak% *}, peak RSS $(( ${peak#* } / 1024 )) MiB, ${secs}s"
     echo "$daemon $peak $secs" >> "$OUT/peaks.txt.new"
-    rm -rf "$work"
+    rm -rf "$work" "$work.guest.log" "$work.run-vm.log"
 done
 mv "$OUT/peaks.txt.new" "$OUT/peaks.txt"
 {
