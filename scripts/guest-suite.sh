@@ -291,6 +291,14 @@ os.chmod(t, 0o777)' "$1"
             finish_test "$label" "fdwalk-$handles"
             show '^fdwalk: [0-9]+ checks'
         done
+        # Rootless (libvirt's session VMs): vfsd as an unprivileged user with --uid-map,
+        # so the default prefer can't reopen handles and finds files by name.
+        if [ "$daemon" = vfsd ] && [ -z "$SHARE_ROOT" ]; then
+            run_test "$HERE/rootless-daemon.sh {socket} {dir}" "$label" fdwalk-rootless 0 600 \
+                "/guest-tests/fdwalk.sh rootless" "--rlimit-nofile=1024" fdwalk_tree
+            finish_test "$label" fdwalk-rootless
+            show '^fdwalk: [0-9]+ checks'
+        fi
     fi
 
     if wanted features; then
