@@ -578,3 +578,23 @@ fn a_non_root_guest_user_gets_no_further() {
     assert!(e == libc::ENXIO || e == libc::EACCES, "{e}");
     assert_eq!(read(&d.dir.path().join("outside-secret")), b"secret");
 }
+
+/// At a limit so low that the daemon's own fds leave nodes little room, a LOOKUP that meets
+/// EMFILE makes the nodes give up cached fds and is served, instead of answering EMFILE.
+#[test]
+fn a_lookup_at_the_fd_limit_makes_room_instead_of_failing() {
+    let d = Daemon::start(&["--rlimit-nofile", "160", "--request-queues", "16"]);
+    for i in 0..1000 {
+        std::fs::write(d.path(&format!("m{i}")), b"").unwrap();
+    }
+    let c = d.client();
+    for round in 0..3 {
+        for i in 0..1000 {
+            let e = c
+                .lookup(ROOT, &format!("m{i}"))
+                .unwrap_or_else(|e| panic!("round {round}, m{i}: {e:?}"));
+            c.getattr(e.nodeid).unwrap();
+        }
+    }
+    assert_eq!(d.stats()["fds_exhausted"].as_u64().unwrap(), 0);
+}

@@ -31,12 +31,10 @@ impl PassthroughFs {
         } else {
             name
         };
-        let fd = sys::openat(
-            p.path_fd()?.as_raw_fd(),
-            name,
-            libc::O_PATH | libc::O_NOFOLLOW,
-            0,
-        )?;
+        let pfd = p.path_fd()?;
+        let fd = self.with_fd_room(|| {
+            sys::openat(pfd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+        })?;
         Ok((p, fd))
     }
 

@@ -115,12 +115,14 @@ impl PassthroughFs {
             let pfd = p.path_fd()?;
             let created = {
                 let _cred = self.creator(ctx, &ext.groups)?;
-                sys::openat(
-                    pfd.as_raw_fd(),
-                    name,
-                    hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                    mode & 0o7777,
-                )
+                self.with_fd_room(|| {
+                    sys::openat(
+                        pfd.as_raw_fd(),
+                        name,
+                        hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                        mode & 0o7777,
+                    )
+                })
             };
             match created {
                 Ok(fd) => {
@@ -175,12 +177,14 @@ impl PassthroughFs {
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         // Take the O_PATH fd from the opened file itself, so the entry is exactly the file
         // created even if the name changes meanwhile.
-        let path_fd = sys::openat(
-            self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(fd.as_raw_fd()),
-            libc::O_PATH,
-            0,
-        )?;
+        let path_fd = self.with_fd_room(|| {
+            sys::openat(
+                self.proc_self_fd.as_raw_fd(),
+                &sys::fd_name(fd.as_raw_fd()),
+                libc::O_PATH,
+                0,
+            )
+        })?;
         let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
         let inode = self.inodes.lookup_insert(path_fd, &st, name)?;
         let entry = self.entry(&inode, st.st);

@@ -663,6 +663,29 @@ impl InodeTable {
         name: Option<(&Arc<Inode>, &CStr)>,
     ) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
+        let seen = |inode: &Arc<Inode>| {
+            if let Some((p, n)) = name {
+                if !inode.is_at(p, n) {
+                    inode.seen_at(p, n);
+                }
+            }
+        };
+        // The common case, a known node that holds its fd: the fd keeps its inode, so the
+        // number can't have gone to another file (a birth time that differs would say so),
+        // and no file handle is needed to tell.
+        {
+            let m = self.maps.read().unwrap();
+            if let Some(inode) = m.by_key.get(&key).and_then(|id| m.by_id.get(id)) {
+                let holds = inode.fd.lock().unwrap().is_some();
+                if holds && (inode.btime.is_none() || inode.btime == st.btime) {
+                    inode.lookups.fetch_add(1, Ordering::Relaxed);
+                    let inode = inode.clone();
+                    drop(m);
+                    seen(&inode);
+                    return Ok(inode);
+                }
+            }
+        }
         let handle = self.handle_of(&fd)?;
         // A known node of this file, if any. A node whose fd is gone may name a file since
         // deleted whose inode number was reused: a different handle means a different
@@ -672,13 +695,6 @@ impl InodeTable {
             match (&inode.handle, &handle) {
                 (Some(old), Some((new, _, _))) if old.handle != *new => None,
                 _ => Some(inode.clone()),
-            }
-        };
-        let seen = |inode: &Arc<Inode>| {
-            if let Some((p, n)) = name {
-                if !inode.is_at(p, n) {
-                    inode.seen_at(p, n);
-                }
             }
         };
         if let Some(inode) = known(&self.maps.read().unwrap()) {

@@ -314,8 +314,14 @@ impl PassthroughFs {
                 0,
             )
         };
+        self.with_fd_room(open)
+    }
+
+    /// Runs `open` (something that makes an fd); out of fds (EMFILE, ENFILE), nodes give
+    /// up some of their cached O_PATH fds and it runs once more. What the guest asks for
+    /// (a lookup, an open file) comes before the cache.
+    pub(crate) fn with_fd_room<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
         match open() {
-            // Open files come first: nodes give up cached fds to make room for one.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                 self.inodes.fd_cache().shrink();
                 open()
