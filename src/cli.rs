@@ -164,13 +164,13 @@ pub struct Opt {
     #[arg(long)]
     pub preserve_noatime: bool,
 
-    /// Negotiate FUSE_HANDLE_KILLPRIV_V2 (the default): vfsd clears set-user-ID and
-    /// set-group-ID bits and file capabilities on writes, truncates and O_TRUNC opens by
-    /// callers without CAP_FSETID, as the host kernel would
+    /// Negotiate FUSE_HANDLE_KILLPRIV_V2 (off by default, as in virtiofsd): the guest
+    /// kernel then leaves clearing set-user-ID and set-group-ID bits and file capabilities
+    /// on writes, truncates and O_TRUNC opens to vfsd, and keeps its cached mode meanwhile
     #[arg(long, overrides_with = "no_killpriv_v2")]
     pub killpriv_v2: bool,
 
-    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2: the guest's cached writes then clear the
+    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2 (the default): the guest kernel clears the
     /// bits with a SETATTR. vfsd still clears them for non-root writers on every path
     #[arg(long, overrides_with = "killpriv_v2")]
     pub no_killpriv_v2: bool,

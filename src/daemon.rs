@@ -296,7 +296,11 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.inode_file_handles = opt.inode_file_handles.into();
     cfg.readdirplus = !opt.no_readdirplus;
     cfg.preserve_noatime = opt.preserve_noatime;
-    cfg.killpriv_v2 = !opt.no_killpriv_v2;
+    // Off unless asked for, as in virtiofsd: with it the guest kernel leaves clearing the
+    // set-id bits to the daemon and keeps its cached mode, so a guest stat after a write
+    // that cleared them showed them still set (xfstests generic/355). vfsd clears them for
+    // non-root writers either way.
+    cfg.killpriv_v2 = opt.killpriv_v2 && !opt.no_killpriv_v2;
     cfg.posix_lock = !opt.no_posix_lock;
     cfg.flock = !opt.no_flock;
     if opt.max_locks == 0 || opt.max_lock_waiters == 0 {

@@ -38,7 +38,11 @@ impl PassthroughFs {
     ) -> io::Result<(libc::stat64, Duration)> {
         self.check_writable()?;
         // An explicit new mode in the same request wins over the privilege drop.
-        let kill = kill.filter(|_| !valid.contains(SetattrValid::MODE));
+        // But not over a size change: without FUSE_HANDLE_KILLPRIV_V2 the guest kernel sends
+        // its own idea of the mode with a truncate (it keeps S_ISGID without group-exec for
+        // a non-member, where the host kernel drops it), so the drop follows the mode.
+        let kill = kill
+            .filter(|_| !valid.contains(SetattrValid::MODE) || valid.contains(SetattrValid::SIZE));
         let i = self.inode(inode)?;
         let h = match handle {
             Some(fh) => Some(self.handles.get(fh, inode)?),
