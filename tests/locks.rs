@@ -412,17 +412,7 @@ fn an_interrupt_cancels_a_waiting_setlkw() {
     c1.setlk(n1, h1, A, wr(0, 0, 1)).unwrap();
     let t = c2.setlkw(1, n2, h2, B, wr(0, 0, 2)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let intr = fuse_backend_rs::abi::fuse_abi::InterruptIn { unique: t.unique };
-    let ti = c2
-        .submit(
-            0,
-            FUSE_INTERRUPT,
-            0,
-            &[vm_memory::ByteValued::as_slice(&intr)],
-            64,
-        )
-        .unwrap();
-    assert_eq!(c2.wait_no_reply(ti).unwrap(), 0);
+    c2.interrupt(t.unique).unwrap();
     assert_eq!(c2.wait(t).unwrap().error, -libc::EINTR);
     assert_eq!(stat(&d2, "lock_waiters"), 0);
     c1.setlk(n1, h1, A, un(0, 0)).unwrap();
@@ -553,18 +543,8 @@ fn waits_sharing_a_unique_can_all_be_interrupted() {
     }
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(stat(&d2, "lock_waiters"), 2);
-    let intr = fuse_backend_rs::abi::fuse_abi::InterruptIn { unique: U };
     for _ in 0..2 {
-        let ti = c2
-            .submit(
-                0,
-                FUSE_INTERRUPT,
-                0,
-                &[vm_memory::ByteValued::as_slice(&intr)],
-                64,
-            )
-            .unwrap();
-        assert_eq!(c2.wait_no_reply(ti).unwrap(), 0);
+        c2.interrupt(U).unwrap();
     }
     let mut c2 = c2;
     c2.timeout = Duration::from_secs(3);

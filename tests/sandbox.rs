@@ -201,21 +201,12 @@ fn an_unprivileged_daemon_maps_its_own_ids() {
     chown(&share.join("own"), 65534, 65534);
     let sock = dir.path().join("s");
     // libvirt's unprivileged command line, for a user without /etc/subuid ranges.
-    let mut child = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(common::vfsd_bin())
-        .arg("--fd=3")
-        .args(["--log-level", "warn"])
-        .arg("--shared-dir")
-        .arg(&share)
-        .args(["--uid-map=:0:65534:1:", "--gid-map=:0:65534:1:"])
-        .stdin(std::process::Stdio::null())
-        .spawn_with_listener(&sock);
-    let c = vfsd::frontend::fuse::FuseClient::new(
-        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
-            .unwrap(),
+    let mut child = spawn_as_nobody(
+        &share,
+        &sock,
+        &["--uid-map=:0:65534:1:", "--gid-map=:0:65534:1:"],
     );
-    c.init().unwrap();
+    let c = connect(&sock);
     assert_eq!(
         c.lookup(ROOT, "own").unwrap().attr.uid,
         0,
@@ -245,20 +236,8 @@ fn an_unprivileged_daemon_serves_non_root_writes() {
     std::fs::write(share.join("f"), b"x").unwrap();
     chown(&share.join("f"), 65534, 65534);
     let sock = dir.path().join("s");
-    let mut child = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(common::vfsd_bin())
-        .arg("--fd=3")
-        .args(["--log-level", "warn", "--sandbox", "none"])
-        .arg("--shared-dir")
-        .arg(&share)
-        .stdin(std::process::Stdio::null())
-        .spawn_with_listener(&sock);
-    let c = vfsd::frontend::fuse::FuseClient::new(
-        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
-            .unwrap(),
-    );
-    c.init().unwrap();
+    let mut child = spawn_as_nobody(&share, &sock, &["--sandbox", "none"]);
+    let c = connect(&sock);
     let e = c.lookup(ROOT, "f").unwrap();
     let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
     let user = vfsd::frontend::fuse::Caller {
@@ -274,6 +253,34 @@ fn an_unprivileged_daemon_serves_non_root_writes() {
     assert_eq!(read(&share.join("f")), b"y");
     drop(c);
     assert!(child.wait().unwrap().success());
+}
+
+/// vfsd as uid 65534 (no capabilities), serving `share` on a listening socket at `sock`
+/// handed over as fd 3, as libvirt starts it unprivileged; `extra` are more options.
+fn spawn_as_nobody(
+    share: &std::path::Path,
+    sock: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Child {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::vfsd_bin())
+        .arg("--fd=3")
+        .args(["--log-level", "warn"])
+        .arg("--shared-dir")
+        .arg(share)
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .spawn_with_listener(sock)
+}
+
+/// A client that has done FUSE INIT on the daemon at `sock`.
+fn connect(sock: &std::path::Path) -> vfsd::frontend::fuse::FuseClient {
+    let c = vfsd::frontend::fuse::FuseClient::new(
+        vfsd::frontend::Frontend::connect(sock, vfsd::frontend::FrontendConfig::default()).unwrap(),
+    );
+    c.init().unwrap();
+    c
 }
 
 /// Spawns with a listening socket at `path` as fd 3, as libvirt hands one over.
@@ -512,21 +519,17 @@ fn an_unprivileged_daemon_knows_more_files_than_its_fd_limit() {
     }
     chown(&share, 65534, 65534);
     let sock = dir.path().join("s");
-    let mut child = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(common::vfsd_bin())
-        .arg("--fd=3")
-        .args(["--log-level", "warn", "--rlimit-nofile", "256"])
-        .arg("--shared-dir")
-        .arg(&share)
-        .args(["--uid-map=:0:65534:1:", "--gid-map=:0:65534:1:"])
-        .stdin(std::process::Stdio::null())
-        .spawn_with_listener(&sock);
-    let c = vfsd::frontend::fuse::FuseClient::new(
-        vfsd::frontend::Frontend::connect(&sock, vfsd::frontend::FrontendConfig::default())
-            .unwrap(),
+    let mut child = spawn_as_nobody(
+        &share,
+        &sock,
+        &[
+            "--rlimit-nofile",
+            "256",
+            "--uid-map=:0:65534:1:",
+            "--gid-map=:0:65534:1:",
+        ],
     );
-    c.init().unwrap();
+    let c = connect(&sock);
     let nodes: Vec<u64> = (0..2000)
         .map(|i| {
             c.lookup(ROOT, &format!("f{i}"))

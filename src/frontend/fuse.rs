@@ -401,6 +401,17 @@ impl FuseClient {
         Ok(())
     }
 
+    /// FUSE_INTERRUPT for the request sent under `unique` (no reply), on the hiprio queue.
+    pub fn interrupt(&self, unique: u64) -> FResult<()> {
+        let i = InterruptIn { unique };
+        let t = self.submit(0, FUSE_INTERRUPT, 0, &[i.as_slice()], 64)?;
+        let n = self.wait_no_reply(t)?;
+        if n != 0 {
+            return Err(FuseError::Proto(format!("INTERRUPT got a {n}-byte reply")));
+        }
+        Ok(())
+    }
+
     pub fn batch_forget(&self, items: &[(u64, u64)]) -> FResult<()> {
         let h = BatchForgetIn {
             count: items.len() as u32,

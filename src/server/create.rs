@@ -10,13 +10,13 @@ use std::mem::size_of;
 use fuse_backend_rs::abi::fuse_abi::{
     CreateIn, EntryOut, InHeader, IoctlIn, IoctlOut, MkdirIn, MknodIn, OpenOut,
 };
-use fuse_backend_rs::api::filesystem::{Context, Entry};
+use fuse_backend_rs::api::filesystem::{Context, Entry, OpenOptions};
 use vm_memory::ByteValued;
 
 use super::request::decode;
 use crate::passthrough::{CreateExt, PassthroughFs};
 
-fn inval() -> io::Error {
+pub(super) fn inval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }
 
@@ -45,6 +45,11 @@ pub fn create(
 ) -> io::Result<Vec<u8>> {
     let (a, n) = args_and_name::<CreateIn>(args)?;
     let (entry, fh, opts) = fs.create(&Context::from(hdr), hdr.nodeid, n, a, ext)?;
+    Ok(created_reply(entry, fh, opts))
+}
+
+/// CREATE's (and TMPFILE's) reply: the new node's entry and the open handle.
+pub(super) fn created_reply(entry: Entry, fh: u64, opts: OpenOptions) -> Vec<u8> {
     let mut out = entry_reply(entry);
     let open = OpenOut {
         fh,
@@ -52,7 +57,7 @@ pub fn create(
         passthrough: 0,
     };
     out.extend_from_slice(open.as_slice());
-    Ok(out)
+    out
 }
 
 pub fn mkdir(

@@ -47,7 +47,11 @@ use fast_read::FastRead;
 pub use locks::{install_wake_handler, Deferred};
 
 pub mod opcode {
+    pub const LOOKUP: u32 = 1;
     pub const FORGET: u32 = 2;
+    pub const SETATTR: u32 = 4;
+    pub const LINK: u32 = 13;
+    pub const OPENDIR: u32 = 27;
     pub const GETLK: u32 = 31;
     pub const SETLK: u32 = 32;
     pub const SETLKW: u32 = 33;
@@ -531,11 +535,13 @@ fn effect_reply_size(op: u32) -> Option<usize> {
     use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, OpenOut};
     use std::mem::size_of;
     Some(match op {
-        1 | opcode::SYMLINK | opcode::MKNOD | opcode::MKDIR | 13 => size_of::<EntryOut>(),
+        opcode::LOOKUP | opcode::SYMLINK | opcode::MKNOD | opcode::MKDIR | opcode::LINK => {
+            size_of::<EntryOut>()
+        }
         opcode::CREATE | opcode::TMPFILE => size_of::<EntryOut>() + size_of::<OpenOut>(),
-        opcode::OPEN | 27 => size_of::<OpenOut>(),
+        opcode::OPEN | opcode::OPENDIR => size_of::<OpenOut>(),
         opcode::WRITE | opcode::COPY_FILE_RANGE => size_of::<WriteOut>(),
-        4 => size_of::<AttrOut>(),
+        opcode::SETATTR => size_of::<AttrOut>(),
         _ => return None,
     })
 }

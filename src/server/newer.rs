@@ -6,16 +6,13 @@
 use std::ffi::CStr;
 use std::io;
 
-use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, InHeader, OpenOut};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, InHeader};
 use fuse_backend_rs::api::filesystem::Context;
 use vm_memory::ByteValued;
 
+use super::create::inval;
 use super::request::decode;
 use crate::passthrough::{CreateExt, PassthroughFs};
-
-fn inval() -> io::Error {
-    io::Error::from_raw_os_error(libc::EINVAL)
-}
 
 /// TMPFILE: CREATE's arguments (the name is the kernel's placeholder and unused) and
 /// CREATE's reply. `ext` is the request's extensions (security context, group).
@@ -36,14 +33,7 @@ pub fn tmpfile(
         a.umask,
         &ext,
     )?;
-    let mut out = EntryOut::from(entry).as_slice().to_vec();
-    let open = OpenOut {
-        fh,
-        open_flags: opts.bits(),
-        passthrough: 0,
-    };
-    out.extend_from_slice(open.as_slice());
-    Ok(out)
+    Ok(super::create::created_reply(entry, fh, opts))
 }
 
 /// `fuse_statx_in`.
