@@ -5,15 +5,22 @@
 # test in a fresh QEMU guest.  Ends with "N passed, M failed"; exits 1 if any
 # test failed.
 #
+# The guests run on the system's QEMU (10 after scripts/setup.sh), except
+# smoke-qemu72: the smoke test on bookworm's QEMU 7.2, unpacked into the cache
+# by scripts/fetch-qemu.sh ($VFSD_QEMU72 names another binary).
+#
 # Usage: scripts/guest-suite.sh [options]
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
-#                     selftest,smoke,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests
+#                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
+#                     locks,xfstests
 #                     (and twohosts, with --gluster)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
+#   --qemu PATH       QEMU binary for every guest but smoke-qemu72's (default:
+#                     $VFSD_QEMU, else qemu-system-x86_64 from PATH)
 #   --fsx-ops N       fsx operations, buffered run (default 60000)
 #   --fsx-direct-ops N  fsx operations, O_DIRECT run (default 20000)
 #   --fio-runtime S   seconds per time-based fio job (default 8)
@@ -60,6 +67,7 @@ while [ $# -gt 0 ]; do
         --only) ONLY=${2:?}; shift 2 ;;
         --xfstests-list) XFSTESTS_LIST=${2:?}; shift 2 ;;
         --accel) ACCEL=${2:?}; shift 2 ;;
+        --qemu) export VFSD_QEMU=${2:?--qemu needs the path of a QEMU binary}; shift 2 ;;
         --fsx-ops) FSX_OPS=${2:?}; shift 2 ;;
         --fsx-direct-ops) FSX_DIRECT_OPS=${2:?}; shift 2 ;;
         --fio-runtime) FIO_RUNTIME=${2:?}; shift 2 ;;
@@ -82,9 +90,9 @@ if [ "$GLUSTER" = 1 ]; then
 elif [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
-ONLY=${ONLY:-selftest,smoke,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests}
+ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests) ;;
+    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
@@ -127,10 +135,27 @@ for d in "${DAEMONS[@]}"; do
     esac
 done
 
+# The QEMU of every guest (run-vm.sh and the host-side tests' guests read VFSD_QEMU) and
+# smoke-qemu72's: their versions go into the output.
+qemu_version() { "$1" --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([^ ]*\).*/\1/p' | grep . || echo unknown; }
+SUITE_QEMU=${VFSD_QEMU:-${QEMU:-qemu-system-x86_64}}
+command -v "$SUITE_QEMU" >/dev/null || die "$SUITE_QEMU not found: run scripts/setup.sh (QEMU 10)"
+SUITE_QEMU_VERSION=$(qemu_version "$SUITE_QEMU")
+QEMU72= QEMU72_VERSION=
+if wanted smoke-qemu72; then
+    QEMU72=${VFSD_QEMU72:-}
+    if [ -z "$QEMU72" ]; then
+        QEMU72=$("$HERE/fetch-qemu.sh") || die "could not get bookworm's QEMU 7.2 for smoke-qemu72 (see above; scripts/setup.sh fetches it)"
+    fi
+    [ -x "$QEMU72" ] || die "QEMU 7.2 binary $QEMU72 not found"
+    QEMU72_VERSION=$(qemu_version "$QEMU72")
+fi
+
 SUITE_START=$(date +%s)
 LOGS=${LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-guest-suite.XXXXXX")}
 mkdir -p "$LOGS"
 say "logs in $LOGS"
+say "QEMU $SUITE_QEMU_VERSION ($(command -v "$SUITE_QEMU"))${QEMU72:+; smoke-qemu72 on QEMU $QEMU72_VERSION ($QEMU72)}"
 if [ -z "$KERNEL" ]; then
     KERNEL=$("$HERE/fetch-kernel.sh") || die "could not fetch the guest kernel (see above)"
 fi
@@ -152,6 +177,8 @@ label_of() {  # a short name for a daemon spec
 # run_test DAEMON LABEL NAME EXPECTED_RC TIMEOUT GUEST_COMMAND [DAEMON_ARGS] [PREPARE]
 # Sets TEST_DIR (kept share + logs) and TEST_RC. DAEMON_ARGS go after --daemon-args's.
 # PREPARE, a function name, runs on the host with the fresh share as $1 before the boot.
+# TEST_QEMU, when set, is the QEMU binary (run-vm.sh --qemu) instead of the suite's.
+TEST_QEMU=
 run_test() {
     local daemon=$1 label=$2 name=$3 expect=$4 timeout=$5 cmd=$6
     local args="$DAEMON_ARGS${7:+ $7}"
@@ -162,7 +189,7 @@ run_test() {
     [ -n "${8:-}" ] && "$8" "$TEST_SHARE"
     local start=$(date +%s)
     printf 'guest-suite: [%s] %-18s ... ' "$label" "$name"
-    "$HERE/run-vm.sh" --daemon "$daemon" ${args:+--daemon-args "$args"} \
+    "$HERE/run-vm.sh" --daemon "$daemon" ${args:+--daemon-args "$args"} ${TEST_QEMU:+--qemu "$TEST_QEMU"} \
         --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --queues "$QUEUES" \
         --timeout "$timeout" --quiet --log "$TEST_DIR/console.log" --workdir "$TEST_DIR/work" \
         --share "$TEST_SHARE:share0" -- "$cmd" > "$TEST_DIR/run-vm.log" 2>&1
@@ -233,9 +260,10 @@ for daemon in "${DAEMONS[@]}"; do
         finish_test "$label" "selftest-timeout" "$([ "$TEST_OK" = 1 ] || echo "expected run-vm.sh to time out (124), got $TEST_RC")"
     fi
 
-    if wanted smoke; then
-        run_test "$daemon" "$label" smoke 0 600 /guest-tests/smoke.sh
-        why=
+    # smoke_test NAME: guest-tests/smoke.sh, then host-side checks of what it wrote.
+    smoke_test() {
+        local name=$1 why= s
+        run_test "$daemon" "$label" "$name" 0 600 /guest-tests/smoke.sh
         if [ "$TEST_OK" = 1 ]; then
             # Did the data reach the host's directory?
             s=$TEST_SHARE
@@ -246,8 +274,21 @@ for daemon in "${DAEMONS[@]}"; do
                 why="host-side check: the sparse file past 4 GiB is wrong on the host"
             fi
         fi
-        finish_test "$label" smoke "$why"
+        finish_test "$label" "$name" "$why"
         show '^smoke: [0-9]+ checks|^smoke: SKIP'
+    }
+
+    if wanted smoke; then
+        smoke_test smoke
+    fi
+
+    if wanted smoke-qemu72; then
+        # The same on bookworm's QEMU 7.2: the oldest VMM kept working (vhost-user
+        # protocol features it lacks, its vhost-user-fs-pci quirks).
+        TEST_QEMU=$QEMU72
+        smoke_test smoke-qemu72
+        TEST_QEMU=
+        grep -h '^run-vm: booting:' "$TEST_DIR/run-vm.log" 2>/dev/null | tail -n1 | sed 's/^run-vm: /guest-suite:     /'
     fi
 
     if wanted setid; then
@@ -390,7 +431,7 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
 done
 
 echo
-say "summary ($(( $(date +%s) - SUITE_START ))s, accel $ACCEL, logs in $LOGS):"
+say "summary ($(( $(date +%s) - SUITE_START ))s, accel $ACCEL, QEMU $SUITE_QEMU_VERSION${QEMU72:+ (smoke-qemu72: $QEMU72_VERSION)}, logs in $LOGS):"
 for r in "${RESULTS[@]}"; do say "  $r"; done
 if wanted pjdfstest; then
     say "pjdfstest:"

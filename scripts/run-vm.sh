@@ -24,6 +24,10 @@
 #   --mem SIZE      guest memory, e.g. 2G (default 2G)
 #   --cpus N        guest vCPUs (default 2)
 #   --accel A       auto (default: KVM if a probe boot works, else TCG), kvm, tcg
+#   --qemu PATH     the QEMU binary (default: $VFSD_QEMU, else qemu-system-x86_64
+#                   from PATH, QEMU 10 after scripts/setup.sh). One outside /usr and
+#                   /usr/local, e.g. bookworm's 7.2 from scripts/fetch-qemu.sh, gets
+#                   -L for its own data directory and the host's firmware (seabios).
 #   --kernel PATH   guest kernel (default: scripts/fetch-kernel.sh)
 #   --initrd PATH   initramfs (default: scripts/build-initramfs.sh)
 #   --append ARGS   extra kernel command line
@@ -43,7 +47,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 CACHE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}
-QEMU=${QEMU:-qemu-system-x86_64}
+QEMU=${VFSD_QEMU:-${QEMU:-qemu-system-x86_64}}
 
 SHARES=()
 declare -A SHARE_ARGS=()
@@ -82,6 +86,7 @@ while [ $# -gt 0 ]; do
         --mem) MEM=${2:?}; shift 2 ;;
         --cpus) CPUS=${2:?}; shift 2 ;;
         --accel) ACCEL=${2:?}; shift 2 ;;
+        --qemu) QEMU=${2:?--qemu needs the path of a QEMU binary}; shift 2 ;;
         --kernel) KERNEL=${2:?}; shift 2 ;;
         --initrd) INITRD=${2:?}; shift 2 ;;
         --append) APPEND=${2?}; shift 2 ;;
@@ -101,7 +106,34 @@ done
 case $ACCEL in auto|kvm|tcg) ;; *) die "--accel must be auto, kvm or tcg" ;; esac
 [[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
 [[ $QUEUES =~ ^[0-9]+$ ]] && [ "$QUEUES" -ge 1 ] || die "--queues must be >= 1"
-command -v "$QEMU" >/dev/null || die "$QEMU not found: apt-get install qemu-system-x86"
+case $QEMU in
+    */*) [ -f "$QEMU" ] && [ -x "$QEMU" ] || die "--qemu $QEMU: no such executable (bookworm's 7.2: scripts/fetch-qemu.sh prints its path)" ;;
+    *) command -v "$QEMU" >/dev/null || die "$QEMU not found: apt-get install qemu-system-x86 (scripts/setup.sh installs QEMU 10)" ;;
+esac
+QEMU_VERSION=$("$QEMU" --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9][0-9.]*\).*/\1/p')
+[ -n "$QEMU_VERSION" ] || die "'$QEMU --version' does not say which QEMU it is; is it a QEMU binary?"
+
+# A QEMU unpacked outside /usr (scripts/fetch-qemu.sh) finds the data files of its own
+# package (keymaps, option ROMs) relative to itself, but not the firmware of other
+# packages: give it its data directory first, then the host's firmware directories that
+# it has no copy of. The host's /usr/share/qemu is left out: it belongs to another version.
+QEMU_DATA_ARGS=()
+qemu_bin=$(readlink -f "$(command -v "$QEMU")")
+qemu_prefix=$(dirname "$(dirname "$qemu_bin")")
+case $qemu_prefix in
+    /usr|/usr/local) ;;
+    *)
+        [ -d "$qemu_prefix/share/qemu" ] && QEMU_DATA_ARGS+=(-L "$qemu_prefix/share/qemu")
+        for fw in share/seabios lib/ipxe/qemu; do
+            if [ ! -d "$qemu_prefix/$fw" ] && [ -d "/usr/$fw" ]; then QEMU_DATA_ARGS+=(-L "/usr/$fw"); fi
+        done
+        bios_found=0
+        for fw in "$qemu_prefix/share/qemu" "$qemu_prefix/share/seabios" /usr/share/seabios; do
+            [ -f "$fw/bios-256k.bin" ] && bios_found=1
+        done
+        [ "$bios_found" = 1 ] || die "no bios-256k.bin for $qemu_bin (in $qemu_prefix/share or /usr/share/seabios): apt-get install seabios"
+        ;;
+esac
 
 # Memory size in MiB for -m and the memfd backend (they must match).
 case $MEM in
@@ -173,7 +205,7 @@ if [ "$ACCEL" = auto ]; then
             say "probing KVM with a short boot (up to 60 s) ..."
             mininit=$("$HERE/build-initramfs.sh" --no-tools 2>/dev/null) || mininit=$INITRD
             mkdir -p "$CACHE"
-            if "$0" --no-share --accel kvm --kernel "$KERNEL" --initrd "$mininit" --timeout 60 --quiet --mem 512M \
+            if "$0" --no-share --accel kvm --qemu "$QEMU" --kernel "$KERNEL" --initrd "$mininit" --timeout 60 --quiet --mem 512M \
                     --workdir "$WORK/kvm-probe" > "$CACHE/accel-probe.log" 2>&1; then
                 ACCEL=kvm
             else
@@ -322,7 +354,7 @@ fi
 [ ${#KARGS} -lt 2000 ] || die "kernel command line too long (${#KARGS} chars); shorten the guest command (put it in a script under guest-tests/)"
 
 QEMU_ARGS=(
-    -nodefaults -no-user-config -nographic -no-reboot
+    "${QEMU_DATA_ARGS[@]}" -nodefaults -no-user-config -nographic -no-reboot
     -machine q35 "${ACCEL_ARGS[@]}" -smp "$CPUS" -m "${MEM_MB}M"
     -object "memory-backend-memfd,id=mem,size=${MEM_MB}M,share=on" -numa node,memdev=mem
     -kernel "$KERNEL" -initrd "$INITRD" -append "$KARGS"
@@ -331,7 +363,7 @@ QEMU_ARGS=(
 
 LOG=$WORK/console.log
 start=$(date +%s)
-say "booting: $QEMU (accel=$ACCEL, ${CPUS} vCPU, ${MEM_MB} MiB, ${#SHARES[@]} share(s), timeout ${TIMEOUT}s)"
+say "booting: $QEMU (QEMU $QEMU_VERSION${QEMU_DATA_ARGS[*]:+, ${QEMU_DATA_ARGS[*]}}, accel=$ACCEL, ${CPUS} vCPU, ${MEM_MB} MiB, ${#SHARES[@]} share(s), timeout ${TIMEOUT}s)"
 if [ "$SHELL_MODE" = 1 ]; then
     start_daemons
     say "interactive shell: Ctrl-A x quits QEMU, 'poweroff -f' powers off"

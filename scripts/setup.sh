@@ -2,15 +2,56 @@
 # Installs what vfsd's guest runner and tests need on a Debian host (as root), builds
 # vfsd and the pinned xfstests tree. The guest kernel and test tools are fetched on first
 # use by run-vm.sh.
+#
+# QEMU: the project's VMM is QEMU 10. On bookworm it comes from bookworm-backports, whose
+# apt source this adds (/etc/apt/sources.list.d/vfsd-bookworm-backports.sources) with the
+# URI of the Debian archive the host's apt sources already use; trixie and later have it
+# in their own suite. Bookworm's own QEMU 7.2 is unpacked into the cache too
+# (scripts/fetch-qemu.sh), for the guest suite's smoke-qemu72 test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-echo "== installing packages (qemu, busybox, fio, ...)"
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+QEMU_FROM=()
+if [ "$codename" = bookworm ]; then
+    QEMU_FROM=(-t bookworm-backports)
+    # Only where no apt source of the host has bookworm-backports already.
+    BPO=/etc/apt/sources.list.d/vfsd-bookworm-backports.sources
+    if ! grep -qsE '^[^#]*[[:space:]]bookworm-backports([[:space:]]|$)' \
+            /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+            $(ls /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -vx "$BPO"); then
+        # shellcheck source=scripts/debian-mirror.sh
+        . scripts/debian-mirror.sh
+        mirror=${VFSD_DEBIAN_MIRROR:-$(find_mirror)} ||
+            die "no Debian archive URI in the host's apt sources to take bookworm-backports from; set VFSD_DEBIAN_MIRROR=<URI of the Debian archive>"
+        want="# Added by vfsd scripts/setup.sh: QEMU 10 from bookworm-backports (the URI is this host's).
+Types: deb
+URIs: ${mirror%/}
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
+        if [ "$(cat "$BPO" 2>/dev/null)" != "$want" ]; then
+            echo "== adding bookworm-backports to apt's sources ($BPO)"
+            printf '%s\n' "$want" | $SUDO tee "$BPO.new" >/dev/null && $SUDO mv "$BPO.new" "$BPO"
+        fi
+    fi
+fi
+
+echo "== installing packages (busybox, fio, ...)"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-    qemu-system-x86 busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
+    busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
     xz-utils zstd kmod strace e2fsprogs mount acl attr bindfs >/dev/null
+echo "== installing QEMU${QEMU_FROM[*]:+ from ${QEMU_FROM[1]}}"
+$SUDO apt-get install -y -qq --no-install-recommends "${QEMU_FROM[@]}" qemu-system-x86 >/dev/null
+qv=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9][0-9.]*\).*/\1/p')
+[ "${qv%%.*}" -ge 10 ] 2>/dev/null ||
+    die "qemu-system-x86_64 is QEMU ${qv:-(none found)}, but vfsd's tests need QEMU >= 10 (on bookworm: apt-get install -t bookworm-backports qemu-system-x86)"
+echo "== QEMU $qv: $(command -v qemu-system-x86_64)"
+echo "== bookworm's QEMU 7.2 (for the smoke-qemu72 test): $(scripts/fetch-qemu.sh --refresh)"
 echo "== building vfsd"
 cargo build --release
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
