@@ -1,0 +1,142 @@
+#!/bin/sh
+# The guest's part of a live migration test (scripts/guest-migrate.sh runs it).
+#
+# Usage (in the guest): /guest-tests/migrate.sh [AFTER] [LIMIT]
+#   In $VFSD_SHARE/mig (the shell's cwd stays there throughout):
+#   - opens data.log once and writes "line N" through that fd every ~100 ms,
+#   - holds a flock (flock-file), a POSIX write lock (posix-file) and an OFD write
+#     lock (ofd-file), each in a vfsd-lock process of its own,
+#   - prints "migrate: ready", then "migrate: wrote N lines" every 10 lines;
+#   - the host migrates the VM meanwhile and then creates mig/host.migrated; the
+#     guest writes AFTER more lines (default 20) through the same fd, then checks:
+#     every line present and in order, readdir, cwd, create/write/read/rename/unlink,
+#     mkdir/rmdir, the locks still held (conflicting requests from this guest
+#     refused), released (then granted); writes mig/guest.released and waits for
+#     the host's mig/host.done (the host checks that the release reached it).
+#   LIMIT: seconds to wait for host.migrated (default 900).
+#   Prints "migrate: FIGURE name value" lines, "migrate: N checks passed, M failed"
+#   and "migrate: PASS" or "migrate: FAIL".  Exit status 0 on PASS.
+
+AFTER=${1:-20}
+LIMIT=${2:-900}
+D=${VFSD_SHARE:?VFSD_SHARE unset}
+PASS=0 FAIL=0
+
+say() { echo "migrate: $*"; }
+ok() { PASS=$((PASS + 1)); }
+bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
+check() {  # check DESCRIPTION COMMAND...: the command must succeed
+    desc=$1; shift
+    if out=$("$@" 2>&1); then ok; else bad "$desc: $(echo "$out" | tr '\n' ' ')"; fi
+}
+centis() { read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }  # uptime in 1/100 s
+finish() {
+    say "$PASS checks passed, $FAIL failed"
+    if [ "$FAIL" -eq 0 ] && [ "$PASS" -gt 0 ]; then say PASS; exit 0; fi
+    say FAIL; exit 1
+}
+
+mkdir -p "$D/mig" && cd "$D/mig" || { bad "cannot enter $D/mig"; finish; }
+rm -f data.log host.migrated host.done guest.released guest.abort
+exec 3>data.log || { bad "cannot open data.log"; finish; }
+
+# The locks, each held by a process until /tmp/release exists (guest-local, so
+# the polling adds no requests).
+LOCKPIDS=
+if command -v vfsd-lock >/dev/null; then
+    : > flock-file; : > posix-file; : > ofd-file
+    rm -f /tmp/release /tmp/*.held
+    vfsd-lock -q -m /tmp/flock.held -u /tmp/release flock-file ex & LOCKPIDS="$LOCKPIDS $!"
+    vfsd-lock -q -m /tmp/posix.held -u /tmp/release posix-file wr:0:0 & LOCKPIDS="$LOCKPIDS $!"
+    vfsd-lock -q -m /tmp/ofd.held -u /tmp/release ofd-file owr:0:0 & LOCKPIDS="$LOCKPIDS $!"
+    n=0
+    while [ ! -e /tmp/flock.held ] || [ ! -e /tmp/posix.held ] || [ ! -e /tmp/ofd.held ]; do
+        n=$((n + 1)); [ $n -gt 300 ] && { bad "the locks were not granted within 30 s"; : > guest.abort; finish; }
+        usleep 100000
+    done
+    say "locks held: flock ex on flock-file, POSIX wr 0-EOF on posix-file, OFD wr 0-EOF on ofd-file"
+    LOCKS=1
+else
+    say "SKIP locks: no vfsd-lock in this initramfs"
+    LOCKS=0
+fi
+
+say "ready (cwd $(pwd))"
+i=0 after=-1 maxgap=0 maxgap_at=0
+t0=$(centis); prev=$t0
+while :; do
+    i=$((i + 1))
+    if ! echo "line $i" >&3; then bad "write of line $i through the open fd failed"; break; fi
+    now=$(centis)
+    gap=$((now - prev)); prev=$now
+    [ "$gap" -gt "$maxgap" ] && { maxgap=$gap; maxgap_at=$i; }
+    [ $((i % 10)) = 0 ] && say "wrote $i lines ($(( (now - t0) / 100 ))s)"
+    if [ "$after" -lt 0 ]; then
+        if [ -e host.migrated ]; then
+            say "host says the migration is done (at line $i); writing $AFTER more lines"
+            after=$AFTER
+            mig_line=$i
+        elif [ $(( (now - t0) / 100 )) -ge "$LIMIT" ]; then
+            bad "no host.migrated after ${LIMIT}s"; : > guest.abort; break
+        fi
+    else
+        after=$((after - 1))
+        [ "$after" -le 0 ] && break
+    fi
+    usleep 100000
+done
+exec 3>&-
+say "FIGURE lines_written $i"
+say "FIGURE max_write_gap_ms $((maxgap * 10)) (before line $maxgap_at)"
+
+# Every line there, in order, nothing else.
+res=$(awk -v n="$i" '$0 != "line " NR { print "line " NR " is \"" $0 "\""; bad = 1; exit }
+    END { if (!bad && NR != n) print NR " lines, expected " n }' data.log 2>&1)
+if [ -z "$res" ]; then ok; else bad "data.log: $res"; fi
+check "data.log size" test "$(wc -l < data.log)" -eq "$i"
+
+# The cwd (a node the destination had to find again) and readdir.
+check "pwd" test "$(pwd)" = "$D/mig"
+check "ls . lists data.log" sh -c 'ls . | grep -qx data.log'
+check "ls of the share lists mig" sh -c "ls '$D' | grep -qx mig"
+check "readdir sees every file" sh -c 'for f in data.log flock-file posix-file ofd-file host.migrated; do ls -a | grep -qx "$f" || { echo "missing $f"; exit 1; }; done'
+# New work on the destination.
+check "create+write" sh -c 'echo after-migration > new-file'
+check "read back" test "$(cat new-file)" = after-migration
+check "append through a new fd" sh -c 'echo "line $(( $(wc -l < data.log) + 1 ))" >> data.log'
+check "rename" mv new-file new-file2
+check "read renamed" test "$(cat new-file2)" = after-migration
+check "unlink" rm new-file2
+check "mkdir" mkdir newdir
+check "create in new dir" sh -c 'echo x > newdir/f && test "$(cat newdir/f)" = x'
+check "rmdir" sh -c 'rm newdir/f && rmdir newdir'
+check "stat data.log" stat data.log
+
+if [ "$LOCKS" = 1 ]; then
+    # The lock holders still run and their locks still conflict for this guest's others.
+    for p in $LOCKPIDS; do check "lock holder $p alive" kill -0 "$p"; done
+    # vfsd-lock: 1 = busy (refused), 0 = granted, 2 = error.
+    vfsd-lock -q flock-file ex; rc=$?
+    [ "$rc" = 1 ] && ok || bad "flock ex on flock-file by another open file: expected busy (1), got $rc"
+    vfsd-lock -q posix-file wr:0:0; rc=$?
+    [ "$rc" = 1 ] && ok || bad "POSIX wr on posix-file by another process: expected busy (1), got $rc"
+    vfsd-lock -q ofd-file owr:0:0; rc=$?
+    [ "$rc" = 1 ] && ok || bad "OFD wr on ofd-file by another open file: expected busy (1), got $rc"
+    : > /tmp/release
+    for p in $LOCKPIDS; do wait "$p"; rc=$?; [ "$rc" = 0 ] || bad "lock holder $p exited with $rc"; done
+    vfsd-lock -q flock-file ex; rc=$?
+    [ "$rc" = 0 ] && ok || bad "flock ex on flock-file after the release: expected granted (0), got $rc"
+    vfsd-lock -q posix-file wr:0:0; rc=$?
+    [ "$rc" = 0 ] && ok || bad "POSIX wr on posix-file after the release: expected granted (0), got $rc"
+    vfsd-lock -q ofd-file owr:0:0; rc=$?
+    [ "$rc" = 0 ] && ok || bad "OFD wr on ofd-file after the release: expected granted (0), got $rc"
+fi
+
+: > guest.released
+n=0
+while [ ! -e host.done ]; do
+    n=$((n + 1)); [ $n -gt 1200 ] && { bad "no host.done within 120 s"; break; }
+    usleep 100000
+done
+[ -e host.done ] && say "host.done: $(cat host.done)"
+finish

@@ -1,0 +1,498 @@
+#!/usr/bin/env bash
+# Live migration of a guest with a virtio-fs share between two QEMU processes on
+# this host, each with its own daemon (vfsd, or virtiofsd for comparison) on the
+# same shared directory.
+#
+# The guest runs guest-tests/migrate.sh: it writes numbered lines through one
+# open fd every ~100 ms, with its cwd in the share, holding a flock, a POSIX
+# lock and an OFD lock. Meanwhile:
+#   --via unix (default): daemon B and a destination QEMU (-incoming unix:...)
+#       are started, QMP "migrate" is issued to the source, query-migrate polled
+#       until completed; the source QEMU is quit (daemon A then exits).
+#   --via file / exec: the source migrates to file:STATE (or exec:cat > STATE)
+#       and is quit; then daemon B and a fresh QEMU with -incoming file:STATE
+#       (or exec:cat STATE) restore it.
+# Then the host checks that the guest's locks are held on the host (flock -n and
+# F_GETLK from here must be refused), creates mig/host.migrated, the guest writes
+# more lines, checks everything, releases its locks; the host checks they are free
+# now (mig/host.done), and the guest reports PASS/FAIL on the destination's console.
+#
+# Usage: scripts/guest-migrate.sh [options]
+#   --daemon D        vfsd (default) or virtiofsd
+#   --bin PATH        the daemon binary (default: vfsd: $VFSD_BIN, else
+#                     target/release/vfsd; virtiofsd: PATH or ~/.cargo/bin). It is
+#                     copied into the results directory first (rebuilds don't matter).
+#   --daemon-args A   extra arguments for both daemons
+#   --src-args A, --dst-args A   extra arguments for daemon A / the destinations' only
+#   --via V           unix (default), file or exec
+#   --rounds N        migrate N times, A -> B -> C ... (default 1): the state a daemon
+#                     loaded must save again; logs are named by the letter
+#   --results DIR     logs, share, state file, summary (default: new dir in $TMPDIR)
+#   --after N         lines the guest writes before the host migrates (default 30)
+#   --downtime-ms N   migrate-set-parameters downtime-limit (default: QEMU's, 300)
+#   --mem SIZE        guest memory (default 1G), --cpus N (default 2)
+#   --accel A         tcg (default) or kvm
+#   --qemu PATH, --kernel PATH, --initrd PATH
+#   --timeout SECS    overall limit (default 1200)
+#
+# Prints the figures (migration total time, downtime, setup time, RAM sent, the
+# device state size from the daemons' logs, the guest's longest pause between two
+# writes) and writes them to RESULTS/summary.txt.
+# Exit status: 0 pass; 1 a check failed (migration failed, guest FAIL, a host lock
+# check failed); 3 the guest did not come up (boot flake: worth one retry); 2 usage.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+QEMU=${VFSD_QEMU:-${QEMU:-qemu-system-x86_64}}
+DAEMON=vfsd
+BIN=
+DAEMON_ARGS=
+SRC_ARGS=
+DST_ARGS=
+VIA=unix
+ROUNDS=1
+RESULTS=
+AFTER=30
+DOWNTIME_MS=
+MEM=1G
+CPUS=2
+ACCEL=tcg
+KERNEL=
+INITRD=
+TIMEOUT=1200
+
+say() { printf 'guest-migrate: %s\n' "$*"; }
+die() { printf 'guest-migrate: error: %s\n' "$*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+        --daemon) DAEMON=${2:?}; shift 2 ;;
+        --bin) BIN=${2:?}; shift 2 ;;
+        --daemon-args) DAEMON_ARGS=${2?}; shift 2 ;;
+        --src-args) SRC_ARGS=${2?}; shift 2 ;;
+        --dst-args) DST_ARGS=${2?}; shift 2 ;;
+        --via) VIA=${2:?}; shift 2 ;;
+        --rounds) ROUNDS=${2:?}; shift 2 ;;
+        --results) RESULTS=${2:?}; shift 2 ;;
+        --after) AFTER=${2:?}; shift 2 ;;
+        --downtime-ms) DOWNTIME_MS=${2:?}; shift 2 ;;
+        --mem) MEM=${2:?}; shift 2 ;;
+        --cpus) CPUS=${2:?}; shift 2 ;;
+        --accel) ACCEL=${2:?}; shift 2 ;;
+        --qemu) QEMU=${2:?}; shift 2 ;;
+        --kernel) KERNEL=${2:?}; shift 2 ;;
+        --initrd) INITRD=${2:?}; shift 2 ;;
+        --timeout) TIMEOUT=${2:?}; shift 2 ;;
+        -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (try --help)" ;;
+    esac
+done
+case $VIA in unix|file|exec) ;; *) die "--via must be unix, file or exec" ;; esac
+case $ACCEL in tcg) ACCEL_ARGS=(-accel tcg,thread=multi -cpu max) ;; kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
+    *) die "--accel must be tcg or kvm" ;; esac
+[[ $AFTER =~ ^[0-9]+$ ]] || die "--after must be a number"
+[[ $ROUNDS =~ ^[1-9]$ ]] || die "--rounds must be 1-9"
+case $MEM in
+    *[Gg]) MEM_MB=$(( ${MEM%[Gg]} * 1024 )) ;;
+    *[Mm]) MEM_MB=${MEM%[Mm]} ;;
+    *[0-9]) MEM_MB=$MEM ;;
+    *) die "--mem: use e.g. 1G or 1536M" ;;
+esac
+command -v "$QEMU" >/dev/null || die "$QEMU not found"
+command -v python3 >/dev/null || die "python3 is needed for the QMP client"
+command -v flock >/dev/null || die "flock (util-linux) is needed for the host's lock checks"
+
+case $DAEMON in
+    vfsd) BIN=${BIN:-${VFSD_BIN:-$REPO/target/release/vfsd}} ;;
+    virtiofsd)
+        if [ -z "$BIN" ]; then
+            BIN=$(command -v virtiofsd 2>/dev/null || true)
+            [ -z "$BIN" ] && [ -x "$HOME/.cargo/bin/virtiofsd" ] && BIN=$HOME/.cargo/bin/virtiofsd
+        fi ;;
+    *) die "--daemon must be vfsd or virtiofsd" ;;
+esac
+[ -n "$BIN" ] && [ -x "$BIN" ] || die "daemon binary '${BIN:-virtiofsd}' not found (--bin PATH)"
+
+RESULTS=${RESULTS:-$(mktemp -d "${TMPDIR:-/tmp}/vfsd-migrate.XXXXXX")}
+mkdir -p "$RESULTS" || die "cannot create $RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+R=$RESULTS
+rm -rf "$R/share" "$R"/*.log "$R"/*.sock "$R"/state-*.bin "$R"/qemu-*.cmdline "$R/summary.txt"
+mkdir -p "$R/share"
+SHARE=$R/share
+# Unix socket paths must stay short.
+SOCK=$R
+if [ ${#R} -gt 70 ]; then SOCK=$(mktemp -d /tmp/vfsd-mig-sock.XXXXXX); fi
+cp "$BIN" "$R/daemon-bin" || die "cannot copy $BIN"
+DBIN=$R/daemon-bin
+
+if [ -z "$KERNEL" ]; then KERNEL=$("$HERE/fetch-kernel.sh") || die "could not get a guest kernel"; fi
+if [ -z "$INITRD" ]; then INITRD=$("$HERE/build-initramfs.sh") || die "could not build the initramfs"; fi
+# The host's lock tool (F_GETLK on the guest's POSIX and OFD locks).
+HLOCK=$R/vfsd-lock-host
+"${CC:-cc}" -O2 -Wall -o "$HLOCK" "$REPO/guest-tests/src/vfsd-lock.c" || die "compiling the host's vfsd-lock failed"
+
+log() { say "$*"; printf '%s %s\n' "$(date +%T.%N | cut -c1-12)" "$*" >> "$R/events.log"; }
+
+# --- Processes (only these are ever stopped) ------------------------------------
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 0.5
+    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ "$SOCK" != "$R" ] && rm -rf "$SOCK"
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+daemon_cmd() {  # daemon_cmd SOCKET EXTRA -> the command line (words)
+    case $DAEMON in
+        vfsd) echo "$DBIN --socket-path=$1 --shared-dir=$SHARE --xattr $DAEMON_ARGS $2" ;;
+        virtiofsd) echo "$DBIN --socket-path=$1 --shared-dir=$SHARE --sandbox none --xattr $DAEMON_ARGS $2" ;;
+    esac
+}
+
+start_daemon() {  # start_daemon NAME SOCKET EXTRA: sets DPID_<NAME>
+    local name=$1 sock=$2 cmd pid
+    cmd=$(daemon_cmd "$sock" "$3")
+    rm -f "$sock"
+    echo "\$ $cmd" >> "$R/daemon-$name.log"
+    # shellcheck disable=SC2086
+    $cmd </dev/null >>"$R/daemon-$name.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    eval "DPID_$name=$pid"
+    for _ in $(seq 1 100); do
+        [ -S "$sock" ] && { log "daemon $name (pid $pid): $cmd"; return 0; }
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$R/daemon-$name.log" >&2; fail_now "daemon $name exited before creating its socket ($R/daemon-$name.log)"; }
+        sleep 0.1
+    done
+    fail_now "daemon $name did not create $sock within 10 s"
+}
+
+KARGS="console=ttyS0 mitigations=off panic=-1 quiet loglevel=4 tsc=reliable vfsd.mounts=share0"
+KARGS="$KARGS vfsd.cmd=$(printf '%s' "/guest-tests/migrate.sh 20 900" | base64 -w0)"
+
+qemu_args() {  # qemu_args NAME SOCKET -> QARGS
+    QARGS=(-nodefaults -no-user-config -nographic -no-reboot
+        -machine q35 "${ACCEL_ARGS[@]}" -smp "$CPUS" -m "${MEM_MB}M"
+        -object "memory-backend-memfd,id=mem,size=${MEM_MB}M,share=on" -numa node,memdev=mem
+        -kernel "$KERNEL" -initrd "$INITRD" -append "$KARGS"
+        -chardev "socket,id=fs0,path=$2"
+        -device "vhost-user-fs-pci,chardev=fs0,tag=share0,num-request-queues=1,queue-size=1024"
+        -monitor none -chardev "file,id=con,path=$R/console-$1.log" -serial chardev:con
+        -qmp "unix:$SOCK/qmp-$1.sock,server=on,wait=off")
+}
+
+start_qemu() {  # start_qemu NAME SOCKET [EXTRA ARGS...]: sets QPID_<NAME>
+    local name=$1 sock=$2 pid; shift 2
+    qemu_args "$name" "$sock"
+    : > "$R/console-$name.log"
+    printf '%q ' "$QEMU" "${QARGS[@]}" "$@" > "$R/qemu-$name.cmdline"
+    "$QEMU" "${QARGS[@]}" "$@" </dev/null >"$R/qemu-$name.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    eval "QPID_$name=$pid"
+    for _ in $(seq 1 100); do
+        [ -S "$SOCK/qmp-$name.sock" ] && { log "QEMU $name (pid $pid) started${*:+ with $*}"; return 0; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$R/qemu-$name.log" >&2
+    fail_now "QEMU $name did not start (log: $R/qemu-$name.log)"
+}
+
+# qmp NAME JSON: one command on QEMU NAME's QMP socket; prints the reply (JSON)
+qmp() {
+    python3 - "$SOCK/qmp-$1.sock" "$2" <<'EOF'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+s.connect(sys.argv[1])
+f = s.makefile('rw')
+json.loads(f.readline())
+def cmd(c):
+    f.write(json.dumps(c) + "\n"); f.flush()
+    while True:
+        line = f.readline()
+        if not line:
+            raise SystemExit("QMP connection closed")
+        r = json.loads(line)
+        if 'event' not in r:
+            return r
+cmd({"execute": "qmp_capabilities"})
+print(json.dumps(cmd(json.loads(sys.argv[2]))))
+EOF
+}
+jget() {  # jget JSON PYEXPR: evaluate PYEXPR on the parsed JSON as r
+    python3 -c 'import json,sys; r=json.loads(sys.argv[1]); v=eval(sys.argv[2]); print("" if v is None else v)' "$1" "$2" 2>/dev/null
+}
+
+wait_gone() {  # wait_gone PID SECS: 0 if it exited in time
+    local n
+    for n in $(seq 1 $(( $2 * 10 ))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    return 1
+}
+reap() { wait "$1" 2>/dev/null; REAPED=$?; }  # REAPED: exit status of our child PID (no $(...): a subshell can't wait)
+
+console() { tr -d '\r' < "$R/console-$1.log" 2>/dev/null; }
+
+FAILS=()
+failed() { FAILS+=("$*"); log "FAIL: $*"; }
+
+# Print what is known so far and the logs' tails: for a failure that ends the test.
+dump_logs() {
+    local f
+    for f in "$R"/daemon-*.log "$R"/qemu-*.log; do
+        [ -s "$f" ] || continue
+        say "--- $(basename "$f") (last 25 lines) ---"
+        tail -n 25 "$f" | sed 's/^/  /'
+    done
+    for f in "$R"/console-*.log; do
+        [ -s "$f" ] || continue
+        say "--- $(basename "$f") (last 12 lines) ---"
+        tr -d '\r' < "$f" | tail -n 12 | sed 's/^/  /'
+    done
+}
+fail_now() { failed "$*"; dump_logs; summary; exit 1; }
+
+FIG=()
+figure() { FIG+=("$1: $2"); log "FIGURE $1: $2"; }
+
+summary() {
+    {
+        echo "daemon: $DAEMON ($BIN), via $VIA, accel $ACCEL, ${MEM_MB} MiB, QEMU $("$QEMU" --version | sed -n '1s/^QEMU emulator version //p')"
+        echo "daemon args: common '$DAEMON_ARGS', A '$SRC_ARGS', B '$DST_ARGS'"
+        for f in "${FIG[@]}"; do echo "  $f"; done
+        if [ ${#FAILS[@]} -eq 0 ]; then echo "RESULT: PASS"; else
+            echo "RESULT: FAIL"; for f in "${FAILS[@]}"; do echo "  - $f"; done; fi
+        echo "logs: $R"
+    } > "$R/summary.txt"
+    sed 's/^/guest-migrate: /' "$R/summary.txt"
+}
+
+# host_lock_check WANT WHEN [try]: WANT busy|free; the guest's three locks seen from
+# here. Records a failure for each mismatch, or with "try" just returns 1.
+host_lock_check() {
+    local want=$1 when=$2 try=${3:-} rc got m=$SHARE/mig bad=()
+    # flock: -E 99 tells a conflict from an error
+    flock -n -E 99 "$m/flock-file" true 2>>"$R/host-locks.log"; rc=$?
+    case $rc in 99) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+    HL_FLOCK=$got; [ "$got" = "$want" ] || bad+=("host flock -n on mig/flock-file $when: $got, expected $want")
+    "$HLOCK" -g "$m/posix-file" wr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
+    case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+    HL_POSIX=$got; [ "$got" = "$want" ] || bad+=("host F_GETLK (POSIX wr) on mig/posix-file $when: $got, expected $want")
+    "$HLOCK" -g "$m/ofd-file" owr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
+    case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+    HL_OFD=$got; [ "$got" = "$want" ] || bad+=("host F_OFD_GETLK on mig/ofd-file $when: $got, expected $want")
+    echo "$(date +%T) $when: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD (expected $want)" >> "$R/host-locks.log"
+    [ ${#bad[@]} -eq 0 ] && { log "host lock check $when: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD, as expected"; return 0; }
+    [ -n "$try" ] && return 1
+    local b; for b in "${bad[@]}"; do failed "$b"; done
+    return 1
+}
+
+START=$(date +%s)
+deadline() { [ $(( $(date +%s) - START )) -ge "$TIMEOUT" ]; }
+
+log "results in $R; daemon $DAEMON ($BIN); via $VIA"
+
+# --- 1. The source: daemon A, QEMU A, the guest writing -------------------------
+boot_source() {
+    start_daemon A "$SOCK/a.sock" "$SRC_ARGS"
+    start_qemu A "$SOCK/a.sock"
+}
+boot_source
+attempt=1
+while :; do
+    c=$(console A)
+    if grep -q '^migrate: ready' <<<"$c" &&
+       [ "$(sed -n 's/^migrate: wrote \([0-9]*\) lines.*/\1/p' <<<"$c" | tail -n1)" -ge "$AFTER" ] 2>/dev/null; then
+        break
+    fi
+    if grep -qE '^migrate: (FAIL|SKIP)|^VFSD-RESULT:' <<<"$c"; then
+        fail_now "the guest failed before the migration: $(grep -E '^migrate: |^vfsd-init: ERROR' <<<"$c" | tail -n 5 | tr '\n' ' ')"
+    fi
+    if ! kill -0 "$QPID_A" 2>/dev/null || { grep -qE 'Kernel panic|Oops|BUG:' <<<"$c" && ! grep -q 'vfsd-init:' <<<"$c"; }; then
+        if [ "$attempt" -lt 2 ] && ! grep -q 'vfsd-init:' <<<"$c"; then
+            log "the source guest did not come up (kernel crash or QEMU exit before /init); booting again"
+            cp "$R/console-A.log" "$R/console-A-boot$attempt.log"
+            kill "$QPID_A" 2>/dev/null; wait_gone "$QPID_A" 5; kill -9 "$QPID_A" 2>/dev/null; reap "$QPID_A"
+            wait_gone "$DPID_A" 5 || kill "$DPID_A" 2>/dev/null; reap "$DPID_A"
+            rm -f "$SOCK/qmp-A.sock"
+            attempt=$((attempt + 1))
+            boot_source
+            continue
+        fi
+        failed "the source guest did not come up"; dump_logs; summary; exit 3
+    fi
+    if [ $(( $(date +%s) - START )) -ge 400 ]; then
+        failed "the source guest did not start writing within 400 s"; dump_logs; summary; exit 3
+    fi
+    sleep 1
+done
+log "guest writing on the source: $(console A | grep '^migrate: wrote' | tail -n1)"
+
+# --- 2. Migrate (ROUNDS times: A -> B -> C ...) -----------------------------------------
+# migrate_round SRC DST: SRC runs the guest; afterwards DST does and SRC is gone.
+migrate_round() {
+    local S=$1 D=$2 URI INCOMING q reply status err dst rc qs qd ds dd tag="$1->$2"
+    case $VIA in
+        unix) URI="unix:$SOCK/mig-$D.sock"; INCOMING=$URI ;;
+        file) URI="file:$R/state-$D.bin"; INCOMING=$URI ;;
+        exec) URI="exec:cat > $R/state-$D.bin"; INCOMING="exec:cat $R/state-$D.bin" ;;
+    esac
+    eval "qs=\$QPID_$S ds=\$DPID_$S"
+    if [ "$VIA" = unix ]; then
+        start_daemon "$D" "$SOCK/$D.sock" "$DST_ARGS"
+        start_qemu "$D" "$SOCK/$D.sock" -incoming "$INCOMING"
+        for _ in $(seq 1 100); do [ -S "$SOCK/mig-$D.sock" ] && break; sleep 0.1; done
+        [ -S "$SOCK/mig-$D.sock" ] || fail_now "destination QEMU $D is not listening on $SOCK/mig-$D.sock"
+        log "destination $D status: $(jget "$(qmp "$D" '{"execute":"query-status"}')" 'r["return"]["status"]')"
+    fi
+    if [ -n "$DOWNTIME_MS" ]; then
+        qmp "$S" "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"downtime-limit\":$DOWNTIME_MS}}" >> "$R/qmp.log"
+    fi
+    log "[$tag] migrate: $URI (guest at $(console "$S" | grep '^migrate: wrote' | tail -n1 | sed 's/^migrate: //'))"
+    local MSTART=$(date +%s.%N) MEND
+    reply=$(qmp "$S" "$(python3 -c 'import json,sys; print(json.dumps({"execute":"migrate","arguments":{"uri":sys.argv[1]}}))' "$URI")")
+    echo "[$tag] migrate -> $reply" >> "$R/qmp.log"
+    [ -n "$(jget "$reply" 'r.get("error",{}).get("desc")')" ] && fail_now "[$tag] QMP migrate refused: $(jget "$reply" 'r["error"]["desc"]')"
+    status=
+    while :; do
+        q=$(qmp "$S" '{"execute":"query-migrate"}') || { q=; }
+        echo "$(date +%T) [$tag] $q" >> "$R/query-migrate.log"
+        status=$(jget "$q" 'r["return"].get("status")')
+        case $status in completed|failed|cancelled) break ;; esac
+        kill -0 "$qs" 2>/dev/null || { status="source QEMU exited"; break; }
+        deadline && { status="timeout"; break; }
+        sleep 0.5
+    done
+    MEND=$(date +%s.%N)
+    log "[$tag] migration: $status after $(awk -v a="$MSTART" -v b="$MEND" 'BEGIN { printf "%.1f", b - a }') s (wall clock)"
+    if [ "$status" != completed ]; then
+        err=$(jget "$q" 'r["return"].get("error-desc")')
+        log "[$tag] query-migrate: $q"
+        # Does the source guest go on after a failed migration?
+        if kill -0 "$qs" 2>/dev/null; then
+            sleep 3
+            log "[$tag] source after the failure: $(jget "$(qmp "$S" '{"execute":"query-status"}')" 'r["return"]["status"]'); guest: $(console "$S" | grep '^migrate: wrote' | tail -n1)"
+        fi
+        fail_now "[$tag] migration $status${err:+: $err}"
+    fi
+    figure "[$tag] migration total-time" "$(jget "$q" 'r["return"].get("total-time")') ms"
+    figure "[$tag] migration downtime" "$(jget "$q" 'r["return"].get("downtime")') ms"
+    figure "[$tag] migration setup-time" "$(jget "$q" 'r["return"].get("setup-time")') ms"
+    figure "[$tag] RAM transferred" "$(jget "$q" '"%.1f MiB (%s dirty-sync passes, %s pages/s dirtied at the end)" % (r["return"]["ram"]["transferred"]/1048576, r["return"]["ram"].get("dirty-sync-count"), r["return"]["ram"].get("dirty-pages-rate"))')"
+    [ "$VIA" != unix ] && figure "[$tag] state file" "$(stat -c %s "$R/state-$D.bin" 2>/dev/null) bytes"
+
+    # The source goes away.
+    log "[$tag] source status: $(jget "$(qmp "$S" '{"execute":"query-status"}')" 'r["return"]["status"]'); quitting it"
+    qmp "$S" '{"execute":"quit"}' >> "$R/qmp.log" 2>&1
+    wait_gone "$qs" 20 || { failed "[$tag] source QEMU did not quit within 20 s"; kill -9 "$qs" 2>/dev/null; }
+    reap "$qs"; log "[$tag] source QEMU exited with status $REAPED"
+    if wait_gone "$ds" 10; then
+        reap "$ds"; rc=$REAPED
+        log "[$tag] daemon $S exited with status $rc"
+        [ "$rc" -ge 128 ] && failed "[$tag] daemon $S died from signal $((rc - 128))"
+    else
+        failed "[$tag] daemon $S still runs 10 s after its QEMU quit"
+    fi
+
+    local RSTART=
+    if [ "$VIA" != unix ]; then
+        host_lock_check free "[$tag] with the source gone and no destination yet"
+        RSTART=$(date +%s.%N)
+        start_daemon "$D" "$SOCK/$D.sock" "$DST_ARGS"
+        start_qemu "$D" "$SOCK/$D.sock" -incoming "$INCOMING"
+    fi
+    eval "qd=\$QPID_$D dd=\$DPID_$D"
+    # The destination runs the guest once the incoming migration is through.
+    for _ in $(seq 1 600); do
+        dst=$(jget "$(qmp "$D" '{"execute":"query-status"}' 2>/dev/null)" 'r["return"]["status"]')
+        [ "$dst" = running ] && break
+        kill -0 "$qd" 2>/dev/null || break
+        case $dst in inmigrate|"") sleep 0.5 ;; *) break ;; esac
+    done
+    log "[$tag] destination status: ${dst:-unknown}"
+    if [ "$dst" != running ]; then
+        kill -0 "$qd" 2>/dev/null || { reap "$qd"; log "[$tag] destination QEMU exited with status $REAPED"; }
+        fail_now "[$tag] the destination is not running (status '${dst:-QEMU gone}')"
+    fi
+    [ -n "$RSTART" ] && figure "[$tag] restore (daemon $D + QEMU start to running, wall clock)" "$(awk -v a="$RSTART" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+    local loaded saved
+    loaded=$(grep -h 'device state loaded' "$R/daemon-$D.log" | tail -n1 | sed 's/^\[[^]]*\] //')
+    saved=$(grep -h 'device state saved' "$R/daemon-$S.log" | tail -n1 | sed 's/^\[[^]]*\] //')
+    if [ "$DAEMON" = vfsd ]; then
+        figure "[$tag] device state (vfsd $S)" "${saved:-no 'device state saved' line in daemon-$S.log}"
+        figure "[$tag] device state (vfsd $D)" "${loaded:-no 'device state loaded' line in daemon-$D.log}"
+        [ -n "$loaded" ] || failed "[$tag] daemon $D logged no 'device state loaded'"
+    else
+        figure "[$tag] daemon $S migration log" "$(grep -ihE 'migrat|state' "$R/daemon-$S.log" | tail -n 3 | tr '\n' '|')"
+        figure "[$tag] daemon $D migration log" "$(grep -ihE 'migrat|state' "$R/daemon-$D.log" | tail -n 3 | tr '\n' '|')"
+    fi
+    # The destination's daemon may wait for locks the source's released: give it 5 s.
+    local held=0 n
+    for n in 1 2 3 4 5 6 7 8 9; do
+        host_lock_check "$LOCKS_BEFORE" "[$tag] after the migration (try $n)" try && { held=1; break; }
+        sleep 0.5
+    done
+    [ "$held" = 1 ] || host_lock_check "$LOCKS_BEFORE" "[$tag] after the migration (5 s on)"
+}
+
+# The guest's locks as the host sees them before any migration: vfsd passes guest
+# locks on to the host; a daemon that lets the guest kernel keep them shows them free.
+if host_lock_check busy "before the migration" try; then LOCKS_BEFORE=busy; else
+    LOCKS_BEFORE=free
+    [ "$DAEMON" = vfsd ] && failed "the guest's locks are not visible on the host before the migration: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD"
+    log "the guest's locks are not held on the host (daemon $DAEMON; flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD): the lock checks below expect free"
+fi
+NAMES=(A B C D E F G H I J)
+[ "$ROUNDS" -lt ${#NAMES[@]} ] || die "--rounds: at most $(( ${#NAMES[@]} - 1 ))"
+for ((r = 0; r < ROUNDS; r++)); do
+    migrate_round "${NAMES[$r]}" "${NAMES[$((r + 1))]}"
+done
+L=${NAMES[$ROUNDS]}
+eval "QPID_L=\$QPID_$L DPID_L=\$DPID_$L"
+
+# --- 4. Locks on the host, the guest on the destination ---------------------------------
+echo "migrated by the host at $(date +%T)" > "$SHARE/mig/host.migrated"
+log "created mig/host.migrated"
+while [ ! -e "$SHARE/mig/guest.released" ] && [ ! -e "$SHARE/mig/guest.abort" ]; do
+    if ! kill -0 "$QPID_L" 2>/dev/null || deadline; then break; fi
+    sleep 0.5
+done
+if [ -e "$SHARE/mig/guest.released" ]; then
+    host_lock_check free "after the guest released its locks"
+    echo "host lock checks done at $(date +%T)" > "$SHARE/mig/host.done"
+else
+    failed "the guest never wrote mig/guest.released"
+fi
+while kill -0 "$QPID_L" 2>/dev/null; do
+    deadline && { failed "timeout: the destination guest still runs after ${TIMEOUT}s"; break; }
+    grep -q '^VFSD-RESULT:' <(console "$L") && { wait_gone "$QPID_L" 30 || break; }
+    sleep 1
+done
+cb=$(console "$L")
+result=$(sed -n 's/^VFSD-RESULT: \([0-9]*\)$/\1/p' <<<"$cb" | tail -n1)
+say "--- guest on the destination ---"
+sed -n '/^migrate: /p' <<<"$cb" | grep -v '^migrate: wrote' | sed 's/^/  | /'
+while read -r l; do figure "guest ${l%% *}" "${l#* }"; done < <(sed -n 's/^migrate: FIGURE //p' <<<"$cb")
+if [ "$result" != 0 ]; then
+    failed "the guest on the destination reported ${result:-nothing} ($(grep -E '^migrate: FAIL' <<<"$cb" | head -n 5 | tr '\n' ' '))"
+    grep -qE 'Kernel panic|Oops|BUG:|blocked for more than' <<<"$cb" && failed "destination kernel: $(grep -m1 -E 'Kernel panic|Oops|BUG:|blocked for more than' <<<"$cb")"
+fi
+kill -0 "$QPID_L" 2>/dev/null && { kill "$QPID_L"; wait_gone "$QPID_L" 5; }
+if wait_gone "$DPID_L" 10; then
+    reap "$DPID_L"; rc=$REAPED; log "daemon $L exited with status $rc"
+    [ "$rc" -ge 128 ] && failed "daemon $L died from signal $((rc - 128))"
+else
+    failed "daemon $L still runs 10 s after its QEMU exited"
+fi
+grep -hiE 'error|panic|warn' "$R"/daemon-*.log | head -n 20 | sed 's/^/guest-migrate: daemon log: /'
+[ ${#FAILS[@]} -gt 0 ] && dump_logs
+summary
+[ ${#FAILS[@]} -eq 0 ]
