@@ -1,7 +1,7 @@
 #!/bin/sh
 # The guest's part of a live migration test (scripts/guest-migrate.sh runs it).
 #
-# Usage (in the guest): /guest-tests/migrate.sh [AFTER] [LIMIT]
+# Usage (in the guest): /guest-tests/migrate.sh [AFTER] [LIMIT] [EXTRA...]
 #   In $VFSD_SHARE/mig (the shell's cwd stays there throughout):
 #   - opens data.log once and writes "line N" through that fd every ~100 ms,
 #   - holds a flock (flock-file), a POSIX write lock (posix-file) and an OFD write
@@ -14,11 +14,31 @@
 #     refused), released (then granted); writes mig/guest.released and waits for
 #     the host's mig/host.done (the host checks that the release reached it).
 #   LIMIT: seconds to wait for host.migrated (default 900).
+#   EXTRA (the host prepares its part, scripts/guest-migrate.sh --extras):
+#     many=N    N files in mig/many (looked up, so the daemon knows N more nodes)
+#               read back after the migration, 16 of them held open across it
+#     waiter    a flock and a POSIX lock requested (blocking) on mig/wait-flock and
+#               mig/wait-posix, which the host holds across the migration and releases
+#               after it: the waiting requests are in flight during the migration and
+#               must be granted on the destination within 30 s
+#     unlinked  a file open (read fd and write fd) and unlinked before the migration;
+#               written and read through its fds after it.  Informational (INFO lines):
+#               a find-paths daemon can't find it again (see --migration-on-error)
 #   Prints "migrate: FIGURE name value" lines, "migrate: N checks passed, M failed"
 #   and "migrate: PASS" or "migrate: FAIL".  Exit status 0 on PASS.
 
 AFTER=${1:-20}
 LIMIT=${2:-900}
+if [ $# -ge 2 ]; then shift 2; else shift $#; fi
+MANY=0 WAITER=0 UNLINKED=0
+for x in "$@"; do
+    case $x in
+        many=*) MANY=${x#many=} ;;
+        waiter) WAITER=1 ;;
+        unlinked) UNLINKED=1 ;;
+        *) echo "migrate: unknown extra '$x'"; exit 2 ;;
+    esac
+done
 D=${VFSD_SHARE:?VFSD_SHARE unset}
 PASS=0 FAIL=0
 
@@ -59,6 +79,35 @@ if command -v vfsd-lock >/dev/null; then
 else
     say "SKIP locks: no vfsd-lock in this initramfs"
     LOCKS=0
+fi
+
+HOLDPIDS= WAITPIDS=
+if [ "$MANY" -gt 0 ]; then
+    mkdir -p many
+    j=0; while [ $j -lt "$MANY" ]; do echo "file $j" > many/f$j; j=$((j + 1)); done
+    ls -l many > /dev/null
+    # 16 held open by sleepers (ash redirections stop at fd 9)
+    j=0; while [ $j -lt 16 ]; do sleep 100000 < many/f$j & HOLDPIDS="$HOLDPIDS $!"; j=$((j + 1)); done
+    say "many: $MANY files in mig/many, 16 held open"
+fi
+if [ "$WAITER" = 1 ]; then
+    if [ -e wait-flock ] && [ -e wait-posix ]; then
+        rm -f /tmp/wflock.granted /tmp/wposix.granted
+        vfsd-lock -q -w -m /tmp/wflock.granted -u /tmp/release wait-flock ex & WAITPIDS="$! "
+        vfsd-lock -q -w -m /tmp/wposix.granted -u /tmp/release wait-posix wr:0:0 & WAITPIDS="$WAITPIDS $!"
+        sleep 1
+        if [ -e /tmp/wflock.granted ] || [ -e /tmp/wposix.granted ]; then
+            bad "waiter: a lock the host holds was granted before the migration"
+        fi
+        say "waiter: blocking flock on wait-flock and POSIX wr on wait-posix requested"
+    else
+        bad "waiter: the host did not prepare mig/wait-flock and mig/wait-posix"; WAITER=0
+    fi
+fi
+if [ "$UNLINKED" = 1 ]; then
+    echo before > unlinked-file && exec 6>>unlinked-file && exec 7<unlinked-file && rm unlinked-file &&
+        say "unlinked: unlinked-file open on fds 6 (append) and 7 (read), and unlinked" ||
+        { bad "unlinked: setting up failed"; UNLINKED=0; }
 fi
 
 say "ready (cwd $(pwd))"
@@ -112,6 +161,32 @@ check "create in new dir" sh -c 'echo x > newdir/f && test "$(cat newdir/f)" = x
 check "rmdir" sh -c 'rm newdir/f && rmdir newdir'
 check "stat data.log" stat data.log
 
+if [ "$MANY" -gt 0 ]; then
+    res=$(j=0; while [ $j -lt "$MANY" ]; do
+        c=$(cat many/f$j 2>&1); [ "$c" = "file $j" ] || { echo "many/f$j: '$c'"; exit 1; }; j=$((j + 1)); done 2>&1)
+    [ -z "$res" ] && ok || bad "many: $res"
+    for p in $HOLDPIDS; do check "many: holder $p alive" kill -0 "$p"; done
+    check "many: readdir count" test "$(ls many | wc -l)" -eq "$MANY"
+    for p in $HOLDPIDS; do kill "$p" 2>/dev/null; done
+fi
+if [ "$UNLINKED" = 1 ]; then
+    if echo after >&6 2>/tmp/unl.err; then say "INFO unlinked: write through fd 6 after the migration: ok"
+    else say "INFO unlinked: write through fd 6 after the migration failed: $(cat /tmp/unl.err)"; fi
+    got=$(cat <&7 2>/tmp/unl.err | tr '\n' ' '); say "INFO unlinked: read through fd 7: '$got' $(cat /tmp/unl.err)"
+    exec 6>&- 7<&-
+fi
+if [ "$WAITER" = 1 ]; then
+    n=0
+    while [ ! -e /tmp/wflock.granted ] || [ ! -e /tmp/wposix.granted ]; do
+        n=$((n + 1)); [ $n -gt 300 ] && break
+        usleep 100000
+    done
+    [ -e /tmp/wflock.granted ] && { ok; say "waiter: flock granted on the destination"; } ||
+        bad "waiter: the blocking flock was not granted within 30 s of the host's release"
+    [ -e /tmp/wposix.granted ] && { ok; say "waiter: POSIX lock granted on the destination"; } ||
+        bad "waiter: the blocking POSIX lock was not granted within 30 s of the host's release"
+fi
+
 if [ "$LOCKS" = 1 ]; then
     # The lock holders still run and their locks still conflict for this guest's others.
     for p in $LOCKPIDS; do check "lock holder $p alive" kill -0 "$p"; done
@@ -124,6 +199,10 @@ if [ "$LOCKS" = 1 ]; then
     [ "$rc" = 1 ] && ok || bad "OFD wr on ofd-file by another open file: expected busy (1), got $rc"
     : > /tmp/release
     for p in $LOCKPIDS; do wait "$p"; rc=$?; [ "$rc" = 0 ] || bad "lock holder $p exited with $rc"; done
+    for p in $WAITPIDS; do  # granted ones end on the release; the others are stuck
+        n=0; while kill -0 "$p" 2>/dev/null && [ $n -lt 50 ]; do usleep 100000; n=$((n + 1)); done
+        kill "$p" 2>/dev/null
+    done
     vfsd-lock -q flock-file ex; rc=$?
     [ "$rc" = 0 ] && ok || bad "flock ex on flock-file after the release: expected granted (0), got $rc"
     vfsd-lock -q posix-file wr:0:0; rc=$?

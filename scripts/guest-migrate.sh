@@ -27,6 +27,13 @@
 #   --via V           unix (default), file or exec
 #   --rounds N        migrate N times, A -> B -> C ... (default 1): the state a daemon
 #                     loaded must save again; logs are named by the letter
+#   --extras LIST     comma-separated guest-tests/migrate.sh extras: many=N, waiter (the
+#                     host holds a flock and a POSIX lock the guest waits for across
+#                     the migration, released after it), unlinked (an open, unlinked
+#                     file; informational)
+#   --expect-fail     the (first) migration is expected to fail (e.g. --extras unlinked
+#                     with --migration-on-error abort): check that the source goes on,
+#                     and finish the guest's checks there
 #   --results DIR     logs, share, state file, summary (default: new dir in $TMPDIR)
 #   --after N         lines the guest writes before the host migrates (default 30)
 #   --downtime-ms N   migrate-set-parameters downtime-limit (default: QEMU's, 300)
@@ -52,6 +59,8 @@ SRC_ARGS=
 DST_ARGS=
 VIA=unix
 ROUNDS=1
+EXTRAS=
+EXPECT_FAIL=0
 RESULTS=
 AFTER=30
 DOWNTIME_MS=
@@ -74,6 +83,8 @@ while [ $# -gt 0 ]; do
         --dst-args) DST_ARGS=${2?}; shift 2 ;;
         --via) VIA=${2:?}; shift 2 ;;
         --rounds) ROUNDS=${2:?}; shift 2 ;;
+        --extras) EXTRAS=${2?}; shift 2 ;;
+        --expect-fail) EXPECT_FAIL=1; shift ;;
         --results) RESULTS=${2:?}; shift 2 ;;
         --after) AFTER=${2:?}; shift 2 ;;
         --downtime-ms) DOWNTIME_MS=${2:?}; shift 2 ;;
@@ -174,7 +185,7 @@ start_daemon() {  # start_daemon NAME SOCKET EXTRA: sets DPID_<NAME>
 }
 
 KARGS="console=ttyS0 mitigations=off panic=-1 quiet loglevel=4 tsc=reliable vfsd.mounts=share0"
-KARGS="$KARGS vfsd.cmd=$(printf '%s' "/guest-tests/migrate.sh 20 900" | base64 -w0)"
+KARGS="$KARGS vfsd.cmd=$(printf '%s' "/guest-tests/migrate.sh 20 900 ${EXTRAS//,/ }" | base64 -w0)"
 
 qemu_args() {  # qemu_args NAME SOCKET -> QARGS
     QARGS=(-nodefaults -no-user-config -nographic -no-reboot
@@ -265,7 +276,7 @@ figure() { FIG+=("$1: $2"); log "FIGURE $1: $2"; }
 summary() {
     {
         echo "daemon: $DAEMON ($BIN), via $VIA, accel $ACCEL, ${MEM_MB} MiB, QEMU $("$QEMU" --version | sed -n '1s/^QEMU emulator version //p')"
-        echo "daemon args: common '$DAEMON_ARGS', A '$SRC_ARGS', B '$DST_ARGS'"
+        echo "daemon args: common '$DAEMON_ARGS', source '$SRC_ARGS', destinations '$DST_ARGS'; rounds $ROUNDS; extras '${EXTRAS:-none}'$([ "$EXPECT_FAIL" = 1 ] && echo ', expect-fail')"
         for f in "${FIG[@]}"; do echo "  $f"; done
         if [ ${#FAILS[@]} -eq 0 ]; then echo "RESULT: PASS"; else
             echo "RESULT: FAIL"; for f in "${FAILS[@]}"; do echo "  - $f"; done; fi
@@ -301,6 +312,18 @@ deadline() { [ $(( $(date +%s) - START )) -ge "$TIMEOUT" ]; }
 log "results in $R; daemon $DAEMON ($BIN); via $VIA"
 
 # --- 1. The source: daemon A, QEMU A, the guest writing -------------------------
+WAITER_PIDS=()
+if [[ ",$EXTRAS," == *,waiter,* ]]; then
+    # The host's locks the guest will wait for, held until $R/release-waiter exists.
+    mkdir -p "$SHARE/mig"; : > "$SHARE/mig/wait-flock"; : > "$SHARE/mig/wait-posix"
+    rm -f "$R/release-waiter"
+    flock "$SHARE/mig/wait-flock" bash -c "while [ ! -e '$R/release-waiter' ]; do sleep 0.1; done" &
+    WAITER_PIDS+=($!); PIDS+=($!)
+    "$HLOCK" -q -u "$R/release-waiter" "$SHARE/mig/wait-posix" wr:0:0 &
+    WAITER_PIDS+=($!); PIDS+=($!)
+    sleep 0.5
+    log "waiter: the host holds flock on mig/wait-flock and POSIX wr on mig/wait-posix"
+fi
 boot_source() {
     start_daemon A "$SOCK/a.sock" "$SRC_ARGS"
     start_qemu A "$SOCK/a.sock"
@@ -339,7 +362,7 @@ log "guest writing on the source: $(console A | grep '^migrate: wrote' | tail -n
 # --- 2. Migrate (ROUNDS times: A -> B -> C ...) -----------------------------------------
 # migrate_round SRC DST: SRC runs the guest; afterwards DST does and SRC is gone.
 migrate_round() {
-    local S=$1 D=$2 URI INCOMING q reply status err dst rc qs qd ds dd tag="$1->$2"
+    local S=$1 D=$2 qd_pending= dd_pending= URI INCOMING q reply status err dst rc qs qd ds dd tag="$1->$2"
     case $VIA in
         unix) URI="unix:$SOCK/mig-$D.sock"; INCOMING=$URI ;;
         file) URI="file:$R/state-$D.bin"; INCOMING=$URI ;;
@@ -349,6 +372,7 @@ migrate_round() {
     if [ "$VIA" = unix ]; then
         start_daemon "$D" "$SOCK/$D.sock" "$DST_ARGS"
         start_qemu "$D" "$SOCK/$D.sock" -incoming "$INCOMING"
+        eval "qd_pending=\$QPID_$D dd_pending=\$DPID_$D"
         for _ in $(seq 1 100); do [ -S "$SOCK/mig-$D.sock" ] && break; sleep 0.1; done
         [ -S "$SOCK/mig-$D.sock" ] || fail_now "destination QEMU $D is not listening on $SOCK/mig-$D.sock"
         log "destination $D status: $(jget "$(qmp "$D" '{"execute":"query-status"}')" 'r["return"]["status"]')"
@@ -377,9 +401,23 @@ migrate_round() {
         err=$(jget "$q" 'r["return"].get("error-desc")')
         log "[$tag] query-migrate: $q"
         # Does the source guest go on after a failed migration?
+        local srcst=gone w1 w2
         if kill -0 "$qs" 2>/dev/null; then
-            sleep 3
-            log "[$tag] source after the failure: $(jget "$(qmp "$S" '{"execute":"query-status"}')" 'r["return"]["status"]'); guest: $(console "$S" | grep '^migrate: wrote' | tail -n1)"
+            w1=$(console "$S" | grep -c '^migrate: wrote')
+            sleep 5
+            srcst=$(jget "$(qmp "$S" '{"execute":"query-status"}')" 'r["return"]["status"]')
+            w2=$(console "$S" | grep -c '^migrate: wrote')
+            log "[$tag] source after the failure: $srcst; guest progress lines $w1 -> $w2 in 5 s ($(console "$S" | grep '^migrate: wrote' | tail -n1))"
+        fi
+        if [ "$EXPECT_FAIL" = 1 ] && [ "$status" = failed ]; then
+            figure "[$tag] migration failed as expected" "${err:-no error-desc}"
+            [ "$srcst" = running ] && [ "$w2" -gt "$w1" ] || failed "[$tag] the source does not go on after the failed migration (status $srcst)"
+            # The destination gave up: its QEMU should have exited.
+            wait_gone "$qd_pending" 10 || { log "[$tag] destination QEMU still runs after the failure; stopping it"; kill "$qd_pending" 2>/dev/null; }
+            reap "$qd_pending"; log "[$tag] destination QEMU exited with status $REAPED"
+            wait_gone "$dd_pending" 10 || kill "$dd_pending" 2>/dev/null
+            reap "$dd_pending"; log "[$tag] daemon $D exited with status $REAPED"
+            return 1
         fi
         fail_now "[$tag] migration $status${err:+: $err}"
     fi
@@ -452,11 +490,17 @@ if host_lock_check busy "before the migration" try; then LOCKS_BEFORE=busy; else
 fi
 NAMES=(A B C D E F G H I J)
 [ "$ROUNDS" -lt ${#NAMES[@]} ] || die "--rounds: at most $(( ${#NAMES[@]} - 1 ))"
-for ((r = 0; r < ROUNDS; r++)); do
-    migrate_round "${NAMES[$r]}" "${NAMES[$((r + 1))]}"
-done
 L=${NAMES[$ROUNDS]}
+for ((r = 0; r < ROUNDS; r++)); do
+    migrate_round "${NAMES[$r]}" "${NAMES[$((r + 1))]}" || { L=${NAMES[$r]}; break; }
+done
+[ "$EXPECT_FAIL" = 1 ] && [ "$L" != A ] && failed "--expect-fail: the migration did not fail"
 eval "QPID_L=\$QPID_$L DPID_L=\$DPID_$L"
+if [ ${#WAITER_PIDS[@]} -gt 0 ]; then
+    : > "$R/release-waiter"
+    for p in "${WAITER_PIDS[@]}"; do wait_gone "$p" 10 || failed "waiter: the host's lock holder $p did not end"; done
+    log "waiter: the host released its locks on mig/wait-flock and mig/wait-posix"
+fi
 
 # --- 4. Locks on the host, the guest on the destination ---------------------------------
 echo "migrated by the host at $(date +%T)" > "$SHARE/mig/host.migrated"
@@ -478,7 +522,7 @@ while kill -0 "$QPID_L" 2>/dev/null; do
 done
 cb=$(console "$L")
 result=$(sed -n 's/^VFSD-RESULT: \([0-9]*\)$/\1/p' <<<"$cb" | tail -n1)
-say "--- guest on the destination ---"
+say "--- the guest at the end (on $L) ---"
 sed -n '/^migrate: /p' <<<"$cb" | grep -v '^migrate: wrote' | sed 's/^/  | /'
 while read -r l; do figure "guest ${l%% *}" "${l#* }"; done < <(sed -n 's/^migrate: FIGURE //p' <<<"$cb")
 if [ "$result" != 0 ]; then

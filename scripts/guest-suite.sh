@@ -15,7 +15,8 @@
 #   --only LIST       comma-separated subset of:
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
 #                     locks,xfstests
-#                     (and twohosts, with --gluster)
+#                     (and twohosts, with --gluster; and migrate, only when named: live
+#                     migration between two QEMU, scripts/guest-migrate.sh)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -92,7 +93,7 @@ elif [ -n "$SHARE_ROOT" ]; then
 fi
 ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests) ;;
+    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests|migrate) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
@@ -101,6 +102,7 @@ if [ "$GLUSTER" = 1 ] || [ -n "$SHARE_ROOT" ]; then
     # --gluster, twohosts runs them across client mounts A and B).
     wanted xfstests && die "xfstests makes its own shares; leave it out with --share-root/--gluster"
     wanted locks && die "locks makes its own share; with --gluster, twohosts runs them across two client mounts"
+    wanted migrate && die "migrate makes its own share; leave it out with --share-root/--gluster"
 fi
 if [ "$GLUSTER" = 1 ]; then
     "$HERE/gluster.sh" up || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
@@ -401,6 +403,18 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
                 --cache "$cache" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
                 --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
             grep -E 'guest-locks:   guest' "$TEST_DIR/guest-$name.log" | sed "s/^guest-locks:   /guest-suite:     $name: /"
+        done
+    fi
+
+    if wanted migrate; then
+        # Live migration between two QEMU on this host, a daemon each on one share: the
+        # guest writes through an open fd and holds flock, POSIX and OFD locks (about 1.5
+        # minutes). The variants (file, rounds, extras): scripts/guest-migrate.sh --help.
+        for via in unix file; do
+            host_test "$label" "migrate-$via" guest-migrate.log 'FAIL|error' "$HERE/guest-migrate.sh" \
+                --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} --via "$via" \
+                --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --results {dir}/results
+            grep -E '^guest-migrate:   .*(downtime|device state)' "$TEST_DIR/guest-migrate.log" | sed "s/^guest-migrate:   /guest-suite:     migrate-$via: /"
         done
     fi
 
