@@ -54,6 +54,20 @@ impl From<InodeFileHandles> for FileHandleMode {
     }
 }
 
+/// `--migration-mode` (virtiofsd's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MigrationMode {
+    FindPaths,
+    FileHandles,
+}
+
+/// `--migration-on-error` (virtiofsd's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MigrationOnError {
+    Abort,
+    GuestError,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Sandbox {
     /// No sandbox: the daemon runs in the host's namespaces.
@@ -295,38 +309,44 @@ pub struct Opt {
     #[arg(short = 'f')]
     pub foreground: bool,
 
+    /// How the device state names the files the guest knows when it migrates (find-paths:
+    /// by path in the share; file-handles: by file handle, which needs the same file
+    /// system on both sides and CAP_DAC_READ_SEARCH on the destination)
+    #[arg(long, value_enum, default_value = "find-paths")]
+    pub migration_mode: MigrationMode,
+
+    /// What the migration destination does with a file it can't find again (abort: fail
+    /// the load, so the source goes on; guest-error: load the rest, the guest gets errors
+    /// for that file). Ignored on the source
+    #[arg(long, value_enum, default_value = "abort")]
+    pub migration_on_error: MigrationOnError,
+
+    /// find-paths only: send each file's handle along with its path, and have the
+    /// destination check that the path opens that very file (same file system on both
+    /// sides)
+    #[arg(long)]
+    pub migration_verify_handles: bool,
+
+    /// find-paths only: check every path again at switch-over, while both sides are
+    /// stopped, and look up the current path of a file that moved
+    #[arg(long)]
+    pub migration_confirm_paths: bool,
+
     /// virtiofsd options vfsd does not implement: parsed so that using one gives a clear
     /// error instead of an unknown-option message.
     #[command(flatten)]
     pub unsupported: Unsupported,
 }
 
-/// virtiofsd options without an implementation in vfsd (hidden from --help).
+/// virtiofsd options without an implementation in vfsd (hidden from --help): parsed so
+/// that one gives a clear error instead of an unknown-option message. None today.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct Unsupported {
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_mode: Option<String>,
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_on_error: Option<String>,
-    #[arg(long, hide = true)]
-    pub migration_verify_handles: bool,
-    #[arg(long, hide = true)]
-    pub migration_confirm_paths: bool,
-}
+pub struct Unsupported {}
 
 impl Unsupported {
     /// The first unsupported option given, with what to do instead.
     fn first(&self) -> Option<&'static str> {
-        let u = self;
-        [(
-            u.migration_mode.is_some()
-                || u.migration_on_error.is_some()
-                || u.migration_verify_handles
-                || u.migration_confirm_paths,
-            "migration options are not supported: vfsd does not support migrating the device",
-        )]
-        .into_iter()
-        .find_map(|(given, msg)| given.then_some(msg))
+        None
     }
 }
 
@@ -335,6 +355,14 @@ impl Opt {
     pub fn check_supported(&self) -> Result<(), String> {
         if let Some(msg) = self.unsupported.first() {
             return Err(msg.to_string());
+        }
+        if self.migration_mode == MigrationMode::FileHandles
+            && (self.migration_verify_handles || self.migration_confirm_paths)
+        {
+            return Err(
+                "--migration-verify-handles and --migration-confirm-paths need --migration-mode find-paths"
+                    .into(),
+            );
         }
         self.id_translate()?;
         if let Some(rules) = &self.xattrmap {
@@ -472,7 +500,7 @@ fn split_escaped(s: &str) -> Vec<String> {
 pub fn capabilities() -> serde_json::Value {
     serde_json::json!({
         "type": "fs",
-        "features": ["separate-options"]
+        "features": ["migrate-precopy", "separate-options"]
     })
 }
 

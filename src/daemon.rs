@@ -9,13 +9,13 @@ use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 use crate::cli::Opt;
 use crate::device::{DeviceConfig, FsDevice};
 use crate::passthrough::{Config, PassthroughFs};
 use crate::sandbox::{self, SocketName, StatsFile};
-use crate::server::FuseServer;
+use crate::server::{FuseServer, GuestMem};
 
 /// Sets up logging, to stderr or (`--syslog`) to syslog; gives the syslog socket's fd, which
 /// must survive the sandbox's fd clean-up. Nothing is ever logged at trace level:
@@ -316,6 +316,22 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.security_label = opt.security_label;
     cfg.xattr |= opt.security_label;
     cfg.id_translate = opt.id_translate()?;
+    cfg.migration = crate::passthrough::migration::MigrationConfig {
+        mode: match opt.migration_mode {
+            crate::cli::MigrationMode::FindPaths => crate::passthrough::migration::Mode::FindPaths,
+            crate::cli::MigrationMode::FileHandles => {
+                crate::passthrough::migration::Mode::FileHandles
+            }
+        },
+        on_error: match opt.migration_on_error {
+            crate::cli::MigrationOnError::Abort => crate::passthrough::migration::OnError::Abort,
+            crate::cli::MigrationOnError::GuestError => {
+                crate::passthrough::migration::OnError::GuestError
+            }
+        },
+        verify_handles: opt.migration_verify_handles,
+        confirm_paths: opt.migration_confirm_paths,
+    };
     if let Some(rules) = &opt.xattrmap {
         // check_supported has parsed it already.
         cfg.xattrmap = crate::passthrough::xattrmap::XattrMap::parse(rules)
@@ -358,7 +374,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let mut daemon = VhostUserDaemon::new(
         "vfsd".to_string(),
         device.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        GuestMemoryAtomic::new(GuestMem::new()),
     )
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
     crate::seccomp::apply(

@@ -114,6 +114,12 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_ppoll,
+    // A migration's lock handover: a unix socket in the share (`passthrough::handover`).
+    libc::SYS_socket,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_connect,
+    libc::SYS_setsockopt,
     // No ioctl: see `rules`.
     // Memory and threads (clone, clone3 and prctl: see `rules`).
     libc::SYS_mmap,

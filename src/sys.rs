@@ -216,6 +216,34 @@ pub struct FileHandle {
     raw: Box<[u8]>,
 }
 
+impl FileHandle {
+    /// The kernel's `struct file_handle` bytes (for the migration state).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// A handle from bytes `as_bytes` gave, possibly from another host: its length field
+    /// must match and stay within MAX_HANDLE_SZ, so the kernel reads nothing past it.
+    pub fn from_bytes(b: &[u8]) -> io::Result<FileHandle> {
+        if b.len() < 8 || b.len() > 8 + MAX_HANDLE_SZ {
+            return Err(errno(libc::EINVAL));
+        }
+        let len = u32::from_ne_bytes(b[..4].try_into().unwrap()) as usize;
+        if len != b.len() - 8 {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(FileHandle { raw: b.into() })
+    }
+}
+
+/// A new fd (close-on-exec) for the open file description `fd` refers to.
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl F_DUPFD_CLOEXEC on a caller's fd; the kernel checks it.
+    let n = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: a fresh fd nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
 /// `name_to_handle_at(fd, "", AT_EMPTY_PATH)`: a handle and the mount id of `fd`'s file.
 pub fn name_to_handle(fd: RawFd) -> io::Result<(FileHandle, u64)> {
     let mut buf = vec![0u8; 8 + MAX_HANDLE_SZ];

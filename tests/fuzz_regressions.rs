@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vfsd::passthrough::{Config, PassthroughFs};
-use vfsd::server::FuseServer;
+use vfsd::server::{FuseServer, GuestMem};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 const DESC_TABLE: u64 = 0x0;
 const AVAIL_RING: u64 = 0x1000;
@@ -20,8 +20,7 @@ const REPLY: u64 = 0x2_0000;
 /// Serves one request (an `InHeader` plus body) with a `reply_len`-byte writable buffer;
 /// returns the reply the device wrote (used length bytes).
 fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
-    let mem: GuestMemoryMmap =
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+    let mem: GuestMem = GuestMem::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
     mem.write_slice(request, GuestAddress(REQUEST)).unwrap();
     let desc = |addr: u64, len: u32, flags: u16, next: u16| {
         let mut d = [0u8; 16];
@@ -53,6 +52,9 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
     struct Never;
     impl vfsd::server::Deferred for Never {
         fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {
+            unreachable!("no request here waits");
+        }
+        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {
             unreachable!("no request here waits");
         }
     }

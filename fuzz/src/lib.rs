@@ -1,7 +1,7 @@
 //! Shared harness for vfsd's fuzz targets.
 //!
 //! Both targets drive the daemon's real request path: descriptors are laid out in a
-//! `GuestMemoryMmap`, popped from a `virtio_queue::Queue` the way `src/device.rs` pops them,
+//! `GuestMem`, popped from a `virtio_queue::Queue` the way `src/device.rs` pops them,
 //! and served by `vfsd::server::FuseServer::handle` over a `PassthroughFs` on a small
 //! temporary directory.
 //!
@@ -27,9 +27,9 @@ use std::sync::{Arc, Once};
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader};
 use vfsd::passthrough::inode::FileHandleMode;
 use vfsd::passthrough::{CachePolicy, Config, PassthroughFs};
-use vfsd::server::FuseServer;
+use vfsd::server::{FuseServer, GuestMem};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 // ---- guest memory layout -------------------------------------------------------------
 //
@@ -66,8 +66,8 @@ pub const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 pub const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
 
 /// Fresh guest memory (anonymous, zero-filled; pages are only touched when written).
-pub fn guest_memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[
+pub fn guest_memory() -> GuestMem {
+    GuestMem::from_ranges(&[
         (GuestAddress(0), REGION0_SIZE),
         (GuestAddress(DATA_BASE), DATA_SIZE),
         (GuestAddress(TAIL_BASE), TAIL_SIZE),
@@ -91,7 +91,7 @@ pub fn in_one_region(addr: u64, len: u32) -> bool {
 }
 
 /// Writes one split-queue descriptor (ignoring addresses outside guest memory).
-pub fn write_desc(mem: &GuestMemoryMmap, table: u64, index: u16, d: Desc) {
+pub fn write_desc(mem: &GuestMem, table: u64, index: u16, d: Desc) {
     let mut raw = [0u8; 16];
     raw[0..8].copy_from_slice(&d.addr.to_le_bytes());
     raw[8..12].copy_from_slice(&d.len.to_le_bytes());
@@ -126,7 +126,7 @@ pub fn new_queue(size: u16, event_idx: bool, next_avail: u16) -> Queue {
 }
 
 /// Writes the avail ring: `idx`, and `entries` starting at ring slot `first % size`.
-pub fn write_avail(mem: &GuestMemoryMmap, size: u16, idx: u16, first: u16, entries: &[u16]) {
+pub fn write_avail(mem: &GuestMem, size: u16, idx: u16, first: u16, entries: &[u16]) {
     let _ = mem.write_obj(0u16, GuestAddress(AVAIL_RING));
     let _ = mem.write_obj(idx.to_le(), GuestAddress(AVAIL_RING + 2));
     for (i, e) in entries.iter().enumerate() {
@@ -202,7 +202,7 @@ pub const FALLOCATE_CAP: u64 = 16 << 20;
 
 /// On an unbounded filesystem, caps the `length` of a FALLOCATE request in the chain's
 /// readable bytes (the only change the harness ever makes to a request it did not build).
-pub fn clamp_fallocate(mem: &GuestMemoryMmap, readable: &[(u64, u32)]) {
+pub fn clamp_fallocate(mem: &GuestMem, readable: &[(u64, u32)]) {
     if tmp_is_bounded() {
         return;
     }
@@ -217,7 +217,7 @@ pub fn clamp_fallocate(mem: &GuestMemoryMmap, readable: &[(u64, u32)]) {
 }
 
 /// Writes `data` into the chain's segments starting `skip` bytes in.
-pub fn scatter(mem: &GuestMemoryMmap, segs: &[(u64, u32)], mut skip: usize, mut data: &[u8]) {
+pub fn scatter(mem: &GuestMem, segs: &[(u64, u32)], mut skip: usize, mut data: &[u8]) {
     for &(addr, len) in segs {
         let len = len as usize;
         if skip >= len {
@@ -387,7 +387,7 @@ pub fn no_reply(op: u32) -> bool {
 }
 
 /// Reads `n` bytes from the chain's writable segments, in order.
-pub fn gather(mem: &GuestMemoryMmap, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
+pub fn gather(mem: &GuestMem, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n);
     for &(addr, len) in segs {
         if out.len() >= n {
@@ -407,11 +407,11 @@ pub fn gather(mem: &GuestMemoryMmap, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
 /// without blocking, and served normally if that attempt gives up.
 pub fn serve_chain<M>(
     server: &FuseServer,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     chain: virtio_queue::DescriptorChain<M>,
 ) -> u32
 where
-    M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
+    M: std::ops::Deref<Target = GuestMem> + Clone,
 {
     if server.is_read(mem, &chain) {
         if let Some(used) = server.try_handle_without_blocking(mem, &chain) {
@@ -422,6 +422,7 @@ where
     struct Ignore;
     impl vfsd::server::Deferred for Ignore {
         fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {}
+        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {}
     }
     server
         .handle(mem, chain, &mut || Box::new(Ignore))

@@ -18,7 +18,8 @@
 
 use fuse_backend_rs::abi::fuse_abi::*;
 use virtio_queue::QueueT;
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vfsd::server::GuestMem;
+use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use crate::*;
 
@@ -114,7 +115,7 @@ pub fn run(data: &[u8]) {
 
 /// Lays one request out as a descriptor chain, pops it from a queue as the device does,
 /// serves it and checks the reply. Returns the used length.
-pub fn serve_one(f: &Fixture, mem: &GuestMemoryMmap, r: &Record) -> u32 {
+pub fn serve_one(f: &Fixture, mem: &GuestMem, r: &Record) -> u32 {
     let fl = r.flags;
     let n = r.bytes.len().min(REQ_MAX);
     let mut req = r.bytes[..n].to_vec();

@@ -11,19 +11,23 @@ use std::sync::{Arc, RwLock};
 use std::thread;
 
 use log::error;
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::server::{Deferred, FuseServer};
+use crate::server::{Deferred, FuseServer, GuestMem};
 
+mod state;
 mod vring;
 use vring::Ticket;
 pub use vring::{TrackedVring, STOP_WAIT};
@@ -46,8 +50,8 @@ const INLINE_BATCH_BYTES: usize = 1 << 20;
 /// each reply.
 const LONE_POPS: u32 = 16;
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+type Mem = GuestMemoryAtomic<GuestMem>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
 
 struct Job {
     chain: Chain,
@@ -75,6 +79,10 @@ impl Later {
 impl Deferred for Later {
     fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32) {
         self.vring.complete_with(self.ticket, self.head, write);
+    }
+
+    fn on_stop(&self, cancel: Box<dyn Fn() + Send + Sync>) {
+        self.vring.on_stop(self.ticket, cancel);
     }
 }
 
@@ -141,6 +149,8 @@ pub struct FsDevice {
     /// Per queue: how many pops in a row found one request and nothing else in flight
     /// (`process_queue`'s lone requests).
     lone_pops: Vec<AtomicU32>,
+    /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
+    transfer: state::Transfer,
 }
 
 impl FsDevice {
@@ -178,6 +188,7 @@ impl FsDevice {
             pool,
             exit,
             lone_pops,
+            transfer: Default::default(),
         })
     }
 
@@ -305,7 +316,7 @@ impl FsDevice {
     /// then it has more than one request in flight at a time.
     fn serve_alone(
         &self,
-        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
         vring: &TrackedVring,
         chain: Chain,
         t: Ticket,
@@ -326,7 +337,7 @@ impl FsDevice {
 }
 
 impl VhostUserBackend for FsDevice {
-    type Bitmap = ();
+    type Bitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
     type Vring = TrackedVring;
 
     fn num_queues(&self) -> usize {
@@ -342,12 +353,17 @@ impl VhostUserBackend for FsDevice {
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging for migration: guest memory writes go to the log the
+            // VMM hands over with SET_LOG_BASE (`server::GuestMem`).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         let mut f = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::LOG_SHMFD
+            | VhostUserProtocolFeatures::DEVICE_STATE;
         if self.cfg.tag.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
@@ -368,6 +384,21 @@ impl VhostUserBackend for FsDevice {
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         *self.mem.write().unwrap() = Some(mem);
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        self.transfer
+            .start(self.server.fs().clone(), direction, phase, file)?;
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.transfer.check()
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {

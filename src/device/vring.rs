@@ -15,7 +15,7 @@
 //! wait, which can last long, writes its reply only through `complete_with`, under the
 //! generation check.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,9 +26,10 @@ use log::warn;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+use crate::server::GuestMem;
+type Mem = GuestMemoryAtomic<GuestMem>;
 
 /// How long stopping a ring waits for its requests in flight.
 pub const STOP_WAIT: Duration = Duration::from_secs(3);
@@ -54,7 +55,11 @@ struct Track {
     idle: Condvar,
     /// Completions dropped because their ring had been stopped.
     dropped: AtomicU64,
+    /// What ends a deferred request's wait when the ring stops (`on_stop`), by ticket.
+    cancellers: Mutex<HashMap<(u64, u16), Canceller>>,
 }
+
+type Canceller = Box<dyn Fn() + Send + Sync>;
 
 #[derive(Clone)]
 pub struct TrackedVring {
@@ -97,6 +102,15 @@ impl TrackedVring {
         self.complete_each(vec![(t, head, Reply::Write(write))]);
     }
 
+    /// Registers `cancel`, run when the ring stops while request `t` still waits (a
+    /// SETLKW on its waiter thread), so it is answered before the stop.
+    pub fn on_stop(&self, t: Ticket, cancel: Canceller) {
+        let key = (t.generation, t.position);
+        if self.track.pending.lock().unwrap().contains(&key) {
+            self.track.cancellers.lock().unwrap().insert(key, cancel);
+        }
+    }
+
     fn complete_each(&self, done: Vec<(Ticket, u16, Reply<'_>)>) {
         let notify = {
             let mut state = self.inner.get_mut();
@@ -107,6 +121,12 @@ impl TrackedVring {
                 let mut pending = self.track.pending.lock().unwrap();
                 for (t, _, _) in &done {
                     pending.remove(&(t.generation, t.position));
+                }
+                if !self.track.cancellers.lock().unwrap().is_empty() {
+                    let mut c = self.track.cancellers.lock().unwrap();
+                    for (t, _, _) in &done {
+                        c.remove(&(t.generation, t.position));
+                    }
                 }
                 if pending.is_empty() {
                     self.track.idle.notify_all();
@@ -143,7 +163,7 @@ impl TrackedVring {
     }
 
     /// Whether the guest has made requests available that were not popped yet.
-    pub fn more_available(&self, mem: &GuestMemoryMmap) -> bool {
+    pub fn more_available(&self, mem: &GuestMem) -> bool {
         let state = self.inner.get_ref();
         let q = state.get_queue();
         q.avail_idx(mem, Ordering::Acquire)
@@ -169,6 +189,18 @@ impl TrackedVring {
     /// Waits (bounded) for the requests in flight, then starts a new generation so later
     /// completions are dropped, and moves `next_avail` back to the oldest of those.
     fn stop(&self) {
+        // Waits that would outlast any stop (lock waits) end now, answered on this ring.
+        let cancel: Vec<Canceller> = self
+            .track
+            .cancellers
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for c in cancel {
+            c();
+        }
         let deadline = Instant::now() + STOP_WAIT;
         {
             let mut pending = self.track.pending.lock().unwrap();

@@ -12,10 +12,11 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags,
+    VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Frontend as VuFrontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{
@@ -96,6 +97,49 @@ fn start_queue(
     Ok(())
 }
 
+/// The VMM's view of the dirty-page log (`Frontend::start_dirty_log`).
+pub struct DirtyLog {
+    map: MmapRegion<()>,
+    pages: u64,
+    _file: File,
+}
+
+impl DirtyLog {
+    /// The guest pages whose bits are set.
+    pub fn dirty_pages(&self) -> Vec<u64> {
+        let base = self.map.as_ptr();
+        (0..self.pages)
+            .filter(|p| {
+                // SAFETY: the page's byte lies inside the mapping (pages / 8 < its length);
+                // the daemon sets bits with atomic ors, a plain read sees them or not.
+                let b = unsafe { std::ptr::read_volatile(base.add((p / 8) as usize)) };
+                b & (1 << (p % 8)) != 0
+            })
+            .collect()
+    }
+
+    /// Clears every bit, as a VMM does after it copied the dirty pages.
+    pub fn clear(&self) {
+        // SAFETY: the whole mapping is ours to write; the daemon only ors bits in.
+        unsafe { std::ptr::write_bytes(self.map.as_ptr(), 0, self.map.size()) };
+    }
+}
+
+fn pipe() -> io::Result<(File, std::os::fd::OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh fds that nothing else owns.
+    unsafe {
+        Ok((
+            File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        ))
+    }
+}
+
 fn vu_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("vhost-user: {e}"))
 }
@@ -120,7 +164,9 @@ impl Frontend {
                 & (VhostUserProtocolFeatures::MQ
                     | VhostUserProtocolFeatures::REPLY_ACK
                     | VhostUserProtocolFeatures::CONFIG
-                    | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+                    | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+                    | VhostUserProtocolFeatures::LOG_SHMFD
+                    | VhostUserProtocolFeatures::DEVICE_STATE);
             vu.set_protocol_features(protocol_features)
                 .map_err(vu_err)?;
             if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
@@ -224,6 +270,91 @@ impl Frontend {
     pub fn wait_call(&self, queue: usize, timeout: std::time::Duration) {
         virtq::wait_readable(self.call_fds[queue].as_raw_fd(), timeout);
         let _ = self.call_fds[queue].read();
+    }
+
+    /// Saves the device state as a migration source does: every queue stopped
+    /// (GET_VRING_BASE), then SET_DEVICE_STATE_FD (save) with a pipe read to its end, and
+    /// CHECK_DEVICE_STATE.
+    pub fn save_state(&self) -> io::Result<Vec<u8>> {
+        for q in 0..self.queues.len() {
+            self.stop_queue(q)?;
+        }
+        let (mut rd, wr) = pipe()?;
+        let other = self
+            .vu
+            .set_device_state_fd(
+                VhostTransferStateDirection::SAVE,
+                VhostTransferStatePhase::STOPPED,
+                wr,
+            )
+            .map_err(vu_err)?;
+        if other.is_some() {
+            return Err(io::Error::other(
+                "the device answered with a channel of its own",
+            ));
+        }
+        let mut state = Vec::new();
+        std::io::Read::read_to_end(&mut rd, &mut state)?;
+        self.vu.check_device_state().map_err(vu_err)?;
+        Ok(state)
+    }
+
+    /// Loads a device state as a migration destination does: SET_DEVICE_STATE_FD (load)
+    /// with a pipe that `state` is written into and closed, then CHECK_DEVICE_STATE (an
+    /// error there is the load's failure).
+    pub fn load_state(&self, state: &[u8]) -> io::Result<()> {
+        let (rd, wr) = pipe()?;
+        let mut wr = File::from(wr);
+        self.vu
+            .set_device_state_fd(
+                VhostTransferStateDirection::LOAD,
+                VhostTransferStatePhase::STOPPED,
+                rd.into(),
+            )
+            .map_err(vu_err)?;
+        // The daemon may refuse to read on (a bad header): EPIPE then is its answer.
+        match std::io::Write::write_all(&mut wr, state) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+            r => r?,
+        }
+        drop(wr);
+        self.vu.check_device_state().map_err(vu_err)
+    }
+
+    /// Starts dirty-page logging as a VMM does when it migrates: VHOST_F_LOG_ALL in
+    /// SET_FEATURES, then SET_LOG_BASE with a shared log of one bit per 4 KiB page.
+    pub fn start_dirty_log(&mut self) -> io::Result<DirtyLog> {
+        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
+        let pages = size.div_ceil(4096);
+        let bytes = pages.div_ceil(8).next_multiple_of(4096);
+        // SAFETY: memfd_create with a NUL-terminated name; the fd is owned below.
+        let fd = unsafe { libc::memfd_create(c"vfsd-dirty-log".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(bytes)?;
+        let map =
+            MmapRegion::<()>::from_file(FileOffset::new(file.try_clone()?, 0), bytes as usize)
+                .map_err(io::Error::other)?;
+        self.features |= VhostUserVirtioFeatures::LOG_ALL.bits();
+        self.vu.set_features(self.features).map_err(vu_err)?;
+        self.vu
+            .set_log_base(
+                0,
+                Some(VhostUserDirtyLogRegion {
+                    mmap_size: bytes,
+                    mmap_offset: 0,
+                    mmap_handle: file.as_raw_fd(),
+                }),
+            )
+            .map_err(vu_err)?;
+        Ok(DirtyLog {
+            map,
+            pages,
+            _file: file,
+        })
     }
 
     /// Reads `struct virtio_fs_config` (tag, num_request_queues) from the backend.

@@ -274,6 +274,7 @@ impl PassthroughFs {
             flags: libc::O_RDONLY | libc::O_DIRECTORY,
             dir: Some(Default::default()),
             nowait_reads: Default::default(),
+            flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
         });
         let opts = if self.cfg.cache == CachePolicy::Always {
             OpenOptions::CACHE_DIR

@@ -45,7 +45,7 @@ impl PassthroughFs {
         f
     }
 
-    fn check_open_flags(&self, flags: i32) -> io::Result<()> {
+    pub(super) fn check_open_flags(&self, flags: i32) -> io::Result<()> {
         if self.cfg.readonly
             && (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
         {
@@ -87,6 +87,7 @@ impl PassthroughFs {
             flags: hflags,
             dir: None,
             nowait_reads: AtomicBool::new(nowait),
+            flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
         });
         Ok((fh, self.file_open_options(flags)))
     }
@@ -195,6 +196,7 @@ impl PassthroughFs {
             flags: hflags,
             dir: None,
             nowait_reads: AtomicBool::new(nowait),
+            flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
         });
         Ok((entry, fh, self.file_open_options(flags)))
     }

@@ -222,6 +222,16 @@ impl Owners {
     }
 }
 
+/// One lock owner as the migration state carries it (`FileLocks::export`).
+pub struct OwnerRecord {
+    pub node: u64,
+    pub owner: u64,
+    pub pid: u32,
+    /// The guest handles it locked through.
+    pub handles: Vec<u64>,
+    pub ranges: Vec<Range>,
+}
+
 /// Counters for the statistics.
 #[derive(Default)]
 pub struct LockCounters {
@@ -239,6 +249,9 @@ pub struct FileLocks {
     max_waiters: usize,
     /// Host descriptions for owners are opened read-only (`--readonly`).
     readonly: bool,
+    /// The descriptions are shared with another daemon (a migration's lock handover):
+    /// a reset closes them without unlocking, the other daemon's copy holds the locks.
+    pub shared: std::sync::atomic::AtomicBool,
     owners: Mutex<Owners>,
     pub counters: LockCounters,
 }
@@ -295,6 +308,7 @@ impl FileLocks {
             max_locks,
             max_waiters,
             readonly,
+            shared: Default::default(),
             owners: Mutex::new(Owners::default()),
             counters: LockCounters::default(),
         }
@@ -601,8 +615,19 @@ impl FileLocks {
                 .flat_map(|owners| owners.into_values().map(|e| e.owner))
                 .collect()
         };
+        let shared = self.shared.load(Ordering::Acquire);
         for o in gone {
-            self.drop_owner(&o);
+            if shared {
+                // Only closed: the other daemon's copy of the description keeps them.
+                let mut st = o.state.lock().unwrap();
+                st.dead = true;
+                self.counters
+                    .held
+                    .fetch_sub(st.ranges.len(), Ordering::Relaxed);
+                st.ranges = RangeSet::default();
+            } else {
+                self.drop_owner(&o);
+            }
         }
     }
 
@@ -635,6 +660,97 @@ impl FileLocks {
         st.ranges = RangeSet::default();
     }
 
+    /// A copy of every owner's host description (for the lock handover).
+    pub fn owner_fds(&self) -> Vec<((u64, u64), OwnedFd)> {
+        let m = self.owners.lock().unwrap();
+        let mut out = Vec::new();
+        for (&node, owners) in &m.by_node {
+            for (&owner, e) in owners {
+                if let Ok(fd) = e.owner.fd.try_clone() {
+                    out.push(((node, owner), fd));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every owner with its ranges (for the migration state).
+    pub fn export(&self) -> Vec<OwnerRecord> {
+        let m = self.owners.lock().unwrap();
+        let mut out = Vec::with_capacity(m.count);
+        for (&node, owners) in &m.by_node {
+            for (&owner, e) in owners {
+                let st = e.owner.state.lock().unwrap();
+                out.push(OwnerRecord {
+                    node,
+                    owner,
+                    pid: e.owner.pid.load(Ordering::Relaxed),
+                    handles: e.handles.clone(),
+                    ranges: st
+                        .ranges
+                        .ranges
+                        .iter()
+                        .map(|(&start, &(end, typ))| Range { start, end, typ })
+                        .collect(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Installs an owner from the migration state on its host description `fd` (a new
+    /// one, or the source's own, handed over), placing its ranges without waiting: a
+    /// range someone else holds is EAGAIN, and the owner is not installed.
+    pub fn restore_owner(&self, rec: &OwnerRecord, fd: OwnedFd) -> io::Result<()> {
+        let mut ranges = RangeSet::default();
+        for r in &rec.ranges {
+            let r = Range::new(r.start, r.end, r.typ as u32)?;
+            if r.typ == libc::F_UNLCK {
+                return Err(errno(libc::EINVAL));
+            }
+            ranges = ranges.apply(r);
+        }
+        let mut m = self.owners.lock().unwrap();
+        if m.get(rec.node, rec.owner).is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let held = self.counters.held.load(Ordering::Relaxed);
+        if m.count >= self.max_locks || held + ranges.len() > self.max_locks {
+            return Err(self.enolck());
+        }
+        for (&start, &(end, typ)) in &ranges.ranges {
+            let f = Range { start, end, typ }.flock();
+            // SAFETY: plain fcntl on an fd we own with a live flock.
+            if let Err(e) = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &f) }) {
+                return Err(match e.raw_os_error() {
+                    Some(libc::EACCES) => errno(libc::EAGAIN),
+                    _ => e,
+                });
+            }
+        }
+        self.counters
+            .held
+            .fetch_add(ranges.len(), Ordering::Relaxed);
+        let o = Arc::new(Owner {
+            fd,
+            state: Mutex::new(OwnerState {
+                ranges,
+                ..Default::default()
+            }),
+            pid: AtomicU32::new(rec.pid),
+        });
+        m.by_node.entry(rec.node).or_default().insert(
+            rec.owner,
+            Entry {
+                owner: o,
+                handles: rec.handles.clone(),
+            },
+        );
+        m.count += 1;
+        self.counters.owners.store(m.count, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Locks held now (for tests and statistics).
     pub fn held(&self) -> usize {
         self.counters.held.load(Ordering::Relaxed)
@@ -661,7 +777,9 @@ impl Wait {
     fn wait_once(&self) -> io::Result<()> {
         let (locks, owner, range) = match self {
             Wait::Flock { handle, typ, .. } => {
-                return flock(handle.fd.as_raw_fd(), *typ, true);
+                flock(handle.fd.as_raw_fd(), *typ, true)?;
+                handle.flock.store(*typ, Ordering::Relaxed);
+                return Ok(());
             }
             Wait::Posix {
                 locks,
@@ -766,7 +884,11 @@ impl PassthroughFs {
                 return Err(errno(libc::ENOSYS));
             }
             let h = self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
-            return match flock(h.fd.as_raw_fd(), r.typ, false) {
+            let res = flock(h.fd.as_raw_fd(), r.typ, false);
+            if res.is_ok() {
+                h.flock.store(r.typ, Ordering::Relaxed);
+            }
+            return match res {
                 Err(e) if wait && e.raw_os_error() == Some(libc::EAGAIN) => {
                     self.locks.waiter()?;
                     Ok(Some(Wait::Flock {
@@ -792,6 +914,18 @@ impl PassthroughFs {
             self.lock_description(nodeid),
             || self.handles.get(fh, nodeid).is_ok(),
         )
+    }
+}
+
+/// `F_OFD_SETLKW` of `r` on `fd`: waits until the host grants it.
+pub fn ofd_wait(fd: RawFd, r: Range) -> io::Result<()> {
+    let f = r.flock();
+    loop {
+        // SAFETY: plain fcntl on an fd the caller owns with a live flock.
+        match cvt(unsafe { libc::fcntl(fd, libc::F_OFD_SETLKW, &f) }) {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            r => return r.map(drop),
+        }
     }
 }
 

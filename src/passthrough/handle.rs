@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::inode::Inode;
@@ -29,6 +29,9 @@ pub struct Handle {
     /// Whether reads on this handle may be tried with RWF_NOWAIT (`nowait`); cleared when
     /// the host filesystem says it can't.
     pub nowait_reads: AtomicBool,
+    /// The flock the guest holds through this handle (F_RDLCK, F_WRLCK or F_UNLCK), for
+    /// the migration state.
+    pub flock: AtomicI32,
 }
 
 impl Handle {
@@ -78,6 +81,31 @@ impl HandleTable {
             return Err(sys::errno(libc::EBADF));
         }
         Ok(h)
+    }
+
+    /// Installs a handle under the number the migration source gave it; numbers from
+    /// `next` on are new.
+    pub fn restore(&self, fh: u64, h: Handle, next: u64) -> io::Result<()> {
+        if fh == 0 || fh >= next {
+            return Err(sys::errno(libc::EINVAL));
+        }
+        let mut shard = self.shard(fh).write().unwrap();
+        if shard.contains_key(&fh) {
+            return Err(sys::errno(libc::EEXIST));
+        }
+        shard.insert(fh, Arc::new(h));
+        self.next.fetch_max(next, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Every open handle with its number (for the migration state).
+    pub fn export(&self) -> (Vec<(u64, Arc<Handle>)>, u64) {
+        let mut all = Vec::new();
+        for s in &self.shards {
+            all.extend(s.read().unwrap().iter().map(|(&fh, h)| (fh, h.clone())));
+        }
+        all.sort_by_key(|(fh, _)| *fh);
+        (all, self.next.load(Ordering::Relaxed))
     }
 
     pub fn remove(&self, fh: u64, nodeid: u64) -> io::Result<Arc<Handle>> {

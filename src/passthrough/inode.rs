@@ -119,6 +119,17 @@ pub struct Inode {
     cache: Arc<FdCache>,
 }
 
+/// One node as the migration state carries it (`InodeTable::export`).
+pub struct NodeRecord {
+    pub inode: Arc<Inode>,
+    /// Guest lookups; 0 for a forgotten directory a known node's name goes through.
+    pub lookups: u64,
+    /// Where it was last seen: its parent's node id and its name there.
+    pub name: Option<(u64, CString)>,
+    pub handle: Option<sys::FileHandle>,
+    pub file_type: u32,
+}
+
 /// Ancestors followed at most to find a node's file again (a loop of stale names can't
 /// recurse forever).
 const MAX_DEPTH: usize = 4096;
@@ -291,6 +302,11 @@ impl Inode {
         if (self.has_file_handle() || self.identifiable()) && self.name.lock().unwrap().is_some() {
             self.unpin();
         }
+    }
+
+    /// The directory it was last seen in.
+    pub fn parent(&self) -> Option<Arc<Inode>> {
+        self.name.lock().unwrap().as_ref().map(|n| n.parent.clone())
     }
 
     /// Whether `name` in `parent` is where this node was last seen.
@@ -714,6 +730,29 @@ impl InodeTable {
             seen(&inode);
             return Ok(inode);
         }
+        let nodeid = m.next_id;
+        m.next_id += 1;
+        let inode = Self::new_node(&mut m, &self.cache, nodeid, 1, fd, st, handle, io, name)?;
+        m.by_id.insert(nodeid, inode.clone());
+        m.by_key.insert(key, nodeid);
+        drop(m);
+        self.cache.admitted(&inode);
+        Ok(inode)
+    }
+
+    /// A node for the file `fd` names, not yet in the maps.
+    #[allow(clippy::too_many_arguments)]
+    fn new_node(
+        m: &mut Maps,
+        cache: &Arc<FdCache>,
+        nodeid: u64,
+        lookups: u64,
+        fd: OwnedFd,
+        st: &sys::StatX,
+        handle: Option<(sys::FileHandle, u64, bool)>,
+        io: Arc<FileLock>,
+        name: Option<(&Arc<Inode>, &CStr)>,
+    ) -> io::Result<Arc<Inode>> {
         let is_dir = st.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let handle = match handle {
             Some((handle, mnt, true)) => {
@@ -736,13 +775,11 @@ impl InodeTable {
             }),
             None => None,
         };
-        let nodeid = m.next_id;
-        m.next_id += 1;
         let inode = Arc::new(Inode {
             nodeid,
-            key,
+            key: InodeKey::of(st),
             file_type: st.st.st_mode & libc::S_IFMT,
-            lookups: AtomicU64::new(1),
+            lookups: AtomicU64::new(lookups),
             io,
             handle,
             btime: st.btime,
@@ -753,7 +790,7 @@ impl InodeTable {
             fd: Mutex::new(Some(Arc::new(fd))),
             used: AtomicBool::new(true),
             pinned: AtomicBool::new(false),
-            cache: self.cache.clone(),
+            cache: cache.clone(),
         });
         // Nothing else finds it again (no name, or no way to tell a reused inode number
         // from it): it keeps its fd, within the bound on such nodes.
@@ -761,11 +798,103 @@ impl InodeTable {
         if !findable {
             inode.pin();
         }
-        m.by_id.insert(nodeid, inode.clone());
-        m.by_key.insert(key, nodeid);
+        Ok(inode)
+    }
+
+    /// Every node the guest knows but the root, and the forgotten directories their names
+    /// go through (lookups 0), parents before children; and the next node id. For the
+    /// migration state (`passthrough::migration`).
+    pub fn export(&self) -> (Vec<NodeRecord>, u64) {
+        let m = self.maps.read().unwrap();
+        let root = fuse_backend_rs::api::filesystem::ROOT_ID;
+        let mut seen: std::collections::HashSet<u64> = [root].into();
+        let mut out = Vec::with_capacity(m.by_id.len());
+        for inode in m.by_id.values() {
+            let mut chain = Vec::new();
+            let mut cur = inode.clone();
+            while seen.insert(cur.nodeid) && chain.len() < MAX_DEPTH {
+                let parent = cur.name.lock().unwrap().as_ref().map(|n| n.parent.clone());
+                chain.push(cur);
+                match parent {
+                    Some(p) => cur = p,
+                    None => break,
+                }
+            }
+            for n in chain.into_iter().rev() {
+                let known = m.by_id.get(&n.nodeid).is_some_and(|k| Arc::ptr_eq(k, &n));
+                let name = n
+                    .name
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|x| (x.parent.nodeid, x.name.clone()));
+                out.push(NodeRecord {
+                    lookups: if known { n.lookups() } else { 0 },
+                    name,
+                    handle: n.handle.as_ref().map(|h| h.handle.clone()),
+                    file_type: n.file_type,
+                    inode: n,
+                });
+            }
+        }
+        (out, m.next_id)
+    }
+
+    /// Installs a node the migration state names, with its source's node id and lookup
+    /// count, for the file `fd` (found by its name in `name`'s parent, or by handle). A
+    /// node with no lookups is only a parent that names go through: not in the maps.
+    pub fn restore(
+        &self,
+        nodeid: u64,
+        lookups: u64,
+        fd: OwnedFd,
+        st: &sys::StatX,
+        name: Option<(&Arc<Inode>, &CStr)>,
+    ) -> io::Result<Arc<Inode>> {
+        if nodeid == fuse_backend_rs::api::filesystem::ROOT_ID {
+            return Err(sys::errno(libc::EINVAL));
+        }
+        let handle = self.handle_of(&fd)?;
+        let io = self
+            .locks
+            .get(file_id(st, handle.as_ref().map(|(h, _, _)| h.clone())));
+        let mut m = self.maps.write().unwrap();
+        if m.by_id.contains_key(&nodeid) {
+            return Err(sys::errno(libc::EEXIST));
+        }
+        let inode = Self::new_node(
+            &mut m,
+            &self.cache,
+            nodeid,
+            lookups,
+            fd,
+            st,
+            handle,
+            io,
+            name,
+        )?;
+        if lookups > 0 {
+            m.by_id.insert(nodeid, inode.clone());
+            m.by_key.insert(inode.key, nodeid);
+        }
+        m.next_id = m.next_id.max(nodeid + 1);
         drop(m);
         self.cache.admitted(&inode);
         Ok(inode)
+    }
+
+    /// Node ids from `next` on are new (the migration source's counter).
+    pub fn continue_ids_from(&self, next: u64) {
+        let mut m = self.maps.write().unwrap();
+        m.next_id = m.next_id.max(next);
+    }
+
+    /// An fd on the share's file system that file handles open relative to
+    /// (`--migration-mode file-handles`): the root's directory.
+    pub fn root_anchor(&self) -> io::Result<OwnedFd> {
+        let root = self.get(fuse_backend_rs::api::filesystem::ROOT_ID)?;
+        let fd = root.path_fd()?;
+        sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
     }
 
     /// The known node of the file `st` describes, if any.

@@ -14,11 +14,13 @@ mod dir;
 mod file;
 pub mod filelocks;
 pub mod handle;
+mod handover;
 pub mod idtranslate;
 pub mod inode;
 pub mod ioctl;
 mod killpriv;
 pub mod lock;
+pub mod migration;
 pub mod nowait;
 mod xattr;
 pub mod xattrmap;
@@ -102,6 +104,9 @@ pub struct Config {
     /// How guest xattr names map to host names (`--xattrmap`; by default
     /// `xattrmap::DEFAULT_RULES`, which keeps privileged names under a private prefix).
     pub xattrmap: xattrmap::XattrMap,
+    /// `--migration-*`: how the device state names files, and what a load does with one
+    /// it can't find.
+    pub migration: migration::MigrationConfig,
 }
 
 impl Config {
@@ -129,6 +134,7 @@ impl Config {
             security_label: false,
             id_translate: idtranslate::IdTranslate::default(),
             xattrmap: xattrmap::XattrMap::builtin(),
+            migration: Default::default(),
         }
     }
 
@@ -413,7 +419,11 @@ impl PassthroughFs {
     /// the handle (and so its fd) a moment longer.
     fn reset(&self) {
         self.locks.release_all();
+        let shared = self.locks.shared.load(std::sync::atomic::Ordering::Acquire);
         for h in self.handles.clear() {
+            if shared {
+                continue; // closed only: another daemon's copy holds the flock
+            }
             let _ = filelocks::flock(h.fd.as_raw_fd(), libc::F_UNLCK, false);
         }
         for inode in self.inodes.snapshot() {
@@ -428,6 +438,14 @@ impl PassthroughFs {
     /// A new FUSE session: the INIT flags (64-bit, `abi::flags`) this filesystem wants.
     /// Also resets per-session state; `start_session` then records what was enabled.
     pub fn negotiate(&self) -> u64 {
+        // A new session (a guest reset or crashed sends no DESTROY): nothing of an earlier
+        // one survives, exactly as after DESTROY.
+        self.reset();
+        self.wanted_flags()
+    }
+
+    /// The INIT flags this filesystem wants, with its options.
+    pub(crate) fn wanted_flags(&self) -> u64 {
         use crate::abi::flags as f;
         let mut want = f::ASYNC_READ
             | f::PARALLEL_DIROPS
@@ -468,9 +486,6 @@ impl PassthroughFs {
             // SETXATTR_EXT carries the kill-sgid flag of an ACL change (see `acl`).
             want |= f::POSIX_ACL | f::DONT_MASK | f::SETXATTR_EXT;
         }
-        // A new session (a guest reset or crashed sends no DESTROY): nothing of an earlier
-        // one survives, exactly as after DESTROY.
-        self.reset();
         if self.cfg.readdirplus {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }

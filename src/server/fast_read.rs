@@ -12,9 +12,10 @@ use std::ops::Deref;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, ReadIn};
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes, GuestMemory, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes, GuestMemory};
 
 use super::opcode;
+use super::GuestMem;
 use crate::passthrough::PassthroughFs;
 
 const IN_LEN: usize = std::mem::size_of::<InHeader>() + std::mem::size_of::<ReadIn>();
@@ -35,12 +36,12 @@ pub enum FastRead {
 
 pub fn read<M>(
     fs: &PassthroughFs,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     chain: &DescriptorChain<M>,
     panic_nodeid: Option<u64>,
 ) -> FastRead
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     match try_read(fs, mem, chain, panic_nodeid) {
         Some(r) => r,
@@ -50,12 +51,12 @@ where
 
 fn try_read<M>(
     fs: &PassthroughFs,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     chain: &DescriptorChain<M>,
     panic_nodeid: Option<u64>,
 ) -> Option<FastRead>
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     // The request: exactly InHeader + ReadIn in the readable descriptors (the guest driver
     // puts them in two).
@@ -96,6 +97,8 @@ where
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
     }; MAX_SEGS];
+    // Where each iovec lands in guest memory, for the dirty-page log.
+    let mut at = [(vm_memory::GuestAddress(0), 0usize); MAX_SEGS];
     let mut n = 0usize;
     let mut want = size;
     let first = (
@@ -119,12 +122,13 @@ where
             return None;
         }
         let s = mem.get_slice(addr, take).ok()?;
-        // The pointer outlives its guard: GuestMemoryMmap's regions stay mapped as long
+        // The pointer outlives its guard: GuestMem's regions stay mapped as long
         // as `mem` (held by our caller) lives; the guard only matters for Xen mappings.
         iov[n] = libc::iovec {
             iov_base: s.ptr_guard_mut().as_ptr().cast(),
             iov_len: take,
         };
+        at[n] = (addr, take);
         n += 1;
         want -= take;
     }
@@ -138,6 +142,16 @@ where
     else {
         return Some(FastRead::WouldBlock);
     };
+    // preadv wrote past vm-memory, which logs its own writes: log these by hand.
+    let mut left = count;
+    for &(addr, len) in &at[..n] {
+        let len = len.min(left);
+        if len == 0 {
+            break;
+        }
+        super::log_guest_write(mem, addr, len);
+        left -= len;
+    }
     let reply = OutHeader {
         len: (OUT_LEN + count) as u32,
         error: 0,

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{FileLock, InHeader, InterruptIn, LkIn, LkOut, OutHeader};
 use log::warn;
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::request::decode;
+use super::GuestMem;
 use crate::passthrough::filelocks::{Range, Wait};
 use crate::passthrough::PassthroughFs;
 
@@ -32,6 +33,12 @@ pub trait Deferred: Send {
     /// Runs `write` (which writes the reply and gives its length) and puts the request on
     /// the used ring, unless the ring was stopped since; then neither happens.
     fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32);
+
+    /// Registers what ends the wait early when its ring stops (a VMM's GET_VRING_BASE
+    /// before migration, a reset): the request is then answered (EINTR) while its ring
+    /// can still take the answer, instead of being dropped unanswered, which would leave
+    /// the guest waiting for ever on a destination that never heard of it.
+    fn on_stop(&self, cancel: Box<dyn Fn() + Send + Sync>);
 }
 
 struct Waiter {
@@ -79,6 +86,14 @@ impl Waiters {
             .cloned()
             .collect();
         for w in hit {
+            cancel(&w);
+        }
+    }
+
+    /// Cancels the wait with vfsd's id `id`, if it still waits.
+    fn cancel_id(&self, id: u64) {
+        let w = self.by_id.lock().unwrap().get(&id).cloned();
+        if let Some(w) = w {
             cancel(&w);
         }
     }
@@ -182,13 +197,13 @@ pub fn spawn_waiter(
     waiters: &Arc<Waiters>,
     wait: Wait,
     hdr: InHeader,
-    mem: GuestMemoryMmap,
+    mem: GuestMem,
     reply_at: GuestAddress,
     defer: &mut dyn FnMut() -> Box<dyn Deferred>,
 ) -> io::Result<()> {
     let waiters2 = waiters.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Deferred>>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
     std::thread::Builder::new()
         .name("vfsd-lock-waiter".into())
         .stack_size(WAITER_STACK)
@@ -209,7 +224,7 @@ pub fn spawn_waiter(
                 id,
                 me: &me,
             };
-            let _ = ready_tx.send(());
+            let _ = ready_tx.send(id);
             let Ok(done) = rx.recv() else {
                 return;
             };
@@ -235,7 +250,12 @@ pub fn spawn_waiter(
             });
         })?;
     // Registered before the request's worker returns, so an INTERRUPT finds it.
-    let _ = ready_rx.recv();
-    let _ = tx.send(defer());
+    let id = ready_rx.recv();
+    let d = defer();
+    if let Ok(id) = id {
+        let w = waiters.clone();
+        d.on_stop(Box::new(move || w.cancel_id(id)));
+    }
+    let _ = tx.send(d);
     Ok(())
 }

@@ -28,7 +28,7 @@ use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{FuseBuf, Reader, VirtioFsWriter, Writer};
 use log::{debug, error, warn};
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes};
 
 use crate::passthrough::PassthroughFs;
 
@@ -45,6 +45,23 @@ mod xattr;
 use crate::stats::Stats;
 use fast_read::FastRead;
 pub use locks::{install_wake_handler, Deferred};
+
+/// Guest memory as the device maps it. Each region carries a dirty-page log that is off
+/// until the VMM migrates (VHOST_F_LOG_ALL, SET_LOG_BASE): then every write vfsd makes into
+/// guest memory sets the bits of its pages, through vm-memory's writes or, where vfsd reads
+/// a host file straight into guest buffers, by hand (`fast_read`).
+pub type GuestMem = vm_memory::GuestMemoryMmap<vhost_user_backend::bitmap::BitmapMmapRegion>;
+
+/// Sets the dirty-page log bits of `len` bytes at `addr`, which vfsd wrote without
+/// vm-memory (a host file read straight into guest buffers). A no-op while the VMM is not
+/// logging.
+fn log_guest_write(mem: &GuestMem, addr: vm_memory::GuestAddress, len: usize) {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::GuestMemory;
+    if let Ok(s) = mem.get_slice(addr, len) {
+        s.bitmap().mark_dirty(0, len);
+    }
+}
 
 pub mod opcode {
     pub const LOOKUP: u32 = 1;
@@ -119,12 +136,12 @@ impl FuseServer {
     /// SETLKW that waits for its lock on a waiter thread).
     pub fn handle<M>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         chain: DescriptorChain<M>,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
     ) -> Option<u32>
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         let start = Instant::now();
         let (len, op, bad) = match request::copy(mem, &chain) {
@@ -159,9 +176,9 @@ impl FuseServer {
 
     /// Counts a reply of EMFILE or ENFILE (read back from the reply's header, which the
     /// crate may have written): the host's fd limits were reached, and `--stats` says so.
-    fn count_fd_exhaustion<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>, len: u32)
+    fn count_fd_exhaustion<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>, len: u32)
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         if len as usize != std::mem::size_of::<OutHeader>() {
             return;
@@ -177,14 +194,9 @@ impl FuseServer {
     }
 
     /// The reply to a request whose handler panicked: EIO, unless the opcode takes none.
-    fn answer_panic<M>(
-        &self,
-        mem: &GuestMemoryMmap,
-        chain: &DescriptorChain<M>,
-        hdr: &InHeader,
-    ) -> u32
+    fn answer_panic<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>, hdr: &InHeader) -> u32
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         self.stats.panics.fetch_add(1, Ordering::Relaxed);
         error!(
@@ -197,9 +209,9 @@ impl FuseServer {
 
     /// Whether `chain` holds a READ request (worth trying without blocking). Only a hint
     /// for sorting: what runs is decided on the request's one copy.
-    pub fn is_read<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> bool
+    pub fn is_read<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> bool
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         peek_opcode(mem, chain) == Some(opcode::READ)
     }
@@ -209,9 +221,9 @@ impl FuseServer {
     /// on its queue. Not the ones that may wait long by design (FSYNC, FALLOCATE, locks,
     /// COPY_FILE_RANGE, an OPEN breaking a lease, SETATTR's truncate...): they would hold
     /// up what the guest sends next on that queue. Only a hint, like `is_read`.
-    pub fn is_short<M>(&self, mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> bool
+    pub fn is_short<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> bool
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         peek_opcode(mem, chain).is_some_and(dispatch::short)
     }
@@ -222,11 +234,11 @@ impl FuseServer {
     /// the usual READ shape is tried, anything else goes to the pool.
     pub fn try_handle_without_blocking<M>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         chain: &DescriptorChain<M>,
     ) -> Option<u32>
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         let start = Instant::now();
         let tried = panic::catch_unwind(AssertUnwindSafe(|| {
@@ -255,13 +267,13 @@ impl FuseServer {
     /// malformed.
     fn serve<M>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
     ) -> Option<(u32, bool)>
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
         if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != opcode::INIT {
@@ -409,13 +421,13 @@ impl FuseServer {
     /// from memory the guest can't change, and writes its reply into the chain.
     fn serve_by_crate<M>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
         op: u32,
     ) -> (u32, bool)
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
         let w = match VirtioFsWriter::new(mem, chain.clone()) {
@@ -425,7 +437,9 @@ impl FuseServer {
                 return (0, true);
             }
         };
-        let reader = match Reader::<()>::from_fuse_buffer(FuseBuf::new(&mut req.bytes)) {
+        let reader = match Reader::<vhost_user_backend::bitmap::BitmapMmapRegion>::from_fuse_buffer(
+            FuseBuf::new(&mut req.bytes),
+        ) {
             Ok(r) => r,
             Err(e) => {
                 warn!("dropping request: {e}");
@@ -490,13 +504,13 @@ impl FuseServer {
 
     fn copy_file_range<M>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMem,
         chain: &DescriptorChain<M>,
         hdr: &InHeader,
         args: &[u8],
     ) -> u32
     where
-        M: Deref<Target = GuestMemoryMmap> + Clone,
+        M: Deref<Target = GuestMem> + Clone,
     {
         let result = request::decode::<CopyFileRangeIn>(args)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
@@ -549,7 +563,7 @@ fn effect_reply_size(op: u32) -> Option<usize> {
 /// Bytes of the chain the device may write.
 fn writable_len<M>(chain: &DescriptorChain<M>) -> usize
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     chain
         .clone()
@@ -560,9 +574,9 @@ where
 
 /// The opcode of the request in `chain`, read from its first descriptor without walking
 /// the rest (the whole chain is checked when the request is served).
-fn peek_opcode<M>(mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> Option<u32>
+fn peek_opcode<M>(mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<u32>
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     let d = chain.clone().next()?;
     // len and opcode: the first 8 bytes of the header.
@@ -576,7 +590,7 @@ where
 /// Where a reply header goes: the first writable descriptor, if it has room for one.
 fn reply_address<M>(chain: &DescriptorChain<M>) -> Option<vm_memory::GuestAddress>
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     chain
         .clone()
@@ -587,14 +601,9 @@ where
 
 /// The reply to a request that failed before its handler could answer it: `errno`,
 /// unless the opcode takes no reply (then nothing is written, and the length is 0).
-fn answer_errno<M>(
-    mem: &GuestMemoryMmap,
-    chain: &DescriptorChain<M>,
-    hdr: &InHeader,
-    errno: i32,
-) -> u32
+fn answer_errno<M>(mem: &GuestMem, chain: &DescriptorChain<M>, hdr: &InHeader, errno: i32) -> u32
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     if no_reply(hdr.opcode) {
         return 0;
@@ -604,13 +613,13 @@ where
 
 /// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.
 fn reply<M>(
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     chain: &DescriptorChain<M>,
     hdr: &InHeader,
     r: io::Result<Vec<u8>>,
 ) -> u32
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     let Ok(mut w) = VirtioFsWriter::new(mem, chain.clone()) else {
         return 0;

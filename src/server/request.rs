@@ -4,9 +4,10 @@ use std::ops::Deref;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes};
 
 use super::opcode;
+use super::GuestMem;
 
 /// The largest request the crate accepts (its MAX_BUFFER_SIZE plus a header page); a
 /// longer readable part is not copied past this.
@@ -48,9 +49,9 @@ pub struct BadRequest {
 
 /// Copies the readable descriptors of `chain` (up to the crate's limit) out of guest
 /// memory.
-pub fn copy<M>(mem: &GuestMemoryMmap, chain: &DescriptorChain<M>) -> Result<Request, BadRequest>
+pub fn copy<M>(mem: &GuestMem, chain: &DescriptorChain<M>) -> Result<Request, BadRequest>
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     let mut bytes = Vec::new();
     let bad = |bytes: &[u8], why: String| BadRequest {
@@ -108,7 +109,7 @@ mod tests {
     const MEM: u64 = 0x10000;
 
     /// Copies the request of one chain made of readable descriptors (address, length).
-    fn copy_chain(mem: &GuestMemoryMmap, descs: &[(u64, u32)]) -> Result<Request, BadRequest> {
+    fn copy_chain(mem: &GuestMem, descs: &[(u64, u32)]) -> Result<Request, BadRequest> {
         let vq = MockSplitQueue::new(mem, 16);
         let raw: Vec<RawDescriptor> = descs
             .iter()
@@ -133,7 +134,7 @@ mod tests {
 
     #[test]
     fn header_split_across_descriptors_is_joined() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let mut req = header(opcode::OPEN, HDR_LEN as u32 + 16);
         req.extend((0..16u8).map(|i| i + 1));
         // 10 bytes, then the rest of the header with the arguments.
@@ -147,7 +148,7 @@ mod tests {
 
     #[test]
     fn write_data_in_the_header_descriptor_is_not_copied() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let data = 0x2000u32;
         let mut req = header(opcode::WRITE, WRITE_IN_LEN as u32 + data);
         let w = WriteIn {
@@ -172,7 +173,7 @@ mod tests {
 
     #[test]
     fn other_requests_copy_the_whole_readable_part_up_to_the_limit() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let mut req = header(opcode::SETXATTR, HDR_LEN as u32 + 0x1000);
         req.resize(HDR_LEN + 0x1000, 0x5a);
         mem.write_slice(&req, GuestAddress(0x8000)).unwrap();

@@ -5,9 +5,10 @@ use std::ops::Deref;
 
 use fuse_backend_rs::abi::fuse_abi::{WriteIn, WriteOut, WRITE_KILL_PRIV};
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, GuestMemory, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, GuestMemory};
 
 use super::request::{decode, Request, HDR_LEN, WRITE_IN_LEN};
+use super::GuestMem;
 use crate::passthrough::PassthroughFs;
 
 /// The crate's limit, which INIT's max_write (1 MiB) keeps the guest within.
@@ -19,12 +20,12 @@ const MAX_SEGS: usize = MAX_WRITE / 4096 + 2;
 /// as malformed, answered with that errno.
 pub fn write<M>(
     fs: &PassthroughFs,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     chain: &DescriptorChain<M>,
     req: &Request,
 ) -> Result<std::io::Result<Vec<u8>>, i32>
 where
-    M: Deref<Target = GuestMemoryMmap> + Clone,
+    M: Deref<Target = GuestMem> + Clone,
 {
     let args: WriteIn = decode(&req.bytes[HDR_LEN..]).ok_or(libc::EINVAL)?;
     let size = args.size as usize;
@@ -55,7 +56,7 @@ where
             return Err(libc::EINVAL);
         }
         let s = mem.get_slice(addr, take).map_err(|_| libc::EFAULT)?;
-        // The pointer outlives its guard: GuestMemoryMmap's regions stay mapped as long as
+        // The pointer outlives its guard: GuestMem's regions stay mapped as long as
         // `mem` (held by our caller) lives; the guard only matters for Xen mappings.
         iov.push(libc::iovec {
             iov_base: s.ptr_guard().as_ptr() as *mut libc::c_void,

@@ -60,7 +60,11 @@ impl Daemon {
             .arg(&share)
             .arg("--stats")
             .arg(&stats)
-            .args(["--stats-interval", "0.05", "--log-level", "warn"])
+            .args(["--stats-interval", "0.05"])
+            .args([
+                "--log-level",
+                &std::env::var("VFSD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            ])
             .args(extra)
             // VFSD_TEST_ARGS adds options to every daemon (e.g. "--inode-file-handles prefer").
             .args(

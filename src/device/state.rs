@@ -1,0 +1,109 @@
+//! SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE: the device state goes through a pipe the
+//! VMM hands over, on a thread of its own, so the reply to SET_DEVICE_STATE_FD never waits
+//! on the pipe (QEMU reads or writes its other end only after that reply). CHECK_DEVICE_STATE
+//! waits for the thread and answers its result.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use log::{error, info};
+use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
+
+use crate::passthrough::migration::{self, StateError};
+use crate::passthrough::PassthroughFs;
+
+#[derive(Default)]
+pub struct Transfer {
+    running: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
+}
+
+impl Transfer {
+    pub fn start(
+        &self,
+        fs: Arc<PassthroughFs>,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<()> {
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "device state is transferred only while the device is stopped",
+            ));
+        }
+        let mut running = self.running.lock().unwrap();
+        if let Some(old) = running.take() {
+            // An earlier transfer nobody checked: its result no longer matters.
+            let _ = old.join();
+        }
+        let t = std::thread::Builder::new().name("vfsd-device-state".into());
+        *running = Some(match direction {
+            VhostTransferStateDirection::SAVE => t.spawn(move || save(&fs, file))?,
+            VhostTransferStateDirection::LOAD => t.spawn(move || load(&fs, file))?,
+        });
+        Ok(())
+    }
+
+    pub fn check(&self) -> io::Result<()> {
+        let Some(t) = self.running.lock().unwrap().take() else {
+            return Err(io::Error::other("no device state transfer to check"));
+        };
+        match t.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(io::Error::other(e.to_string())),
+            Err(_) => Err(io::Error::other("the device state thread panicked")),
+        }
+    }
+}
+
+fn save(fs: &PassthroughFs, mut pipe: File) -> Result<(), StateError> {
+    let r = fs.save_state().and_then(|state| {
+        pipe.write_all(&state)?;
+        info!("migration: device state saved ({} bytes)", state.len());
+        Ok(())
+    });
+    if let Err(e) = &r {
+        error!("migration: saving the device state failed: {e}");
+    }
+    r
+}
+
+fn load(fs: &Arc<PassthroughFs>, pipe: File) -> Result<(), StateError> {
+    let r = read_state(pipe).and_then(|state| {
+        let report = fs.load_state(&state)?;
+        info!(
+            "migration: device state loaded ({} bytes): {} nodes, {} handles, {} lock owners, {} left out, {} locks still held elsewhere and waited for",
+            state.len(),
+            report.nodes,
+            report.handles,
+            report.owners,
+            report.failed,
+            report.waiting_locks
+        );
+        Ok(())
+    });
+    if let Err(e) = &r {
+        error!("migration: loading the device state failed: {e}");
+    }
+    r
+}
+
+/// The whole state from the pipe, its length checked against the header before the body
+/// is read, so a hostile stream can't make vfsd buffer more than the limit.
+fn read_state(mut pipe: File) -> Result<Vec<u8>, StateError> {
+    let mut head = Vec::with_capacity(migration::HEADER_LEN);
+    (&mut pipe)
+        .take(migration::HEADER_LEN as u64)
+        .read_to_end(&mut head)?;
+    let len = migration::parse_header(&head)?;
+    let mut all = head;
+    all.try_reserve(len)
+        .map_err(|_| StateError::TooLarge(len as u64))?;
+    pipe.take(len as u64 + 1).read_to_end(&mut all)?;
+    if all.len() > migration::HEADER_LEN + len {
+        return Err(StateError::Malformed("data after the state's end".into()));
+    }
+    Ok(all)
+}

@@ -1,0 +1,824 @@
+//! The device state a migration carries (VHOST_USER_PROTOCOL_F_DEVICE_STATE): what the
+//! destination needs to go on serving the same guest without a new INIT.
+//!
+//! - the INIT flags of the session;
+//! - every node the guest knows (its id, its lookup count, how to find its file again),
+//!   and the forgotten directories their names go through;
+//! - every open handle (its number, its node, its open flags, the flock held through it);
+//! - every POSIX/OFD lock owner with its byte ranges.
+//!
+//! How files are found again is `--migration-mode`: find-paths sends each node's name in
+//! its parent (the destination opens it with `openat(O_NOFOLLOW)` from the parent it
+//! restored first, so no path can leave the share), file-handles sends file handles (the
+//! destination checks that what a handle opens lies inside the share). The stream is
+//! `MAGIC`, a version, a length and a postcard body, at most `MAX_STATE` bytes; anything
+//! else is refused with a `StateError`, never a panic. A load that fails leaves the
+//! destination empty (a fresh session), and with `--migration-on-error abort` reports the
+//! failure to the VMM, which then resumes the source.
+//!
+//! Locks: the destination takes each lock again on its own host descriptions. While the
+//! source still holds them (one host, source not yet quit), a non-blocking take fails,
+//! so the destination waits for each on a thread of its own: the guest keeps its lock the
+//! whole time, held first by the source and then by the destination. What this leaves
+//! (docs/migration.md): between the source's release and the destination's grant, a third
+//! party already blocked on the same lock can be granted it first.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+
+use fuse_backend_rs::api::filesystem::ROOT_ID;
+use serde::{Deserialize, Serialize};
+
+use super::filelocks::{self, OwnerRecord, Range};
+use super::handle::Handle;
+use super::handover::{self, Item};
+use super::inode::{Inode, InodeKey};
+use super::PassthroughFs;
+use crate::sys;
+
+/// The first bytes of a vfsd device state.
+pub const MAGIC: [u8; 8] = *b"VFSDSTAT";
+/// The format this vfsd writes and reads.
+pub const VERSION: u32 = 1;
+/// The largest state accepted (about 10 million nodes with short names).
+pub const MAX_STATE: usize = 1 << 30;
+/// Header: magic, version (le32), body length (le64).
+pub const HEADER_LEN: usize = 8 + 4 + 8;
+
+/// `--migration-mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    #[default]
+    FindPaths,
+    FileHandles,
+}
+
+/// `--migration-on-error`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnError {
+    #[default]
+    Abort,
+    GuestError,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MigrationConfig {
+    pub mode: Mode,
+    pub on_error: OnError,
+    pub verify_handles: bool,
+    pub confirm_paths: bool,
+}
+
+/// Why a state could not be made or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("not a vfsd device state")]
+    BadMagic,
+    #[error("device state format {0}; this vfsd reads format {VERSION}")]
+    Version(u32),
+    #[error("device state of {0} bytes is over the limit of {MAX_STATE}")]
+    TooLarge(u64),
+    #[error("device state truncated: {got} of {want} bytes")]
+    Truncated { got: usize, want: usize },
+    #[error("malformed device state: {0}")]
+    Malformed(String),
+    #[error("the session enabled INIT flags {0:#x} this vfsd does not offer with its options")]
+    Flags(u64),
+    #[error("node {node}: {why}")]
+    Node { node: u64, why: String },
+    #[error("handle {fh}: {why}")]
+    Handle { fh: u64, why: String },
+    #[error("lock owner {owner:#x} of node {node}: {why}")]
+    Lock { node: u64, owner: u64, why: String },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct State {
+    mode: Mode,
+    flags: u64,
+    next_node: u64,
+    next_handle: u64,
+    nodes: Vec<NodeState>,
+    handles: Vec<HandleState>,
+    owners: Vec<OwnerState>,
+    /// Where the destination takes the source's own descriptions (`handover`).
+    handover: Option<handover::Offer>,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct NodeState {
+    id: u64,
+    /// 0: a forgotten directory that names go through.
+    lookups: u64,
+    file_type: u32,
+    /// Its parent's id and its name there.
+    name: Option<(u64, Vec<u8>)>,
+    /// A path from the share's root, where `--migration-confirm-paths` found the name
+    /// stale; it then takes the place of `name`.
+    path: Option<Vec<u8>>,
+    handle: Option<Vec<u8>>,
+    /// Why the source could not describe it (the destination decides what follows).
+    error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct HandleState {
+    fh: u64,
+    node: u64,
+    flags: i32,
+    dir: bool,
+    flock: i32,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct OwnerState {
+    node: u64,
+    owner: u64,
+    pid: u32,
+    handles: Vec<u64>,
+    ranges: Vec<(u64, u64, i32)>,
+}
+
+/// What a load did (logged, and for the tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LoadReport {
+    pub nodes: usize,
+    pub handles: usize,
+    pub owners: usize,
+    /// Nodes, handles and owners left out under `--migration-on-error guest-error`.
+    pub failed: usize,
+    /// Locks still held elsewhere (the source), taken by waiting threads.
+    pub waiting_locks: usize,
+}
+
+fn malformed(why: impl Into<String>) -> StateError {
+    StateError::Malformed(why.into())
+}
+
+/// A name the state may carry: one path component, never `.`, `..` or empty.
+fn component(name: &[u8]) -> Result<CString, String> {
+    if name.is_empty() || name == b"." || name == b".." || name.len() > 255 {
+        return Err(format!("bad name {:?}", String::from_utf8_lossy(name)));
+    }
+    if name.contains(&b'/') {
+        return Err(format!(
+            "name {:?} has a slash",
+            String::from_utf8_lossy(name)
+        ));
+    }
+    CString::new(name).map_err(|_| "name with a NUL byte".to_string())
+}
+
+/// Checks the header; gives the body's length.
+pub fn parse_header(h: &[u8]) -> Result<usize, StateError> {
+    if h.len() < HEADER_LEN {
+        return Err(StateError::Truncated {
+            got: h.len(),
+            want: HEADER_LEN,
+        });
+    }
+    if h[..8] != MAGIC {
+        return Err(StateError::BadMagic);
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
+    if version != VERSION {
+        return Err(StateError::Version(version));
+    }
+    let len = u64::from_le_bytes(h[12..20].try_into().unwrap());
+    if len > (MAX_STATE - HEADER_LEN) as u64 {
+        return Err(StateError::TooLarge(len));
+    }
+    Ok(len as usize)
+}
+
+impl PassthroughFs {
+    /// The device state of this session, header included.
+    pub fn save_state(&self) -> Result<Vec<u8>, StateError> {
+        let mcfg = self.cfg.migration;
+        let (records, next_node) = self.inodes.export();
+        // The source's own descriptions for a destination on this host (`handover`).
+        let root_fd = self.inodes.get(ROOT_ID)?.path_fd()?;
+        let listener = match handover::Listener::bind(root_fd.as_raw_fd()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::info!(
+                    "migration: no lock handover socket in the share ({e}); locks are taken again"
+                );
+                None
+            }
+        };
+        let mut pass: Vec<(Item, OwnedFd)> = Vec::new();
+        let mut nodes = Vec::with_capacity(records.len());
+        for r in records {
+            let mut n = NodeState {
+                id: r.inode.nodeid,
+                lookups: r.lookups,
+                file_type: r.file_type,
+                name: r.name.as_ref().map(|(p, n)| (*p, n.to_bytes().to_vec())),
+                path: None,
+                handle: None,
+                error: None,
+            };
+            let want_handle = mcfg.mode == Mode::FileHandles || mcfg.verify_handles;
+            if want_handle {
+                n.handle = match &r.handle {
+                    Some(h) => Some(h.as_bytes().to_vec()),
+                    None => r
+                        .inode
+                        .path_fd()
+                        .and_then(|fd| sys::name_to_handle(fd.as_raw_fd()))
+                        .map(|(h, _)| h.as_bytes().to_vec())
+                        .map_err(|e| n.error = Some(format!("no file handle: {e}")))
+                        .ok(),
+                };
+            }
+            // A node without a name (unlinked) has no path to confirm: only the handover
+            // moves it.
+            if mcfg.mode == Mode::FindPaths && mcfg.confirm_paths && n.name.is_some() {
+                if let Err(why) = self.confirm_path(&r.inode, &mut n) {
+                    n.error = Some(why);
+                }
+            }
+            if n.name.is_none() && n.path.is_none() && listener.is_some() {
+                // Open but unlinked, say: only its own fd can move it.
+                if let Ok(fd) = r.inode.path_fd().and_then(|f| sys::dup(f.as_raw_fd())) {
+                    pass.push((Item::Node(n.id), fd));
+                }
+            }
+            nodes.push(n);
+        }
+        let (open, next_handle) = self.handles.export();
+        if listener.is_some() {
+            for (fh, h) in &open {
+                if let Ok(fd) = h.fd.try_clone() {
+                    pass.push((Item::Handle(*fh), fd));
+                }
+            }
+            for ((node, owner), fd) in self.locks.owner_fds() {
+                pass.push((Item::Owner(node, owner), fd));
+            }
+        }
+        let handles = open
+            .into_iter()
+            .map(|(fh, h)| HandleState {
+                fh,
+                node: h.inode.nodeid,
+                flags: h.flags,
+                dir: h.dir.is_some(),
+                flock: h.flock.load(Ordering::Relaxed),
+            })
+            .collect();
+        let owners = self
+            .locks
+            .export()
+            .into_iter()
+            .map(|o| OwnerState {
+                node: o.node,
+                owner: o.owner,
+                pid: o.pid,
+                handles: o.handles,
+                ranges: o.ranges.iter().map(|r| (r.start, r.end, r.typ)).collect(),
+            })
+            .collect();
+        let state = State {
+            mode: mcfg.mode,
+            flags: self.enabled.load(Ordering::Acquire),
+            next_node,
+            next_handle,
+            nodes,
+            handles,
+            owners,
+            handover: listener.as_ref().map(|l| l.offer()),
+        };
+        if let Some(l) = listener {
+            // From now on a reset only closes: the destination may hold copies.
+            self.locks
+                .shared
+                .store(true, std::sync::atomic::Ordering::Release);
+            let root = sys::dup(root_fd.as_raw_fd())?;
+            std::thread::Builder::new()
+                .name("vfsd-handover".into())
+                .spawn(move || {
+                    if l.serve(root, pass) {
+                        log::info!(
+                            "migration: the destination took this daemon's open files and locks"
+                        );
+                    }
+                })?;
+        }
+        let body = postcard::to_stdvec(&state).map_err(|e| malformed(e.to_string()))?;
+        if body.len() > MAX_STATE - HEADER_LEN {
+            return Err(StateError::TooLarge(body.len() as u64));
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// `--migration-confirm-paths`: whether the node's name still finds its file; if
+    /// not, its current path from the host kernel (`/proc/self/fd`), checked the same way.
+    fn confirm_path(&self, inode: &Arc<Inode>, n: &mut NodeState) -> Result<(), String> {
+        let fd = inode
+            .path_fd()
+            .map_err(|e| format!("cannot open it: {e}"))?;
+        let st = sys::statx(
+            fd.as_raw_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| e.to_string())?;
+        let key = InodeKey::of(&st);
+        let found_at = |p: &Arc<Inode>, name: &CStr| {
+            let pfd = p.path_fd().ok()?;
+            let s = sys::statx(pfd.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+            (InodeKey::of(&s) == key).then_some(())
+        };
+        if let Some((pid, name)) = &n.name {
+            let parent = self.inodes.get(*pid).ok().or_else(|| inode.parent());
+            let cname = CString::new(name.clone()).map_err(|e| e.to_string())?;
+            if parent.and_then(|p| found_at(&p, &cname)).is_some() {
+                return Ok(());
+            }
+        }
+        // The kernel's idea of the path, relative to the share's root.
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| format!("its name is stale and its path unknown: {e}"))?;
+        let root = std::path::Path::new(&self.cfg.root_dir);
+        let rel = link
+            .strip_prefix(root)
+            .map_err(|_| format!("its path {} is outside the share", link.display()))?;
+        let rel = rel.as_os_str().as_encoded_bytes().to_vec();
+        if rel.is_empty() {
+            return Err("its path is the share's root".into());
+        }
+        n.path = Some(rel);
+        Ok(())
+    }
+
+    /// Loads a device state `save_state` made (on this or another vfsd) into a daemon
+    /// that has served no request since it started or was reset. On an error (and with
+    /// `abort`, on any node, handle or lock that can't be restored) nothing stays loaded.
+    pub fn load_state(self: &Arc<Self>, bytes: &[u8]) -> Result<LoadReport, StateError> {
+        let len = parse_header(bytes)?;
+        let body = &bytes[HEADER_LEN.min(bytes.len())..];
+        if body.len() != len {
+            return Err(StateError::Truncated {
+                got: body.len(),
+                want: len,
+            });
+        }
+        let state: State = postcard::from_bytes(body).map_err(|e| malformed(e.to_string()))?;
+        // A fresh session, as after DESTROY: a load replaces whatever was there.
+        self.reset();
+        let r = self.restore(&state);
+        if r.is_err() {
+            self.reset();
+        }
+        r
+    }
+
+    fn restore(self: &Arc<Self>, state: &State) -> Result<LoadReport, StateError> {
+        let mcfg = self.cfg.migration;
+        let extra = state.flags & !self.wanted_flags() & !crate::abi::flags::INIT_EXT;
+        if extra != 0 {
+            return Err(StateError::Flags(extra));
+        }
+        if state.next_node <= ROOT_ID || state.next_handle == 0 {
+            return Err(malformed("bad id counters"));
+        }
+        let mut report = LoadReport::default();
+        let guest_error = mcfg.on_error == OnError::GuestError;
+        // Errors that `guest-error` turns into a missing node, handle or owner.
+        let soft = |e: StateError, report: &mut LoadReport| {
+            if guest_error {
+                log::warn!("migration: {e}; the guest gets errors for it");
+                report.failed += 1;
+                Ok(())
+            } else {
+                Err(e)
+            }
+        };
+        let root = self.inodes.get(ROOT_ID)?;
+        let mut restored: HashMap<u64, Arc<Inode>> = HashMap::new();
+        restored.insert(ROOT_ID, root.clone());
+        let anchor = match state.mode {
+            Mode::FileHandles => Some(self.inodes.root_anchor()?),
+            Mode::FindPaths => None,
+        };
+        let mut passed = match &state.handover {
+            Some(offer) => {
+                match handover::receive(root.path_fd()?.as_raw_fd(), offer) {
+                    Ok(p) => {
+                        self.locks
+                            .shared
+                            .store(true, std::sync::atomic::Ordering::Release);
+                        p
+                    }
+                    Err(e) => {
+                        log::info!("migration: no lock handover from the source ({e}); locks are taken again");
+                        HashMap::new()
+                    }
+                }
+            }
+            None => HashMap::new(),
+        };
+        for n in &state.nodes {
+            if n.id <= ROOT_ID || n.id >= state.next_node || restored.contains_key(&n.id) {
+                return Err(malformed(format!("bad or repeated node id {}", n.id)));
+            }
+            let found = match (&n.error, passed.remove(&Item::Node(n.id))) {
+                (Some(why), _) => Err(format!("the source could not send it: {why}")),
+                (None, Some(fd)) if n.name.is_none() && n.path.is_none() => unlinked_node(fd, n),
+                (None, _) => self.find_node(n, state.mode, &restored, anchor.as_ref(), &root),
+            };
+            match found {
+                Ok((fd, st, name)) => {
+                    let parent = name.as_ref().map(|(p, c)| (p, c.as_c_str()));
+                    let inode = self
+                        .inodes
+                        .restore(n.id, n.lookups, fd, &st, parent)
+                        .map_err(|e| StateError::Node {
+                            node: n.id,
+                            why: e.to_string(),
+                        })?;
+                    restored.insert(n.id, inode);
+                    if n.lookups > 0 {
+                        report.nodes += 1;
+                    }
+                }
+                Err(why) => soft(StateError::Node { node: n.id, why }, &mut report)?,
+            }
+        }
+        self.inodes.continue_ids_from(state.next_node);
+
+        let mut waits = Vec::new();
+        for h in &state.handles {
+            let fd = passed.remove(&Item::Handle(h.fh));
+            match self.restore_handle(h, state.next_handle, &restored, fd) {
+                Ok(Some(w)) => waits.push(w),
+                Ok(None) => {}
+                Err(why) => {
+                    soft(StateError::Handle { fh: h.fh, why }, &mut report)?;
+                    continue;
+                }
+            }
+            report.handles += 1;
+        }
+        for o in &state.owners {
+            let fd = passed.remove(&Item::Owner(o.node, o.owner));
+            match self.restore_owner(o, &restored, fd) {
+                Ok(Some(w)) => waits.push(w),
+                Ok(None) => {}
+                Err(why) => {
+                    let e = StateError::Lock {
+                        node: o.node,
+                        owner: o.owner,
+                        why,
+                    };
+                    soft(e, &mut report)?;
+                    continue;
+                }
+            }
+            report.owners += 1;
+        }
+        // Each wait takes a thread, like a guest's SETLKW: bounded the same way.
+        if waits.len() > self.cfg.max_lock_waiters {
+            return Err(StateError::Malformed(format!(
+                "{} locks to wait for, over --max-lock-waiters {}",
+                waits.len(),
+                self.cfg.max_lock_waiters
+            )));
+        }
+        report.waiting_locks = waits.len();
+        for w in waits {
+            w.spawn();
+        }
+        self.start_session(state.flags);
+        Ok(report)
+    }
+
+    /// Opens node `n`'s file the way the state says to find it.
+    #[allow(clippy::type_complexity)]
+    fn find_node(
+        &self,
+        n: &NodeState,
+        mode: Mode,
+        restored: &HashMap<u64, Arc<Inode>>,
+        anchor: Option<&OwnedFd>,
+        root: &Arc<Inode>,
+    ) -> Result<(OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>), String> {
+        let name = match &n.name {
+            Some((p, name)) => {
+                let parent = restored
+                    .get(p)
+                    .ok_or_else(|| format!("its parent {p} is not in the state before it"))?;
+                if !parent.is_dir() {
+                    return Err(format!("its parent {p} is not a directory"));
+                }
+                Some((parent.clone(), component(name)?))
+            }
+            None => None,
+        };
+        let nofollow = libc::O_PATH | libc::O_NOFOLLOW;
+        let fd = match (mode, anchor) {
+            (Mode::FileHandles, Some(anchor)) => {
+                let h = n.handle.as_ref().ok_or("no file handle in the state")?;
+                let h = sys::FileHandle::from_bytes(h).map_err(|_| "a malformed file handle")?;
+                let fd = sys::open_by_handle(anchor.as_raw_fd(), &h, nofollow)
+                    .map_err(|e| format!("its file handle does not open: {e}"))?;
+                self.check_inside_share(&fd, n, name.as_ref(), root)?;
+                fd
+            }
+            _ => {
+                let fd = match (&n.path, &name) {
+                    (Some(path), _) => self.open_path(root, path)?,
+                    (None, Some((parent, cname))) => {
+                        let pfd = parent.path_fd().map_err(|e| e.to_string())?;
+                        sys::openat(pfd.as_raw_fd(), cname, nofollow, 0)
+                            .map_err(|e| format!("{:?}: {e}", cname))?
+                    }
+                    (None, None) => return Err("no name finds it".into()),
+                };
+                if let Some(h) = &n.handle {
+                    // --migration-verify-handles: the very file the source had.
+                    let now = sys::name_to_handle(fd.as_raw_fd())
+                        .map_err(|e| format!("no file handle to verify: {e}"))?;
+                    if now.0.as_bytes() != h.as_slice() {
+                        return Err("a different file is at its path (file handles differ)".into());
+                    }
+                }
+                fd
+            }
+        };
+        let st = sys::statx(
+            fd.as_raw_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| e.to_string())?;
+        if st.st.st_mode & libc::S_IFMT != n.file_type {
+            return Err(format!(
+                "its file type changed ({:o} to {:o})",
+                n.file_type,
+                st.st.st_mode & libc::S_IFMT
+            ));
+        }
+        Ok((fd, st, name))
+    }
+
+    /// Opens a path of the share component by component from its root, never following a
+    /// symlink or leaving the share (`..` is refused).
+    fn open_path(&self, root: &Arc<Inode>, path: &[u8]) -> Result<OwnedFd, String> {
+        let mut cur: OwnedFd = {
+            let r = root.path_fd().map_err(|e| e.to_string())?;
+            sys::openat(r.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, 0)
+                .map_err(|e| e.to_string())?
+        };
+        let parts: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let c = component(part)?;
+            let last = i + 1 == parts.len();
+            let flags = libc::O_PATH | libc::O_NOFOLLOW | if last { 0 } else { libc::O_DIRECTORY };
+            cur = sys::openat(cur.as_raw_fd(), &c, flags, 0).map_err(|e| format!("{c:?}: {e}"))?;
+        }
+        Ok(cur)
+    }
+
+    /// A file a handle opened must lie inside the share: a directory's `..` chain
+    /// reaches the share's root; another file is where its name in its (restored,
+    /// checked) parent says; an unlinked file (no links) has no place to be outside of.
+    fn check_inside_share(
+        &self,
+        fd: &OwnedFd,
+        n: &NodeState,
+        name: Option<&(Arc<Inode>, CString)>,
+        root: &Arc<Inode>,
+    ) -> Result<(), String> {
+        let outside = || "its file handle names a file outside the share".to_string();
+        let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+        let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
+        if st.st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            let mut cur =
+                sys::openat(fd.as_raw_fd(), c".", libc::O_PATH, 0).map_err(|e| e.to_string())?;
+            for _ in 0..4096 {
+                let s =
+                    sys::statx(cur.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
+                if InodeKey::of(&s) == root.key {
+                    return Ok(());
+                }
+                let up = sys::openat(cur.as_raw_fd(), c"..", libc::O_PATH, 0)
+                    .map_err(|e| e.to_string())?;
+                let su =
+                    sys::statx(up.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
+                if InodeKey::of(&su) == InodeKey::of(&s) {
+                    return Err(outside()); // the file system's root
+                }
+                cur = up;
+            }
+            return Err(outside());
+        }
+        if st.st.st_nlink == 0 {
+            return Ok(());
+        }
+        let (parent, cname) = name.ok_or_else(outside)?;
+        let pfd = parent.path_fd().map_err(|e| e.to_string())?;
+        let s =
+            sys::statx(pfd.as_raw_fd(), cname, libc::AT_SYMLINK_NOFOLLOW).map_err(|_| outside())?;
+        if InodeKey::of(&s) != InodeKey::of(&st) {
+            return Err(outside());
+        }
+        let _ = n;
+        Ok(())
+    }
+
+    fn restore_handle(
+        self: &Arc<Self>,
+        h: &HandleState,
+        next: u64,
+        restored: &HashMap<u64, Arc<Inode>>,
+        passed: Option<OwnedFd>,
+    ) -> Result<Option<LockWait>, String> {
+        let inode = restored
+            .get(&h.node)
+            .filter(|i| i.lookups() > 0)
+            .ok_or_else(|| format!("its node {} was not restored", h.node))?;
+        if h.dir != inode.is_dir() {
+            return Err("its node's file type does not match".into());
+        }
+        let flags = if h.dir {
+            libc::O_RDONLY | libc::O_DIRECTORY
+        } else {
+            // Opened again: never create or truncate what the guest already has open.
+            let f = h.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_PATH);
+            self.check_open_flags(f).map_err(|e| e.to_string())?;
+            f
+        };
+        // The source's own description (its offset, its flock) if it is this node's file.
+        let fd = match passed.filter(|fd| same_file(fd, inode)) {
+            Some(fd) => fd,
+            None => self.reopen(inode, flags).map_err(|e| e.to_string())?,
+        };
+        let nowait = !h.dir && self.nowait_unsupported.worth_trying(inode.key.mnt_id);
+        let handle = Handle {
+            inode: inode.clone(),
+            fd,
+            flags,
+            dir: h.dir.then(Default::default),
+            nowait_reads: AtomicBool::new(nowait),
+            flock: AtomicI32::new(libc::F_UNLCK),
+        };
+        self.handles
+            .restore(h.fh, handle, next)
+            .map_err(|e| e.to_string())?;
+        if h.flock == libc::F_UNLCK {
+            return Ok(None);
+        }
+        if h.flock != libc::F_RDLCK && h.flock != libc::F_WRLCK {
+            return Err("bad flock type".into());
+        }
+        let handle = self.handles.get(h.fh, h.node).map_err(|e| e.to_string())?;
+        match filelocks::flock(handle.fd.as_raw_fd(), h.flock, false) {
+            Ok(()) => {
+                handle.flock.store(h.flock, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Some(LockWait::Flock {
+                handle,
+                typ: h.flock,
+            })),
+            Err(e) => Err(format!("flock: {e}")),
+        }
+    }
+
+    fn restore_owner(
+        self: &Arc<Self>,
+        o: &OwnerState,
+        restored: &HashMap<u64, Arc<Inode>>,
+        passed: Option<OwnedFd>,
+    ) -> Result<Option<LockWait>, String> {
+        let inode = restored
+            .get(&o.node)
+            .filter(|i| i.lookups() > 0 && i.is_reg())
+            .ok_or_else(|| format!("its node {} was not restored", o.node))?;
+        let mut ranges = Vec::with_capacity(o.ranges.len());
+        for &(start, end, typ) in &o.ranges {
+            ranges.push(Range::new(start, end, typ as u32).map_err(|_| "a bad range")?);
+        }
+        let rec = OwnerRecord {
+            node: o.node,
+            owner: o.owner,
+            pid: o.pid,
+            handles: o.handles.clone(),
+            ranges,
+        };
+        let open = || -> io::Result<OwnedFd> {
+            let ro = self.cfg.readonly;
+            let flags = if ro { libc::O_RDONLY } else { libc::O_RDWR };
+            self.reopen(inode, flags | libc::O_NONBLOCK)
+                .or_else(|_| self.reopen(inode, libc::O_RDONLY | libc::O_NONBLOCK))
+        };
+        // The source's own description holds the ranges already: placing them again on
+        // it succeeds at once, and nobody else can take them meanwhile.
+        let fd = match passed.filter(|fd| same_file(fd, inode)) {
+            Some(fd) => fd,
+            None => open().map_err(|e| e.to_string())?,
+        };
+        match self.locks.restore_owner(&rec, fd) {
+            Ok(()) => Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                let fd = open().map_err(|e| e.to_string())?;
+                Ok(Some(LockWait::Posix {
+                    fs: self.clone(),
+                    rec,
+                    fd,
+                }))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Whether `fd` (from the handover) is `inode`'s file. By device and inode number: the
+/// mount id differs, as the source's fd is on a mount of its own sandbox.
+fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
+    let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+    sys::statx(fd.as_raw_fd(), sys::EMPTY, flags)
+        .is_ok_and(|st| st.st.st_dev == inode.key.dev && st.st.st_ino == inode.key.ino)
+}
+
+/// A node no name finds, from the source's own fd: taken only for a file with no links
+/// left (an open but unlinked one), which is nowhere outside the share either.
+#[allow(clippy::type_complexity)]
+fn unlinked_node(
+    fd: OwnedFd,
+    n: &NodeState,
+) -> Result<(OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>), String> {
+    let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+    let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
+    if st.st.st_nlink != 0 || st.st.st_mode & libc::S_IFMT != n.file_type {
+        return Err("the fd the source passed is not an unlinked file of its type".into());
+    }
+    Ok((fd, st, None))
+}
+
+/// A lock the destination must wait for: the source (or someone) holds it now.
+enum LockWait {
+    Flock {
+        handle: Arc<Handle>,
+        typ: i32,
+    },
+    Posix {
+        fs: Arc<PassthroughFs>,
+        rec: OwnerRecord,
+        fd: OwnedFd,
+    },
+}
+
+impl LockWait {
+    /// Waits on a thread of its own; the lock is installed when granted, unless the guest
+    /// has meanwhile closed the handle or taken locks of that owner itself.
+    fn spawn(self) {
+        let r = std::thread::Builder::new()
+            .name("vfsd-lock-handover".into())
+            .spawn(move || match self {
+                LockWait::Flock { handle, typ } => {
+                    if filelocks::flock(handle.fd.as_raw_fd(), typ, true).is_ok() {
+                        handle.flock.store(typ, Ordering::Relaxed);
+                    }
+                }
+                LockWait::Posix { fs, rec, fd } => {
+                    for r in &rec.ranges {
+                        if filelocks::ofd_wait(fd.as_raw_fd(), *r).is_err() {
+                            return;
+                        }
+                    }
+                    // Held now on `fd`: installed as the owner, or given up (closing
+                    // `fd` drops them) if the guest went on without them.
+                    if fs.handles_open(rec.node, &rec.handles) {
+                        if let Err(e) = fs.locks.restore_owner(&rec, fd) {
+                            log::warn!("migration: lock owner {:#x}: {e}", rec.owner);
+                        }
+                    }
+                }
+            });
+        if let Err(e) = r {
+            log::warn!("migration: no thread to wait for a lock: {e}");
+        }
+    }
+}
+
+impl PassthroughFs {
+    /// Whether any of `handles` of `node` is still open.
+    fn handles_open(&self, node: u64, handles: &[u64]) -> bool {
+        handles.iter().any(|&fh| self.handles.get(fh, node).is_ok())
+    }
+}

@@ -1,0 +1,427 @@
+//! Live migration through the real socket (issue 22): the test frontend plays both QEMUs.
+//! The source daemon's state (SET_DEVICE_STATE_FD save) is loaded into a second daemon on
+//! the same share, which must then serve the same nodes, handles and locks without a new
+//! INIT; a corrupt, hostile or unfindable state is refused; and the dirty-page log marks
+//! exactly the guest pages the daemon wrote.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use common::{errno, Daemon};
+use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
+
+const ROOT: u64 = 1;
+const OWNER: u64 = 0x77;
+const OTHER: u64 = 0x78;
+
+/// A host program's OFD write-lock attempt on `path`: true when granted (then dropped).
+fn host_can_lock(path: &std::path::Path) -> bool {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_len = 10;
+    // SAFETY: plain fcntl on an fd we own.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+fn host_can_flock(path: &std::path::Path) -> bool {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// A guest's view before the switch: a directory, a file in it open for writing with a
+/// POSIX lock and (through a second handle) a flock, and the directory open for reading.
+struct Guest {
+    dir: u64,
+    file: u64,
+    fh: u64,
+    flock_fh: u64,
+    dir_fh: u64,
+}
+
+fn set_up(c: &FuseClient) -> Guest {
+    let dir = c.mkdir(ROOT, "d", 0o755).unwrap().nodeid;
+    let (e, o) = c.create(dir, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    assert_eq!(c.write(e.nodeid, o.fh, 0, b"before ").unwrap(), 7);
+    c.setlk(e.nodeid, o.fh, OWNER, Lock::range(0, 9, libc::F_WRLCK, 42))
+        .unwrap();
+    let flock_fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    c.setlk(e.nodeid, flock_fh, OWNER + 1, Lock::flock(libc::F_WRLCK))
+        .unwrap();
+    let dir_fh = c.opendir(dir).unwrap().fh;
+    Guest {
+        dir,
+        file: e.nodeid,
+        fh: o.fh,
+        flock_fh,
+        dir_fh,
+    }
+}
+
+/// A frontend that has not sent INIT: a migration destination's.
+fn destination(d: &Daemon) -> FuseClient {
+    FuseClient::new(d.frontend(FrontendConfig::default()))
+}
+
+#[test]
+fn a_second_daemon_serves_the_sources_nodes_handles_and_locks_without_init() {
+    let mut src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let state = c.fe.save_state().unwrap();
+    assert_eq!(&state[..8], b"VFSDSTAT");
+
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+
+    // The same node ids and handles, no INIT.
+    assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
+    assert_eq!(n.write(g.file, g.fh, 7, b"after").unwrap(), 5);
+    assert_eq!(std::fs::read(dst.path("d/f")).unwrap(), b"before after");
+    let names: Vec<Vec<u8>> = n
+        .readdir(g.dir, g.dir_fh, 0, 4096, false)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"f".to_vec()), "{names:?}");
+    assert_eq!(n.getattr(g.file).unwrap().attr.size, 12);
+    // New nodes and handles don't collide with the source's.
+    let e2 = n.lookup(g.dir, "f").unwrap();
+    assert_eq!(e2.nodeid, g.file);
+    let (e3, o3) = n.create(ROOT, "new", libc::O_RDWR as u32, 0o644).unwrap();
+    assert!(e3.nodeid > g.file && o3.fh > g.dir_fh.max(g.flock_fh));
+
+    // The locks never leave the guest: the destination took the source's own host
+    // descriptions (the handover), so it holds them from the load on, before the source
+    // is gone, and nothing is released when the source goes.
+    let f = dst.path("d/f");
+    assert_eq!(dst.stats()["lock_owners"].as_u64(), Some(1));
+    let probe = n.getlk(g.file, g.fh, OTHER, Lock::range(0, 9, libc::F_WRLCK, 7));
+    assert_eq!(probe.unwrap().type_, libc::F_WRLCK as u32);
+    assert!(!host_can_lock(&f) && !host_can_flock(&f));
+    // The source QEMU quits: its daemon sees the disconnect, resets and exits.
+    drop(c);
+    assert!(
+        src.wait_exit(Duration::from_secs(10)).is_some(),
+        "the source did not exit"
+    );
+    assert!(
+        !host_can_lock(&f),
+        "a host program took the guest's POSIX lock"
+    );
+    assert!(!host_can_flock(&f), "a host program took the guest's flock");
+    // The guest still owns them: it unlocks, and then the host may lock.
+    n.setlk(g.file, g.fh, OWNER, Lock::range(0, 9, libc::F_UNLCK, 42))
+        .unwrap();
+    n.setlk(g.file, g.flock_fh, OWNER + 1, Lock::flock(libc::F_UNLCK))
+        .unwrap();
+    assert!(host_can_lock(&f) && host_can_flock(&f));
+}
+
+#[test]
+fn a_corrupt_truncated_or_foreign_state_is_refused_and_the_daemon_goes_on() {
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    set_up(&c);
+    let state = c.fe.save_state().unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+
+    let mut bad_magic = state.clone();
+    bad_magic[0] ^= 0xff;
+    let mut version = state.clone();
+    version[8] = 99;
+    let mut huge = state.clone();
+    huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+    let mut garbage = state.clone();
+    for b in &mut garbage[20..] {
+        *b = 0xff;
+    }
+    let truncated = state[..state.len() / 2].to_vec();
+    let mut longer = state.clone();
+    longer.extend_from_slice(b"tail");
+    for (what, s) in [
+        ("bad magic", bad_magic),
+        ("unknown version", version),
+        ("huge length", huge),
+        ("garbage body", garbage),
+        ("truncated", truncated),
+        ("bytes after the end", longer),
+        ("empty", Vec::new()),
+    ] {
+        assert!(n.fe.load_state(&s).is_err(), "{what} was accepted");
+    }
+    // Nothing was loaded, and the daemon serves a new session.
+    n.init().unwrap();
+    assert!(n.lookup(ROOT, "d").is_ok());
+}
+
+/// The state with the name `from` replaced by `to` (same length): postcard keeps a name
+/// as its length and its bytes, so this renames one node in the state.
+fn patched(state: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let pat: Vec<u8> = [&[from.len() as u8][..], from].concat();
+    let mut s = state.to_vec();
+    let hits: Vec<usize> = (20..s.len() - pat.len() + 1)
+        .filter(|&i| s[i..i + pat.len()] == pat[..])
+        .collect();
+    assert_eq!(hits.len(), 1, "{from:?} in the state");
+    s[hits[0] + 1..hits[0] + pat.len()].copy_from_slice(to);
+    s
+}
+
+#[test]
+fn a_state_naming_a_path_outside_the_share_is_refused() {
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let dir = c.mkdir(ROOT, "zz", 0o755).unwrap().nodeid;
+    let q = c.mkdir(dir, "q", 0o755).unwrap().nodeid;
+    let state = c.fe.save_state().unwrap();
+    for (from, to) in [
+        (&b"zz"[..], &b".."[..]),
+        (b"zz", b"/e"),
+        (b"q", b"."),
+        (b"zz", b"z\0"),
+    ] {
+        // One connection per daemon, as with a VMM.
+        let dst = Daemon::start_on(&src.share.clone(), &["--migration-on-error", "guest-error"]);
+        let n = destination(&dst);
+        let r = n.fe.load_state(&patched(&state, from, to));
+        // Malformed names are refused outright, or (guest-error) leave the node out:
+        // never a node for anything outside the share.
+        if r.is_ok() {
+            let node = if from == b"q" { q } else { dir };
+            assert_eq!(errno(n.getattr(node)), libc::EBADF, "{to:?} was loaded");
+        }
+    }
+    // A symlink where the source had a directory is not followed.
+    let other = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/etc", other.path().join("zz")).unwrap();
+    let dst2 = Daemon::start_on(other.path(), &[]);
+    let n = destination(&dst2);
+    assert!(n.fe.load_state(&state).is_err());
+}
+
+#[test]
+fn a_file_missing_on_the_destination_aborts_the_load_or_gives_the_guest_errors() {
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let kept = c.lookup(ROOT, "d").unwrap().nodeid;
+    let state = c.fe.save_state().unwrap();
+    std::fs::rename(src.path("d/f"), src.path("moved")).unwrap();
+
+    let abort = Daemon::start_on(&src.share.clone(), &["--migration-on-error", "abort"]);
+    let n = destination(&abort);
+    assert!(n.fe.load_state(&state).is_err());
+
+    let soft = Daemon::start_on(&src.share.clone(), &["--migration-on-error", "guest-error"]);
+    let n = destination(&soft);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(errno(n.getattr(g.file)), libc::EBADF);
+    assert_eq!(errno(n.read(g.file, g.fh, 0, 4)), libc::EBADF);
+    assert!(n.getattr(kept).is_ok());
+    assert!(n.readdir(g.dir, g.dir_fh, 0, 4096, false).is_ok());
+}
+
+#[test]
+fn verify_handles_refuses_a_different_file_at_the_same_path() {
+    let src = Daemon::start(&["--migration-verify-handles"]);
+    let c = src.client();
+    let g = set_up(&c);
+    let state = c.fe.save_state().unwrap();
+    // Replaced on the host: same name, another file.
+    std::fs::remove_file(src.path("d/f")).unwrap();
+    std::fs::write(src.path("d/f"), b"impostor").unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &["--migration-verify-handles"]);
+    let n = destination(&dst);
+    assert!(n.fe.load_state(&state).is_err());
+    // Without the check (the source sends no handles) the impostor is served as the
+    // guest's file: what --migration-verify-handles is for.
+    let src2 = Daemon::start_on(&src.share.clone(), &[]);
+    let c2 = src2.client();
+    let f2 = c2
+        .lookup(c2.lookup(ROOT, "d").unwrap().nodeid, "f")
+        .unwrap()
+        .nodeid;
+    let state2 = c2.fe.save_state().unwrap();
+    std::fs::remove_file(src.path("d/f")).unwrap();
+    std::fs::write(src.path("d/f"), b"impostor").unwrap();
+    let dst2 = Daemon::start_on(&src.share.clone(), &[]);
+    let n2 = destination(&dst2);
+    n2.fe.load_state(&state2).unwrap();
+    assert_eq!(n2.getattr(f2).unwrap().attr.size, 8);
+    let _ = g;
+}
+
+#[test]
+fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("data"), vec![7u8; 256 * 1024]).unwrap();
+    let cfg = FrontendConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let mut c = FuseClient::new(d.frontend(cfg));
+    c.init().unwrap();
+    let e = c.lookup(ROOT, "data").unwrap();
+    let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    let log = c.fe.start_dirty_log().unwrap();
+    let (used_pages, reply) = {
+        let q = c.fe.queues[1].lock().unwrap();
+        let used = q.geo.used;
+        let used_end = used + 6 + 8 * q.geo.size as u64;
+        let (_, resp) = q.slot_addrs(0);
+        (
+            (used / 4096..=used_end / 4096).collect::<BTreeSet<u64>>(),
+            resp,
+        )
+    };
+    for (len, what) in [(200 * 1024u32, "READ"), (4096, "short READ")] {
+        log.clear();
+        assert_eq!(c.read(e.nodeid, fh, 0, len).unwrap().len(), len as usize);
+        let dirty: BTreeSet<u64> = log.dirty_pages().into_iter().collect();
+        // The reply header and data, and the used ring: all of them, and nothing else.
+        let mut want: BTreeSet<u64> =
+            (reply / 4096..=(reply + 16 + len as u64 - 1) / 4096).collect();
+        want.extend(used_pages.iter().copied().filter(|p| dirty.contains(p)));
+        assert!(
+            dirty.iter().any(|p| used_pages.contains(p)),
+            "{what}: the used ring's page is not marked"
+        );
+        assert_eq!(dirty, want, "{what}: dirty pages");
+    }
+    log.clear();
+    c.getattr(e.nodeid).unwrap();
+    let dirty: BTreeSet<u64> = log.dirty_pages().into_iter().collect();
+    assert!(
+        dirty.contains(&(reply / 4096)),
+        "GETATTR's reply is not marked"
+    );
+    assert!(
+        dirty
+            .iter()
+            .all(|p| *p == reply / 4096 || used_pages.contains(p)),
+        "GETATTR marked other pages: {dirty:?}"
+    );
+}
+
+#[test]
+fn a_lock_wait_in_flight_is_answered_when_the_ring_stops_for_migration() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let host = std::fs::File::open(d.path("f")).unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    assert_eq!(unsafe { libc::flock(host.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let c = d.client();
+    let e = c.lookup(ROOT, "f").unwrap();
+    let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    let t = c
+        .setlkw(1, e.nodeid, fh, OWNER, Lock::flock(libc::F_WRLCK))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The VMM stops the rings (GET_VRING_BASE) and saves the state: the wait can't go
+    // on in this daemon, and the destination never hears of it, so it is answered now
+    // (EINTR, as for a signal), not dropped with the guest left waiting for ever.
+    let start = Instant::now();
+    c.fe.save_state().unwrap();
+    assert!(
+        start.elapsed() < vfsd::device::STOP_WAIT,
+        "the stop waited {:?} for the lock wait",
+        start.elapsed()
+    );
+    assert_eq!(errno(c.wait(t).unwrap().ok()), libc::EINTR);
+}
+
+/// `name_to_handle_at` of `p`: the kernel's `struct file_handle` bytes.
+fn handle_of(p: &std::path::Path) -> Vec<u8> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = vec![0u8; 8 + 128];
+    buf[..4].copy_from_slice(&128u32.to_ne_bytes());
+    let mut mnt = 0;
+    // SAFETY: `buf` is a struct file_handle with room for 128 bytes, as its first field
+    // says; `c` is NUL-terminated and `mnt` a valid out pointer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            buf.as_mut_ptr(),
+            &mut mnt as *mut libc::c_int,
+            0,
+        )
+    };
+    assert_eq!(r, 0, "name_to_handle_at {}", p.display());
+    let len = u32::from_ne_bytes(buf[..4].try_into().unwrap()) as usize;
+    buf.truncate(8 + len);
+    buf
+}
+
+#[test]
+fn file_handles_mode_moves_open_files_and_refuses_a_handle_outside_the_share() {
+    if !common::is_root() {
+        eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    let share = top.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::write(top.path().join("secret"), b"outside").unwrap();
+    let mode = ["--migration-mode", "file-handles"];
+    let src = Daemon::start_on(&share, &mode);
+    let c = src.client();
+    let g = set_up(&c);
+    let state = c.fe.save_state().unwrap();
+
+    let dst = Daemon::start_on(&share, &mode);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
+
+    // The same state with the file's handle swapped for one of a file beside the share.
+    let inside = handle_of(&share.join("d/f"));
+    let outside = handle_of(&top.path().join("secret"));
+    assert_eq!(inside.len(), outside.len());
+    let mut hostile = state.clone();
+    let at = (20..hostile.len() - inside.len())
+        .find(|&i| hostile[i..i + inside.len()] == inside[..])
+        .expect("the file's handle in the state");
+    hostile[at..at + inside.len()].copy_from_slice(&outside);
+    let dst2 = Daemon::start_on(&share, &mode);
+    assert!(destination(&dst2).fe.load_state(&hostile).is_err());
+    let soft = [&mode[..], &["--migration-on-error", "guest-error"]].concat();
+    let dst3 = Daemon::start_on(&share, &soft);
+    let n3 = destination(&dst3);
+    n3.fe.load_state(&hostile).unwrap();
+    assert_eq!(errno(n3.read(g.file, g.fh, 0, 7)), libc::EBADF);
+}
+
+#[test]
+fn an_open_unlinked_file_moves_with_its_data_under_find_paths() {
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let (e, o) = c.create(ROOT, "gone", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(e.nodeid, o.fh, 0, b"still here").unwrap();
+    c.unlink(ROOT, "gone").unwrap();
+    let state = c.fe.save_state().unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(e.nodeid, o.fh, 0, 10).unwrap(), b"still here");
+    n.write(e.nodeid, o.fh, 10, b"!").unwrap();
+    assert_eq!(n.getattr(e.nodeid).unwrap().attr.size, 11);
+    assert!(!src.path("gone").exists());
+}
