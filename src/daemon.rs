@@ -379,7 +379,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
     crate::seccomp::apply(
         opt.seccomp,
-        opt.inode_file_handles != crate::cli::InodeFileHandles::Never,
+        opt.inode_file_handles != crate::cli::InodeFileHandles::Never
+            || opt.migration_mode == crate::cli::MigrationMode::FileHandles,
     )?;
 
     info!(

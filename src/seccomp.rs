@@ -114,12 +114,13 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_ppoll,
-    // A migration's lock handover: a unix socket in the share (`passthrough::handover`).
-    libc::SYS_socket,
+    // A migration's lock handover: a unix socket in the share (`passthrough::handover`;
+    // socket: AF_UNIX only, see `rules`).
     libc::SYS_bind,
     libc::SYS_listen,
     libc::SYS_connect,
     libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
     // No ioctl: see `rules`.
     // Memory and threads (clone, clone3 and prctl: see `rules`).
     libc::SYS_mmap,
@@ -246,6 +247,16 @@ fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<Secco
     if file_handles {
         rules.insert(libc::SYS_open_by_handle_at, vec![]);
     }
+    // Unix sockets only (the lock handover).
+    rules.insert(
+        libc::SYS_socket,
+        vec![rule(vec![cond(
+            0,
+            Len::Dword,
+            Op::Eq,
+            libc::AF_UNIX as u64,
+        )?])?],
+    );
     // A thread's own working directory (sys::in_dir) and nothing else.
     rules.insert(
         libc::SYS_unshare,

@@ -425,3 +425,82 @@ fn an_open_unlinked_file_moves_with_its_data_under_find_paths() {
     assert_eq!(n.getattr(e.nodeid).unwrap().attr.size, 11);
     assert!(!src.path("gone").exists());
 }
+
+#[test]
+fn confirm_paths_sends_the_current_path_of_a_file_renamed_on_the_host() {
+    let src = Daemon::start(&["--migration-confirm-paths"]);
+    let c = src.client();
+    let g = set_up(&c);
+    // Renamed behind vfsd's back: the name it knows is stale.
+    std::fs::rename(src.path("d/f"), src.path("moved")).unwrap();
+    let state = c.fe.save_state().unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
+    assert_eq!(n.getattr(g.file).unwrap().attr.size, 7);
+}
+
+#[test]
+fn a_host_user_who_takes_the_handover_socket_gets_no_token() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root to run the rogue listener as another user");
+        return;
+    }
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let state = c.fe.save_state().unwrap();
+    // A host user who may write the share moves the source's socket aside and listens
+    // under its name, hoping for the token and the guest's fds.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&src.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let name = std::fs::read_dir(&src.share)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().into_string().unwrap())
+        .find(|n| n.starts_with(".vfsd-handover-"))
+        .expect("the handover socket");
+    std::fs::rename(src.path(&name), src.path("aside")).unwrap();
+    let got = src.dir.path().join("rogue-got");
+    let script = format!(
+        "import socket,os,sys\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(1)\n\
+         open({:?},'w').write('listening')\ns.settimeout(20)\nc,_=s.accept()\nc.settimeout(3)\n\
+         try:\n d=c.recv(64)\nexcept Exception:\n d=b''\nopen({:?},'w').write('got %d' % len(d))\n",
+        src.path(&name),
+        got,
+        got
+    );
+    std::fs::set_permissions(src.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut rogue = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("setpriv python3");
+    let t = Instant::now();
+    while std::fs::read_to_string(&got).unwrap_or_default() != "listening" {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the rogue did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    // The load goes on without the handover (locks taken again), and the rogue hears
+    // nothing: the destination checks who listens before it sends the token.
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
+    rogue.wait().unwrap();
+    let said = std::fs::read_to_string(&got).unwrap();
+    assert!(
+        said == "got 0" || said == "listening",
+        "the rogue received: {said}"
+    );
+}

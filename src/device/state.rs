@@ -34,9 +34,19 @@ impl Transfer {
             ));
         }
         let mut running = self.running.lock().unwrap();
-        if let Some(old) = running.take() {
-            // An earlier transfer nobody checked: its result no longer matters.
-            let _ = old.join();
+        match running.take() {
+            // An earlier transfer still going: refused (joining it here could wait on its
+            // pipe for ever).
+            Some(old) if !old.is_finished() => {
+                *running = Some(old);
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    "a device state transfer is still running",
+                ));
+            }
+            // One nobody checked: its result no longer matters.
+            Some(old) => drop(old.join()),
+            None => {}
         }
         let t = std::thread::Builder::new().name("vfsd-device-state".into());
         *running = Some(match direction {

@@ -55,11 +55,13 @@ struct Track {
     idle: Condvar,
     /// Completions dropped because their ring had been stopped.
     dropped: AtomicU64,
-    /// What ends a deferred request's wait when the ring stops (`on_stop`), by ticket.
-    cancellers: Mutex<HashMap<(u64, u16), Canceller>>,
+    /// What ends a deferred request's wait when the ring stops (`on_stop`), by ticket,
+    /// and whether a stop is under way (then a canceller runs at once).
+    cancellers: Mutex<(Cancellers, bool)>,
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
+type Cancellers = HashMap<(u64, u16), Canceller>;
 
 #[derive(Clone)]
 pub struct TrackedVring {
@@ -106,8 +108,16 @@ impl TrackedVring {
     /// SETLKW on its waiter thread), so it is answered before the stop.
     pub fn on_stop(&self, t: Ticket, cancel: Canceller) {
         let key = (t.generation, t.position);
-        if self.track.pending.lock().unwrap().contains(&key) {
-            self.track.cancellers.lock().unwrap().insert(key, cancel);
+        if !self.track.pending.lock().unwrap().contains(&key) {
+            return;
+        }
+        let mut c = self.track.cancellers.lock().unwrap();
+        if c.1 {
+            // Registered while a stop waits: end the wait now, so the stop sees it.
+            drop(c);
+            cancel();
+        } else {
+            c.0.insert(key, cancel);
         }
     }
 
@@ -122,11 +132,9 @@ impl TrackedVring {
                 for (t, _, _) in &done {
                     pending.remove(&(t.generation, t.position));
                 }
-                if !self.track.cancellers.lock().unwrap().is_empty() {
-                    let mut c = self.track.cancellers.lock().unwrap();
-                    for (t, _, _) in &done {
-                        c.remove(&(t.generation, t.position));
-                    }
+                let mut c = self.track.cancellers.lock().unwrap();
+                for (t, _, _) in &done {
+                    c.0.remove(&(t.generation, t.position));
                 }
                 if pending.is_empty() {
                     self.track.idle.notify_all();
@@ -189,15 +197,13 @@ impl TrackedVring {
     /// Waits (bounded) for the requests in flight, then starts a new generation so later
     /// completions are dropped, and moves `next_avail` back to the oldest of those.
     fn stop(&self) {
-        // Waits that would outlast any stop (lock waits) end now, answered on this ring.
-        let cancel: Vec<Canceller> = self
-            .track
-            .cancellers
-            .lock()
-            .unwrap()
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
+        // Waits that would outlast any stop (lock waits) end now, answered on this ring;
+        // one that registers while the stop waits is ended at once (`on_stop`).
+        let cancel: Vec<Canceller> = {
+            let mut c = self.track.cancellers.lock().unwrap();
+            c.1 = true;
+            c.0.drain().map(|(_, c)| c).collect()
+        };
         for c in cancel {
             c();
         }
@@ -215,6 +221,7 @@ impl TrackedVring {
         // The ring's lock, then the pending set: the order `popped` takes them in.
         let mut state = self.inner.get_mut();
         let old = self.track.generation.fetch_add(1, Ordering::AcqRel);
+        self.track.cancellers.lock().unwrap().1 = false;
         let mut pending = self.track.pending.lock().unwrap();
         let late: Vec<u16> = pending
             .iter()

@@ -275,6 +275,7 @@ impl PassthroughFs {
             dir: Some(Default::default()),
             nowait_reads: Default::default(),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
+            flock_pending: Default::default(),
         });
         let opts = if self.cfg.cache == CachePolicy::Always {
             OpenOptions::CACHE_DIR

@@ -22,7 +22,7 @@ use crate::sys::{self, cvt, errno};
 
 impl PassthroughFs {
     /// Host open flags for guest open flags.
-    fn host_flags(&self, flags: u32) -> i32 {
+    pub(super) fn host_flags(&self, flags: u32) -> i32 {
         // O_PATH and O_TMPFILE's bit never reach OPEN or CREATE from a kernel (O_PATH
         // opens stay in the guest, O_TMPFILE is FUSE_TMPFILE); a guest that sends them
         // anyway must not get an O_PATH handle, or an O_EXCL create that opens an existing
@@ -88,6 +88,7 @@ impl PassthroughFs {
             dir: None,
             nowait_reads: AtomicBool::new(nowait),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
+            flock_pending: Default::default(),
         });
         Ok((fh, self.file_open_options(flags)))
     }
@@ -197,6 +198,7 @@ impl PassthroughFs {
             dir: None,
             nowait_reads: AtomicBool::new(nowait),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
+            flock_pending: Default::default(),
         });
         Ok((entry, fh, self.file_open_options(flags)))
     }

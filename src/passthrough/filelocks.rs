@@ -249,6 +249,9 @@ pub struct FileLocks {
     max_waiters: usize,
     /// Host descriptions for owners are opened read-only (`--readonly`).
     readonly: bool,
+    /// Owners a migration left to take again (`migration`): a guest lock call of the
+    /// owner supersedes it, so a grant that comes later is given up.
+    pending: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// The descriptions are shared with another daemon (a migration's lock handover):
     /// a reset closes them without unlocking, the other daemon's copy holds the locks.
     pub shared: std::sync::atomic::AtomicBool,
@@ -309,6 +312,7 @@ impl FileLocks {
             max_waiters,
             readonly,
             shared: Default::default(),
+            pending: Default::default(),
             owners: Mutex::new(Owners::default()),
             counters: LockCounters::default(),
         }
@@ -482,6 +486,7 @@ impl FileLocks {
         open: impl Fn(bool) -> io::Result<OwnedFd>,
         fh_open: impl Fn() -> bool,
     ) -> io::Result<Option<Wait>> {
+        self.pending.lock().unwrap().remove(&(node, owner));
         // An owner found dead was dropped between the table and its state: take a fresh
         // one. Each round needs another request to drop it, so a few rounds settle it.
         for _ in 0..8 {
@@ -606,6 +611,7 @@ impl FileLocks {
 
     /// Everything (DESTROY, a new INIT).
     pub fn release_all(&self) {
+        self.pending.lock().unwrap().clear();
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
             let all = std::mem::take(&mut *m);
@@ -696,6 +702,21 @@ impl FileLocks {
             }
         }
         out
+    }
+
+    /// Marks owner `key` of `node` as waited for after a migration (`take_pending`).
+    pub fn set_pending(&self, node: u64, key: u64) {
+        self.pending.lock().unwrap().insert((node, key));
+    }
+
+    /// Whether the owner is still waited for; when `take`, it no longer is.
+    pub fn still_pending(&self, node: u64, key: u64, take: bool) -> bool {
+        let mut p = self.pending.lock().unwrap();
+        if take {
+            p.remove(&(node, key))
+        } else {
+            p.contains(&(node, key))
+        }
     }
 
     /// Installs an owner from the migration state on its host description `fd` (a new
@@ -884,7 +905,12 @@ impl PassthroughFs {
                 return Err(errno(libc::ENOSYS));
             }
             let h = self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
-            let res = flock(h.fd.as_raw_fd(), r.typ, false);
+            let res = {
+                // The guest's own call: a migrated flock still being waited for is dropped.
+                let mut pending = h.flock_pending.lock().unwrap();
+                *pending = false;
+                flock(h.fd.as_raw_fd(), r.typ, false)
+            };
             if res.is_ok() {
                 h.flock.store(r.typ, Ordering::Relaxed);
             }
@@ -917,16 +943,25 @@ impl PassthroughFs {
     }
 }
 
-/// `F_OFD_SETLKW` of `r` on `fd`: waits until the host grants it.
-pub fn ofd_wait(fd: RawFd, r: Range) -> io::Result<()> {
-    let f = r.flock();
-    loop {
+/// Places every range of `ranges` on `fd` without waiting (F_OFD_SETLK); on a refusal,
+/// removes what it placed and gives false.
+pub fn try_all(fd: RawFd, ranges: &[Range]) -> bool {
+    for r in ranges {
+        let f = r.flock();
         // SAFETY: plain fcntl on an fd the caller owns with a live flock.
-        match cvt(unsafe { libc::fcntl(fd, libc::F_OFD_SETLKW, &f) }) {
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            r => return r.map(drop),
+        if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &f) } != 0 {
+            let all = Range {
+                start: 0,
+                end: OFFSET_MAX,
+                typ: libc::F_UNLCK,
+            }
+            .flock();
+            // SAFETY: as above.
+            unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &all) };
+            return false;
         }
     }
+    true
 }
 
 /// flock(2) on a guest handle's host fd; `wait` for LOCK_EX/LOCK_SH without LOCK_NB.

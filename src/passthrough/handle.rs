@@ -32,6 +32,10 @@ pub struct Handle {
     /// The flock the guest holds through this handle (F_RDLCK, F_WRLCK or F_UNLCK), for
     /// the migration state.
     pub flock: AtomicI32,
+    /// A migrated flock not yet granted again (`migration`), and the lock that orders the
+    /// guest's flock calls on this handle against its grant: a guest flock call on the
+    /// handle supersedes it.
+    pub flock_pending: std::sync::Mutex<bool>,
 }
 
 impl Handle {

@@ -18,7 +18,6 @@ use std::ffi::CString;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -29,19 +28,57 @@ use crate::sys;
 /// Fds per message (the kernel's SCM_MAX_FD is 253).
 const BATCH: usize = 200;
 /// How long the source waits for the destination to come for its fds.
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(30);
 pub const TOKEN_LEN: usize = 16;
 
-/// Binding and connecting go by a name relative to the share's root: the process's cwd is
-/// set to it for the call (vfsd resolves no other relative path, and the namespace
-/// sandbox's cwd is that root already). Serialized, as the cwd is the process's.
-static CWD: Mutex<()> = Mutex::new(());
-
+/// Binding and connecting go by a name relative to the share's root: the calling thread
+/// (a device-state thread of its own) detaches its cwd (`sys::in_dir`) and moves it there.
 fn in_root<T>(root: RawFd, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    let _g = CWD.lock().unwrap();
-    // SAFETY: fchdir on an fd the caller owns.
-    sys::cvt(unsafe { libc::fchdir(root) })?;
-    f()
+    let mut out = None;
+    sys::in_dir(root, || {
+        out = Some(f());
+        0
+    })?;
+    out.unwrap()
+}
+
+/// The uid a connection's peer runs as (SO_PEERCRED): the two daemons run as the same
+/// user, so a peer of another uid (a host user who can write the share) is refused.
+fn peer_is_us(s: &UnixStream) -> io::Result<()> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    sys::cvt(unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    if cred.uid != unsafe { libc::geteuid() } {
+        return Err(io::Error::other(format!(
+            "the peer runs as uid {}, not this daemon's",
+            cred.uid
+        )));
+    }
+    Ok(())
+}
+
+fn random<const N: usize>() -> io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    // SAFETY: getrandom writes at most `b.len()` bytes into it.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != N as isize {
+        return Err(io::Error::other("getrandom"));
+    }
+    Ok(b)
 }
 
 /// What the state says about the handover.
@@ -68,13 +105,9 @@ pub struct Listener {
 
 impl Listener {
     pub fn bind(root: RawFd) -> io::Result<Listener> {
-        let mut token = [0u8; TOKEN_LEN];
-        // SAFETY: getrandom writes at most `token.len()` bytes into it.
-        let n = unsafe { libc::getrandom(token.as_mut_ptr().cast(), token.len(), 0) };
-        if n != token.len() as isize {
-            return Err(io::Error::other("getrandom"));
-        }
-        let hex: String = token[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let token = random::<TOKEN_LEN>()?;
+        // The name says nothing about the token.
+        let hex: String = random::<8>()?.iter().map(|b| format!("{b:02x}")).collect();
         let name = CString::new(format!(".vfsd-handover-{hex}")).unwrap();
         let sock = in_root(root, || {
             UnixListener::bind(std::ffi::OsStr::new(name.to_str().unwrap()))
@@ -117,7 +150,9 @@ impl Listener {
             return Err(io::Error::other("the destination did not come for the fds"));
         }
         let (mut s, _) = self.sock.accept()?;
+        peer_is_us(&s)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.set_write_timeout(Some(Duration::from_secs(10)))?;
         let mut token = [0u8; TOKEN_LEN];
         s.read_exact(&mut token)?;
         if token != self.token {
@@ -145,14 +180,33 @@ fn send_batch(s: &UnixStream, ids: &[Item], fds: &[RawFd]) -> io::Result<()> {
     (&*s).write_all(&body)
 }
 
-/// The destination's side: connects to the source's socket and takes its fds.
-pub fn receive(root: RawFd, offer: &Offer) -> io::Result<HashMap<Item, OwnedFd>> {
-    if offer.name.contains(&b'/') || offer.name.is_empty() || offer.name.len() > 64 {
+/// The destination's side: connects to the source's socket and takes its fds, at most
+/// `max` of them and only items in `expected`.
+pub fn receive(
+    root: RawFd,
+    offer: &Offer,
+    expected: &std::collections::HashSet<Item>,
+) -> io::Result<HashMap<Item, OwnedFd>> {
+    let ok_name = offer.name.starts_with(b".vfsd-handover-")
+        && offer.name.len() <= 64
+        && !offer.name.contains(&b'/');
+    if !ok_name {
         return Err(io::Error::other("bad handover socket name"));
     }
     let name = String::from_utf8(offer.name.clone()).map_err(io::Error::other)?;
+    let cname = CString::new(name.clone()).map_err(io::Error::other)?;
+    // A socket, not a symlink to one elsewhere (connect follows symlinks).
+    let st = sys::statx(root, &cname, libc::AT_SYMLINK_NOFOLLOW)?;
+    if st.st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::other("the handover name is not a socket"));
+    }
     let s = in_root(root, || UnixStream::connect(&name))?;
+    // Its listener runs as this daemon's user: a host user who took the name is refused
+    // before it sees the token.
+    peer_is_us(&s)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     (&s).write_all(&offer.token)?;
     let mut got = HashMap::new();
     loop {
@@ -169,6 +223,13 @@ pub fn receive(root: RawFd, offer: &Offer) -> io::Result<HashMap<Item, OwnedFd>>
             .iter()
             .map(|&f| unsafe { OwnedFd::from_raw_fd(f) })
             .collect();
+        for f in &owned {
+            // SAFETY: plain fcntl on an fd we own (recvmsg gave it without CLOEXEC).
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::other("the handover took too long"));
+        }
         if n != len.len() {
             return Err(io::Error::other("short handover message"));
         }
@@ -187,7 +248,11 @@ pub fn receive(root: RawFd, offer: &Offer) -> io::Result<HashMap<Item, OwnedFd>>
         if ids.is_empty() {
             break;
         }
-        got.extend(ids.into_iter().zip(owned));
+        for (id, fd) in ids.into_iter().zip(owned) {
+            if !expected.contains(&id) || got.insert(id, fd).is_some() {
+                return Err(io::Error::other("an fd the state does not name, or twice"));
+            }
+        }
     }
     (&s).write_all(&[1])?;
     Ok(got)

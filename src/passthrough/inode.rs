@@ -859,7 +859,10 @@ impl InodeTable {
             .locks
             .get(file_id(st, handle.as_ref().map(|(h, _, _)| h.clone())));
         let mut m = self.maps.write().unwrap();
-        if m.by_id.contains_key(&nodeid) {
+        // One node per file: a second node of a known file (the root's above all, whose
+        // `..` stays inside the share only as node 1) would change what the first is.
+        let key = InodeKey::of(st);
+        if m.by_id.contains_key(&nodeid) || m.by_key.contains_key(&key) {
             return Err(sys::errno(libc::EEXIST));
         }
         let inode = Self::new_node(

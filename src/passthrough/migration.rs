@@ -44,8 +44,13 @@ use crate::sys;
 pub const MAGIC: [u8; 8] = *b"VFSDSTAT";
 /// The format this vfsd writes and reads.
 pub const VERSION: u32 = 1;
-/// The largest state accepted (about 10 million nodes with short names).
-pub const MAX_STATE: usize = 1 << 30;
+/// The largest state accepted (a million nodes with long names; decoding takes about ten
+/// times this in memory).
+pub const MAX_STATE: usize = 256 << 20;
+/// Node and handle numbers a state may continue from: past the largest it names by at
+/// most this, and far from wrapping.
+const MAX_ID_GAP: u64 = 1 << 32;
+const MAX_ID: u64 = 1 << 62;
 /// Header: magic, version (le32), body length (le64).
 pub const HEADER_LEN: usize = 8 + 4 + 8;
 
@@ -204,7 +209,12 @@ impl PassthroughFs {
         let (records, next_node) = self.inodes.export();
         // The source's own descriptions for a destination on this host (`handover`).
         let root_fd = self.inodes.get(ROOT_ID)?.path_fd()?;
-        let listener = match handover::Listener::bind(root_fd.as_raw_fd()) {
+        // Not on a read-only share: the socket would be a file the guest sees appear.
+        let bound = match self.cfg.readonly {
+            true => Err(io::Error::other("a read-only share")),
+            false => handover::Listener::bind(root_fd.as_raw_fd()),
+        };
+        let listener = match bound {
             Ok(l) => Some(l),
             Err(e) => {
                 log::info!(
@@ -349,16 +359,47 @@ impl PassthroughFs {
                 return Ok(());
             }
         }
-        // The kernel's idea of the path, relative to the share's root.
-        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-            .map_err(|e| format!("its name is stale and its path unknown: {e}"))?;
-        let root = std::path::Path::new(&self.cfg.root_dir);
-        let rel = link
+        // The kernel's idea of the path, relative to the share's root (readlinkat on the
+        // /proc/self/fd vfsd opened before its sandbox).
+        let mut buf = vec![0u8; libc::PATH_MAX as usize];
+        let name = sys::fd_name(fd.as_raw_fd());
+        // SAFETY: readlinkat writes at most `buf.len()` bytes into `buf`.
+        let len = unsafe {
+            libc::readlinkat(
+                self.proc_self_fd.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if len < 0 || len as usize >= buf.len() {
+            return Err("its name is stale and its path unknown".into());
+        }
+        buf.truncate(len as usize);
+        if buf.ends_with(b" (deleted)") {
+            return Err("it was deleted".into());
+        }
+        let root = self.cfg.root_dir.as_os_str().as_encoded_bytes();
+        let root = root.strip_suffix(b"/").unwrap_or(root);
+        let rel = buf
             .strip_prefix(root)
-            .map_err(|_| format!("its path {} is outside the share", link.display()))?;
-        let rel = rel.as_os_str().as_encoded_bytes().to_vec();
+            .and_then(|r| r.strip_prefix(b"/"))
+            .ok_or_else(|| "its path is outside the share".to_string())?
+            .to_vec();
         if rel.is_empty() {
             return Err("its path is the share's root".into());
+        }
+        // That path must find this very file now.
+        let root_inode = self.inodes.get(ROOT_ID).map_err(|e| e.to_string())?;
+        let now = self.open_path(&root_inode, &rel)?;
+        let s = sys::statx(
+            now.as_raw_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| e.to_string())?;
+        if InodeKey::of(&s) != key {
+            return Err("its current path finds another file".into());
         }
         n.path = Some(rel);
         Ok(())
@@ -392,7 +433,18 @@ impl PassthroughFs {
         if extra != 0 {
             return Err(StateError::Flags(extra));
         }
-        if state.next_node <= ROOT_ID || state.next_handle == 0 {
+        if state.mode != mcfg.mode {
+            return Err(malformed(format!(
+                "the source used {:?}, this daemon --migration-mode {:?}",
+                state.mode, mcfg.mode
+            )));
+        }
+        let max_node = state.nodes.iter().map(|n| n.id).max().unwrap_or(ROOT_ID);
+        let max_fh = state.handles.iter().map(|h| h.fh).max().unwrap_or(0);
+        let bounded = |next: u64, max: u64| {
+            next > max && next <= max.saturating_add(MAX_ID_GAP) && next < MAX_ID
+        };
+        if !bounded(state.next_node, max_node) || !bounded(state.next_handle, max_fh) {
             return Err(malformed("bad id counters"));
         }
         let mut report = LoadReport::default();
@@ -416,7 +468,7 @@ impl PassthroughFs {
         };
         let mut passed = match &state.handover {
             Some(offer) => {
-                match handover::receive(root.path_fd()?.as_raw_fd(), offer) {
+                match handover::receive(root.path_fd()?.as_raw_fd(), offer, &expected(state)) {
                     Ok(p) => {
                         self.locks
                             .shared
@@ -437,7 +489,9 @@ impl PassthroughFs {
             }
             let found = match (&n.error, passed.remove(&Item::Node(n.id))) {
                 (Some(why), _) => Err(format!("the source could not send it: {why}")),
-                (None, Some(fd)) if n.name.is_none() && n.path.is_none() => unlinked_node(fd, n),
+                (None, Some(fd)) if n.name.is_none() && n.path.is_none() => {
+                    unlinked_node(fd, n, root.key.dev)
+                }
                 (None, _) => self.find_node(n, state.mode, &restored, anchor.as_ref(), &root),
             };
             match found {
@@ -578,6 +632,9 @@ impl PassthroughFs {
     /// Opens a path of the share component by component from its root, never following a
     /// symlink or leaving the share (`..` is refused).
     fn open_path(&self, root: &Arc<Inode>, path: &[u8]) -> Result<OwnedFd, String> {
+        if path.len() > libc::PATH_MAX as usize {
+            return Err("a path longer than PATH_MAX".into());
+        }
         let mut cur: OwnedFd = {
             let r = root.path_fd().map_err(|e| e.to_string())?;
             sys::openat(r.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, 0)
@@ -626,9 +683,8 @@ impl PassthroughFs {
             }
             return Err(outside());
         }
-        if st.st.st_nlink == 0 {
-            return Ok(());
-        }
+        // A file with no links could be any deleted file on this file system: only the
+        // handover (the source's own fd) moves those.
         let (parent, cname) = name.ok_or_else(outside)?;
         let pfd = parent.path_fd().map_err(|e| e.to_string())?;
         let s =
@@ -657,13 +713,20 @@ impl PassthroughFs {
         let flags = if h.dir {
             libc::O_RDONLY | libc::O_DIRECTORY
         } else {
-            // Opened again: never create or truncate what the guest already has open.
-            let f = h.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_PATH);
+            // Opened again: never create or truncate what the guest already has open; and
+            // through this daemon's own rules for guest flags (its --allow-direct-io,
+            // --preserve-noatime, writeback).
+            let f = h.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+            let f = self.host_flags(f as u32);
             self.check_open_flags(f).map_err(|e| e.to_string())?;
             f
         };
-        // The source's own description (its offset, its flock) if it is this node's file.
-        let fd = match passed.filter(|fd| same_file(fd, inode)) {
+        // The source's own description (its offset, its flock) if it is this node's file,
+        // a regular file or directory, open with the state's access mode.
+        let usable = |fd: &OwnedFd| {
+            (inode.is_reg() || inode.is_dir()) && same_file(fd, inode) && same_access(fd, flags)
+        };
+        let fd = match passed.filter(usable) {
             Some(fd) => fd,
             None => self.reopen(inode, flags).map_err(|e| e.to_string())?,
         };
@@ -675,6 +738,7 @@ impl PassthroughFs {
             dir: h.dir.then(Default::default),
             nowait_reads: AtomicBool::new(nowait),
             flock: AtomicI32::new(libc::F_UNLCK),
+            flock_pending: Default::default(),
         };
         self.handles
             .restore(h.fh, handle, next)
@@ -691,10 +755,14 @@ impl PassthroughFs {
                 handle.flock.store(h.flock, Ordering::Relaxed);
                 Ok(None)
             }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Some(LockWait::Flock {
-                handle,
-                typ: h.flock,
-            })),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                *handle.flock_pending.lock().unwrap() = true;
+                Ok(Some(LockWait::Flock {
+                    fs: self.clone(),
+                    handle,
+                    typ: h.flock,
+                }))
+            }
             Err(e) => Err(format!("flock: {e}")),
         }
     }
@@ -728,23 +796,49 @@ impl PassthroughFs {
         };
         // The source's own description holds the ranges already: placing them again on
         // it succeeds at once, and nobody else can take them meanwhile.
-        let fd = match passed.filter(|fd| same_file(fd, inode)) {
+        let usable = |fd: &OwnedFd| {
+            // SAFETY: plain fcntl on an fd we own.
+            let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+            same_file(fd, inode) && fl >= 0 && fl & libc::O_PATH == 0
+        };
+        let fd = match passed.filter(usable) {
             Some(fd) => fd,
             None => open().map_err(|e| e.to_string())?,
         };
         match self.locks.restore_owner(&rec, fd) {
             Ok(()) => Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                let fd = open().map_err(|e| e.to_string())?;
+                self.locks.set_pending(rec.node, rec.owner);
                 Ok(Some(LockWait::Posix {
                     fs: self.clone(),
                     rec,
-                    fd,
                 }))
             }
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// The fds a handover may bring for `state`: its handles, its owners, its nameless nodes.
+fn expected(state: &State) -> std::collections::HashSet<Item> {
+    let mut e: std::collections::HashSet<Item> =
+        state.handles.iter().map(|h| Item::Handle(h.fh)).collect();
+    e.extend(state.owners.iter().map(|o| Item::Owner(o.node, o.owner)));
+    e.extend(
+        state
+            .nodes
+            .iter()
+            .filter(|n| n.name.is_none() && n.path.is_none())
+            .map(|n| Item::Node(n.id)),
+    );
+    e
+}
+
+/// Whether `fd` is open (not O_PATH) with the access mode of `flags`.
+fn same_access(fd: &OwnedFd, flags: i32) -> bool {
+    // SAFETY: plain fcntl on an fd we own.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_PATH == 0 && fl & libc::O_ACCMODE == flags & libc::O_ACCMODE
 }
 
 /// Whether `fd` (from the handover) is `inode`'s file. By device and inode number: the
@@ -761,11 +855,15 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
 fn unlinked_node(
     fd: OwnedFd,
     n: &NodeState,
+    share_dev: u64,
 ) -> Result<(OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>), String> {
     let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
     let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
-    if st.st.st_nlink != 0 || st.st.st_mode & libc::S_IFMT != n.file_type {
-        return Err("the fd the source passed is not an unlinked file of its type".into());
+    // Only an unlinked regular file on the share's file system: a directory fd (even a
+    // removed one) would lead out of the share through `..`.
+    let reg = st.st.st_mode & libc::S_IFMT == libc::S_IFREG && n.file_type == libc::S_IFREG;
+    if st.st.st_nlink != 0 || !reg || st.st.st_dev != share_dev {
+        return Err("the fd the source passed is not an unlinked regular file of the share".into());
     }
     Ok((fd, st, None))
 }
@@ -773,42 +871,64 @@ fn unlinked_node(
 /// A lock the destination must wait for: the source (or someone) holds it now.
 enum LockWait {
     Flock {
+        fs: Arc<PassthroughFs>,
         handle: Arc<Handle>,
         typ: i32,
     },
     Posix {
         fs: Arc<PassthroughFs>,
         rec: OwnerRecord,
-        fd: OwnedFd,
     },
 }
 
+/// How often a lock left behind by a migration is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl LockWait {
-    /// Waits on a thread of its own; the lock is installed when granted, unless the guest
-    /// has meanwhile closed the handle or taken locks of that owner itself.
+    /// Tries again on a thread of its own, without blocking, until granted; given up when
+    /// the session ends (a reset, a new INIT, another load) or the guest made its own lock
+    /// call for that handle or owner meanwhile, which then decides.
     fn spawn(self) {
+        let session = match &self {
+            LockWait::Flock { fs, .. } | LockWait::Posix { fs, .. } => fs.session(),
+        };
         let r = std::thread::Builder::new()
             .name("vfsd-lock-handover".into())
-            .spawn(move || match self {
-                LockWait::Flock { handle, typ } => {
-                    if filelocks::flock(handle.fd.as_raw_fd(), typ, true).is_ok() {
-                        handle.flock.store(typ, Ordering::Relaxed);
-                    }
-                }
-                LockWait::Posix { fs, rec, fd } => {
-                    for r in &rec.ranges {
-                        if filelocks::ofd_wait(fd.as_raw_fd(), *r).is_err() {
+            .spawn(move || loop {
+                let live = |fs: &PassthroughFs| fs.session() == session;
+                match &self {
+                    LockWait::Flock { fs, handle, typ } => {
+                        let mut pending = handle.flock_pending.lock().unwrap();
+                        if !*pending || !live(fs) {
+                            return;
+                        }
+                        if filelocks::flock(handle.fd.as_raw_fd(), *typ, false).is_ok() {
+                            *pending = false;
+                            handle.flock.store(*typ, Ordering::Relaxed);
                             return;
                         }
                     }
-                    // Held now on `fd`: installed as the owner, or given up (closing
-                    // `fd` drops them) if the guest went on without them.
-                    if fs.handles_open(rec.node, &rec.handles) {
-                        if let Err(e) = fs.locks.restore_owner(&rec, fd) {
-                            log::warn!("migration: lock owner {:#x}: {e}", rec.owner);
+                    LockWait::Posix { fs, rec } => {
+                        if !live(fs) || !fs.locks.still_pending(rec.node, rec.owner, false) {
+                            return;
+                        }
+                        // All its ranges on a fresh description, or none (closing it
+                        // drops the ones taken).
+                        if let Ok(fd) = fs.owner_description(rec.node) {
+                            if filelocks::try_all(fd.as_raw_fd(), &rec.ranges)
+                                && live(fs)
+                                && fs.locks.still_pending(rec.node, rec.owner, true)
+                                && fs.handles_open(rec.node, &rec.handles)
+                            {
+                                if let Err(e) = fs.locks.restore_owner(rec, fd) {
+                                    log::warn!("migration: lock owner {:#x}: {e}", rec.owner);
+                                }
+                                return;
+                            }
                         }
                     }
                 }
+                std::thread::sleep(RETRY);
             });
         if let Err(e) = r {
             log::warn!("migration: no thread to wait for a lock: {e}");
@@ -817,8 +937,127 @@ impl LockWait {
 }
 
 impl PassthroughFs {
+    /// A new host description of `node`'s file for an owner's locks.
+    fn owner_description(&self, node: u64) -> io::Result<OwnedFd> {
+        let inode = self.inodes.get(node)?;
+        let flags = if self.cfg.readonly {
+            libc::O_RDONLY
+        } else {
+            libc::O_RDWR
+        };
+        self.reopen(&inode, flags | libc::O_NONBLOCK)
+            .or_else(|_| self.reopen(&inode, libc::O_RDONLY | libc::O_NONBLOCK))
+    }
+
     /// Whether any of `handles` of `node` is still open.
     fn handles_open(&self, node: u64, handles: &[u64]) -> bool {
         handles.iter().any(|&fh| self.handles.get(fh, node).is_ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passthrough::Config;
+
+    fn bytes(state: &State) -> Vec<u8> {
+        let body = postcard::to_stdvec(state).unwrap();
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn empty() -> State {
+        State {
+            mode: Mode::FindPaths,
+            flags: 0,
+            next_node: 2,
+            next_handle: 1,
+            nodes: Vec::new(),
+            handles: Vec::new(),
+            owners: Vec::new(),
+            handover: None,
+        }
+    }
+
+    fn fs(dir: &std::path::Path) -> Arc<PassthroughFs> {
+        Arc::new(PassthroughFs::new(Config::new(dir)).unwrap())
+    }
+
+    #[test]
+    fn id_counters_near_wrapping_or_far_past_the_state_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        fs.load_state(&bytes(&empty())).unwrap();
+        for (node, fh) in [
+            (u64::MAX, 1),
+            (2, u64::MAX),
+            (MAX_ID_GAP + 10, 1),
+            (1, 1),
+            (2, 0),
+        ] {
+            let s = State {
+                next_node: node,
+                next_handle: fh,
+                ..empty()
+            };
+            assert!(fs.load_state(&bytes(&s)).is_err(), "{node} {fh}");
+        }
+    }
+
+    #[test]
+    fn a_state_of_the_other_mode_or_with_flags_not_offered_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let other = State {
+            mode: Mode::FileHandles,
+            ..empty()
+        };
+        assert!(matches!(
+            fs.load_state(&bytes(&other)),
+            Err(StateError::Malformed(_))
+        ));
+        let flags = State {
+            flags: 1 << 63,
+            ..empty()
+        };
+        assert!(matches!(
+            fs.load_state(&bytes(&flags)),
+            Err(StateError::Flags(_))
+        ));
+    }
+
+    #[test]
+    fn a_second_node_for_a_known_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let fs = fs(dir.path());
+        let node = |id| NodeState {
+            id,
+            lookups: 1,
+            file_type: libc::S_IFREG,
+            name: Some((ROOT_ID, b"f".to_vec())),
+            path: None,
+            handle: None,
+            error: None,
+        };
+        let s = State {
+            next_node: 4,
+            nodes: vec![node(2), node(3)],
+            ..empty()
+        };
+        assert!(fs.load_state(&bytes(&s)).is_err());
+        let dir_as_root = State {
+            next_node: 3,
+            nodes: vec![NodeState {
+                file_type: libc::S_IFDIR,
+                path: Some(b"..".to_vec()),
+                ..node(2)
+            }],
+            ..empty()
+        };
+        assert!(fs.load_state(&bytes(&dir_as_root)).is_err());
     }
 }

@@ -192,6 +192,9 @@ pub struct PassthroughFs {
     enabled: std::sync::atomic::AtomicU64,
     /// Host filesystems without RWF_NOWAIT (see `nowait`).
     nowait_unsupported: nowait::Unsupported,
+    /// Counts resets: what a migration's lock retries (`migration`) check they still
+    /// belong to.
+    session: std::sync::atomic::AtomicU64,
 }
 
 impl PassthroughFs {
@@ -240,6 +243,7 @@ impl PassthroughFs {
             proc_self_fd,
             enabled: Default::default(),
             nowait_unsupported: Default::default(),
+            session: Default::default(),
         })
     }
 
@@ -376,6 +380,10 @@ impl PassthroughFs {
         self.cfg.timeout()
     }
 
+    pub(crate) fn session(&self) -> u64 {
+        self.session.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Records the INIT flags both sides enabled, as the INIT reply says.
     pub fn start_session(&self, enabled: u64) {
         self.enabled
@@ -418,6 +426,8 @@ impl PassthroughFs {
     /// every lock. A handle's flock goes at once, even if a request still running holds
     /// the handle (and so its fd) a moment longer.
     fn reset(&self) {
+        self.session
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.locks.release_all();
         let shared = self.locks.shared.load(std::sync::atomic::Ordering::Acquire);
         for h in self.handles.clear() {
