@@ -20,10 +20,13 @@
 #     waiter    a flock and a POSIX lock requested (blocking) on mig/wait-flock and
 #               mig/wait-posix, which the host holds across the migration and releases
 #               after it: the waiting requests are in flight during the migration and
-#               must be granted on the destination within 30 s
+#               must be granted on the destination within 30 s (a wait that fails with
+#               EINTR at the switch-over is asked again, as flock(1) does)
 #     unlinked  a file open (read fd and write fd) and unlinked before the migration;
 #               written and read through its fds after it.  Informational (INFO lines):
 #               a find-paths daemon can't find it again (see --migration-on-error)
+#     unlinked=ok, unlinked=error   the same, checked: the write and the read must work
+#               (the read gives both lines), or must both fail
 #   Prints "migrate: FIGURE name value" lines, "migrate: N checks passed, M failed"
 #   and "migrate: PASS" or "migrate: FAIL".  Exit status 0 on PASS.
 
@@ -36,6 +39,8 @@ for x in "$@"; do
         many=*) MANY=${x#many=} ;;
         waiter) WAITER=1 ;;
         unlinked) UNLINKED=1 ;;
+        unlinked=ok) UNLINKED=ok ;;
+        unlinked=error) UNLINKED=error ;;
         *) echo "migrate: unknown extra '$x'"; exit 2 ;;
     esac
 done
@@ -82,6 +87,27 @@ else
 fi
 
 HOLDPIDS= WAITPIDS=
+# waitlock NAME FILE SPEC: a blocking vfsd-lock -w, retried while it fails with
+# EINTR, as flock(1) does; each interruption is appended to /tmp/NAME.eintr;
+# /tmp/NAME.granted once granted (held until /tmp/release), /tmp/NAME.rc at the end.
+# Errno 512 (ERESTARTSYS) is retried too, but is a failure (checked below): the
+# guest's FUSE turns a daemon's EINTR reply to SETLKW into ERESTARTSYS ("locking is
+# restartable"), which reaches user space when no signal is pending, and programs
+# such as flock(1) give up on it.
+waitlock() {
+    wl=$1; shift
+    while :; do
+        vfsd-lock -q -w -m "/tmp/$wl.granted" -u /tmp/release "$@" 2>"/tmp/$wl.err" & echo $! > "/tmp/$wl.pid"
+        wait $!; wrc=$?
+        if [ "$wrc" = 2 ] && grep -qE 'Interrupted system call|Unknown error 512' "/tmp/$wl.err"; then
+            echo "$(centis) $(cat "/tmp/$wl.err")" >> "/tmp/$wl.eintr"
+            continue
+        fi
+        echo "$wrc" > "/tmp/$wl.rc"
+        [ -s "/tmp/$wl.err" ] && say "waiter: $wl: $(cat "/tmp/$wl.err")"
+        return "$wrc"
+    done
+}
 if [ "$MANY" -gt 0 ]; then
     mkdir -p many
     j=0; while [ $j -lt "$MANY" ]; do echo "file $j" > many/f$j; j=$((j + 1)); done
@@ -92,9 +118,9 @@ if [ "$MANY" -gt 0 ]; then
 fi
 if [ "$WAITER" = 1 ]; then
     if [ -e wait-flock ] && [ -e wait-posix ]; then
-        rm -f /tmp/wflock.granted /tmp/wposix.granted
-        vfsd-lock -q -w -m /tmp/wflock.granted -u /tmp/release wait-flock ex & WAITPIDS="$! "
-        vfsd-lock -q -w -m /tmp/wposix.granted -u /tmp/release wait-posix wr:0:0 & WAITPIDS="$WAITPIDS $!"
+        rm -f /tmp/wflock.* /tmp/wposix.*
+        waitlock wflock wait-flock ex & WAITPIDS="$! "
+        waitlock wposix wait-posix wr:0:0 & WAITPIDS="$WAITPIDS $!"
         sleep 1
         if [ -e /tmp/wflock.granted ] || [ -e /tmp/wposix.granted ]; then
             bad "waiter: a lock the host holds was granted before the migration"
@@ -104,7 +130,7 @@ if [ "$WAITER" = 1 ]; then
         bad "waiter: the host did not prepare mig/wait-flock and mig/wait-posix"; WAITER=0
     fi
 fi
-if [ "$UNLINKED" = 1 ]; then
+if [ "$UNLINKED" != 0 ]; then
     echo before > unlinked-file && exec 6>>unlinked-file && exec 7<unlinked-file && rm unlinked-file &&
         say "unlinked: unlinked-file open on fds 6 (append) and 7 (read), and unlinked" ||
         { bad "unlinked: setting up failed"; UNLINKED=0; }
@@ -169,10 +195,17 @@ if [ "$MANY" -gt 0 ]; then
     check "many: readdir count" test "$(ls many | wc -l)" -eq "$MANY"
     for p in $HOLDPIDS; do kill "$p" 2>/dev/null; done
 fi
-if [ "$UNLINKED" = 1 ]; then
-    if echo after >&6 2>/tmp/unl.err; then say "INFO unlinked: write through fd 6 after the migration: ok"
-    else say "INFO unlinked: write through fd 6 after the migration failed: $(cat /tmp/unl.err)"; fi
-    got=$(cat <&7 2>/tmp/unl.err | tr '\n' ' '); say "INFO unlinked: read through fd 7: '$got' $(cat /tmp/unl.err)"
+if [ "$UNLINKED" != 0 ]; then
+    if echo after >&6 2>/tmp/unl.err; then wok=1; say "INFO unlinked: write through fd 6 after the migration: ok"
+    else wok=0; say "INFO unlinked: write through fd 6 after the migration failed: $(cat /tmp/unl.err)"; fi
+    got=$(cat <&7 2>/tmp/unl.err | tr '\n' ' '); rerr=$(cat /tmp/unl.err)
+    say "INFO unlinked: read through fd 7: '$got' $rerr"
+    case $UNLINKED in
+        ok) [ "$wok" = 1 ] && ok || bad "unlinked: the write through fd 6 failed: $(cat /tmp/unl.err)"
+            [ "$got" = "before after " ] && [ -z "$rerr" ] && ok || bad "unlinked: read '$got' through fd 7, expected 'before after ' $rerr" ;;
+        error) [ "$wok" = 0 ] && ok || bad "unlinked: the write through fd 6 worked; expected an error"
+            [ -n "$rerr" ] && ok || bad "unlinked: the read through fd 7 gave '$got'; expected an error" ;;
+    esac
     exec 6>&- 7<&-
 fi
 if [ "$WAITER" = 1 ]; then
@@ -182,9 +215,17 @@ if [ "$WAITER" = 1 ]; then
         usleep 100000
     done
     [ -e /tmp/wflock.granted ] && { ok; say "waiter: flock granted on the destination"; } ||
-        bad "waiter: the blocking flock was not granted within 30 s of the host's release"
+        bad "waiter: the blocking flock was not granted within 30 s of the host's release$(cat /tmp/wflock.rc /tmp/wflock.err 2>/dev/null | tr '\n' ' ')"
     [ -e /tmp/wposix.granted ] && { ok; say "waiter: POSIX lock granted on the destination"; } ||
-        bad "waiter: the blocking POSIX lock was not granted within 30 s of the host's release"
+        bad "waiter: the blocking POSIX lock was not granted within 30 s of the host's release$(cat /tmp/wposix.rc /tmp/wposix.err 2>/dev/null | tr '\n' ' ')"
+    for wl in wflock wposix; do
+        ni=0; [ -s "/tmp/$wl.eintr" ] && ni=$(wc -l < "/tmp/$wl.eintr")
+        say "FIGURE waiter_${wl}_interrupted $ni"
+        [ "$ni" -gt 0 ] && say "INFO waiter: $wl interrupted $ni time(s), retried: $(tr '\n' ' ' < "/tmp/$wl.eintr")"
+        if grep -q 'Unknown error 512' "/tmp/$wl.eintr" 2>/dev/null; then
+            bad "waiter: $wl: the blocking lock failed with errno 512 (ERESTARTSYS leaked to user space, not EINTR; flock(1) would fail) $(grep -c 'Unknown error 512' "/tmp/$wl.eintr") time(s)"
+        else ok; fi
+    done
 fi
 
 if [ "$LOCKS" = 1 ]; then
@@ -203,6 +244,7 @@ if [ "$LOCKS" = 1 ]; then
         n=0; while kill -0 "$p" 2>/dev/null && [ $n -lt 50 ]; do usleep 100000; n=$((n + 1)); done
         kill "$p" 2>/dev/null
     done
+    for wl in wflock wposix; do [ -s "/tmp/$wl.pid" ] && kill "$(cat "/tmp/$wl.pid")" 2>/dev/null; done
     vfsd-lock -q flock-file ex; rc=$?
     [ "$rc" = 0 ] && ok || bad "flock ex on flock-file after the release: expected granted (0), got $rc"
     vfsd-lock -q posix-file wr:0:0; rc=$?

@@ -14,9 +14,10 @@
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
-#                     locks,xfstests
-#                     (and twohosts, with --gluster; and migrate, only when named: live
-#                     migration between two QEMU, scripts/guest-migrate.sh)
+#                     locks,migrate,xfstests
+#                     (and twohosts, with --gluster). migrate: live migration between two
+#                     QEMU on this host, over a unix socket and through a file
+#                     (scripts/guest-migrate.sh; about 3 minutes)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -38,8 +39,8 @@
 #                     is scripts/two-hosts.sh (coherence per cache mode, parallel
 #                     direct writes and locks between guests on client mounts A and B)
 #
-# Typical time under TCG on 2 cores: about 6-7 minutes per daemon, plus
-# 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
+# Typical time under TCG on 2 cores: about 6-7 minutes per daemon, 3 more
+# for migrate, plus 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -91,7 +92,7 @@ if [ "$GLUSTER" = 1 ]; then
 elif [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
-ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,xfstests}
+ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,migrate,xfstests}
 for t in ${ONLY//,/ }; do
     case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests|migrate) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
@@ -406,10 +407,13 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         done
     fi
 
-    if wanted migrate; then
+    if wanted migrate && [ "$daemon" != vfsd ] && [ "$daemon" != virtiofsd ]; then
+        say "[$label] migrate: not run (scripts/guest-migrate.sh starts vfsd or virtiofsd itself, not a run-vm.sh template)"
+    elif wanted migrate; then
         # Live migration between two QEMU on this host, a daemon each on one share: the
         # guest writes through an open fd and holds flock, POSIX and OFD locks (about 1.5
-        # minutes). The variants (file, rounds, extras): scripts/guest-migrate.sh --help.
+        # minutes each; 168 s for both on 2 busy cores). The variants (rounds, extras,
+        # migration modes, --expect-fail): scripts/guest-migrate.sh --help.
         for via in unix file; do
             host_test "$label" "migrate-$via" guest-migrate.log 'FAIL|error' "$HERE/guest-migrate.sh" \
                 --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} --via "$via" \
