@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,10 @@ struct Track {
     /// What ends a deferred request's wait when the ring stops (`on_stop`), by ticket,
     /// and whether a stop is under way (then a canceller runs at once).
     cancellers: Mutex<(Cancellers, bool)>,
+    /// Cancellers registered (so a completion looks at them only when there are some).
+    waits: AtomicUsize,
+    /// A stop is waiting on `idle` (set and read under `pending`'s lock).
+    stopping: AtomicBool,
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
@@ -116,8 +120,8 @@ impl TrackedVring {
             // Registered while a stop waits: end the wait now, so the stop sees it.
             drop(c);
             cancel();
-        } else {
-            c.0.insert(key, cancel);
+        } else if c.0.insert(key, cancel).is_none() {
+            self.track.waits.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -132,11 +136,17 @@ impl TrackedVring {
                 for (t, _, _) in &done {
                     pending.remove(&(t.generation, t.position));
                 }
-                let mut c = self.track.cancellers.lock().unwrap();
-                for (t, _, _) in &done {
-                    c.0.remove(&(t.generation, t.position));
+                if self.track.waits.load(Ordering::Acquire) > 0 {
+                    let mut c = self.track.cancellers.lock().unwrap();
+                    for (t, _, _) in &done {
+                        if c.0.remove(&(t.generation, t.position)).is_some() {
+                            self.track.waits.fetch_sub(1, Ordering::AcqRel);
+                        }
+                    }
                 }
-                if pending.is_empty() {
+                // Only a stop waits on `idle`, and it sets `stopping` under this lock: no
+                // wake-up (a futex call each) for every completion otherwise.
+                if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
                     self.track.idle.notify_all();
                 }
             }
@@ -202,6 +212,7 @@ impl TrackedVring {
         let cancel: Vec<Canceller> = {
             let mut c = self.track.cancellers.lock().unwrap();
             c.1 = true;
+            self.track.waits.store(0, Ordering::Release);
             c.0.drain().map(|(_, c)| c).collect()
         };
         for c in cancel {
@@ -210,6 +221,7 @@ impl TrackedVring {
         let deadline = Instant::now() + STOP_WAIT;
         {
             let mut pending = self.track.pending.lock().unwrap();
+            self.track.stopping.store(true, Ordering::Release);
             while !pending.is_empty() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -217,6 +229,7 @@ impl TrackedVring {
                 }
                 pending = self.track.idle.wait_timeout(pending, left).unwrap().0;
             }
+            self.track.stopping.store(false, Ordering::Release);
         }
         // The ring's lock, then the pending set: the order `popped` takes them in.
         let mut state = self.inner.get_mut();
