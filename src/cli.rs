@@ -497,10 +497,17 @@ fn split_escaped(s: &str) -> Vec<String> {
 }
 
 /// What `--print-capabilities` prints (QEMU's vhost-user.json conventions).
+///
+/// `migrate-precopy` lets libvirt migrate and save the domain. Not `separate-options`:
+/// libvirt 11 refuses `<lock posix= flock=>` for a binary that lists it ("locking options
+/// are not supported by this virtiofsd", as virtiofsd keeps locks in the guest), and
+/// passes them only in the `-o` form (`-o source=D,flock,posix_lock`), which vfsd
+/// parses; every other option libvirt passes (fd, thread pool, open-file limit, id maps,
+/// cache, sandbox, xattr) works the same in both forms (docs/libvirt.md).
 pub fn capabilities() -> serde_json::Value {
     serde_json::json!({
         "type": "fs",
-        "features": ["migrate-precopy", "separate-options"]
+        "features": ["migrate-precopy"]
     })
 }
 
