@@ -29,6 +29,10 @@ command -v fsx >/dev/null || { echo "fsx.sh: fsx is not in this initramfs"; exit
 T=$DIR/fsx.$$
 rm -rf "$T"; mkdir -p "$T"
 # Buffered run: all operations fsx-rs supports on Linux, 256 KiB file.
+# No posix_fallocate: fsx-rs can draw a zero-length one (seed 82855: op 41956,
+# "0x159ea => 0x159e9 (0x0 bytes)"), which fails with EINVAL on the host's own ext4
+# too ("Test file system does not support posix_fallocate"); xfstests and the load
+# generator cover fallocate.
 cat > /tmp/fsx.toml <<'TOML'
 flen = 262144
 [weights]
@@ -41,7 +45,7 @@ invalidate = 1
 truncate = 2
 fsync = 1
 fdatasync = 1
-posix_fallocate = 1
+posix_fallocate = 0
 punch_hole = 1
 sendfile = 1
 posix_fadvise = 1
