@@ -3,6 +3,9 @@
 #
 #   scripts/bench.sh [--quick] [--runs N] [--no-loadgen] [--no-native] [--no-guest] [--out DIR]
 #   scripts/bench.sh --gluster [--runs N] [--out DIR]
+#   scripts/bench.sh --tree [--modes auto,always,never,metadata] [--daemons vfsd,virtiofsd,tmpfs]
+#                    [--runs N] [--userland host|initramfs] [--tree-source TARBALL] [--steps LIST]
+#                    [--vfsd-args ARGS] [--virtiofsd-args ARGS] [--out DIR]
 #
 # 1. Load generator (vfsd-bench plays the guest driver on the vhost-user socket) against
 #    each daemon at its default and best settings, and native fio at the same concurrency
@@ -19,6 +22,21 @@
 #    writes at 1 and 2 jobs. The load generator runs only 1 MiB sequential read and write
 #    with one request in flight, against native fio's one psync job: the daemon's own
 #    share of the gap, without the TCG guest. Default DIR: docs/benchmarks/gluster.
+# --tree: a source-tree workload in a real guest (guest-tests/tree-bench.sh): untar of a
+#    real source tree (the pinned fstests tarball, ../shared/xfstests/xfstests-*.tar.xz,
+#    4,683 entries; else --tree-source, else a few crates from the local cargo cache), find,
+#    ls -lR warm and after drop_caches, cp -a, rm -rf, 2,000 small files created and
+#    unlinked, and git clone from a bundle in the share, git status clean and dirty. For each
+#    cache mode of --modes (default all four) a guest through vfsd and one through virtiofsd,
+#    each as run-vm.sh ships it plus --cache MODE, and once per run the same steps on the
+#    guest's tmpfs. Per step: the guest's time, the daemon's CPU time (utime+stime of its
+#    process tree, read by the host at the guest's step marks), the FUSE requests the guest
+#    sent (tracepoint fuse:fuse_request_send), and vfsd's own count (--stats, on SIGUSR1).
+#    --userland host (default) runs the steps chrooted into a read-only view of the host's
+#    root, so GNU tar, coreutils and git; initramfs: busybox, without git. --steps times only
+#    those steps (what they need still runs, untimed); --vfsd-args and --virtiofsd-args go on
+#    that daemon's command line for the share under test. VFSD_BIN picks the vfsd binary
+#    (default: target/release/vfsd, built). Default DIR: docs/benchmarks/tree.
 # Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
 # drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
 # DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
@@ -28,6 +46,8 @@ REPO=$PWD
 
 ARGS="$*"
 QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT= GLUSTER=0
+TREE=0 TREE_MODES=auto,always,never,metadata TREE_DAEMONS=vfsd,virtiofsd,tmpfs TREE_USERLAND=host TREE_SOURCE=
+TREE_STEPS=all TREE_VFSD_ARGS= TREE_VIRTIOFSD_ARGS=
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=1; shift ;;
@@ -37,12 +57,20 @@ while [ $# -gt 0 ]; do
         --no-guest) GUEST=0; shift ;;
         --out) OUT=${2:?}; shift 2 ;;
         --gluster) GLUSTER=1; shift ;;
+        --tree) TREE=1; shift ;;
+        --modes) TREE_MODES=${2:?}; shift 2 ;;
+        --daemons) TREE_DAEMONS=${2:?}; shift 2 ;;
+        --userland) TREE_USERLAND=${2:?}; shift 2 ;;
+        --tree-source) TREE_SOURCE=${2:?}; shift 2 ;;
+        --steps) TREE_STEPS=${2:?}; shift 2 ;;
+        --vfsd-args) TREE_VFSD_ARGS=${2?}; shift 2 ;;
+        --virtiofsd-args) TREE_VIRTIOFSD_ARGS=${2?}; shift 2 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 SECS=5; GSECS=20; [ $QUICK = 1 ] && { SECS=2; GSECS=8; }
-[ -n "$OUT" ] || { if [ $GLUSTER = 1 ]; then OUT=docs/benchmarks/gluster; else OUT=docs/benchmarks; fi; }
+[ -n "$OUT" ] || { if [ $GLUSTER = 1 ]; then OUT=docs/benchmarks/gluster; elif [ $TREE = 1 ]; then OUT=docs/benchmarks/tree; else OUT=docs/benchmarks; fi; }
 
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # fio's JSON as one line (it may print notes before the JSON itself).
@@ -51,6 +79,306 @@ die() { printf 'bench.sh: %s\n' "$*" >&2; exit 1; }
 
 # shellcheck source=scripts/bench-lib.sh
 . scripts/bench-lib.sh
+if [ $TREE = 1 ]; then
+    # ---- --tree: the source-tree workload (guest-tests/tree-bench.sh) -------------------
+    CACHE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}
+    IFS=, read -r -a TMODES <<<"$TREE_MODES"
+    IFS=, read -r -a TDAEMONS <<<"$TREE_DAEMONS"
+    for m in "${TMODES[@]}"; do
+        case $m in auto|always|never|metadata) ;; *) die "--modes: '$m' is no cache mode (auto, always, never, metadata)" ;; esac
+    done
+    for d in "${TDAEMONS[@]}"; do
+        case $d in vfsd|virtiofsd|tmpfs) ;; *) die "--daemons: '$d' is none of vfsd, virtiofsd, tmpfs" ;; esac
+    done
+    case $TREE_USERLAND in host|initramfs) ;; *) die "--userland: host or initramfs" ;; esac
+    [[ $TREE_STEPS =~ ^[a-zA-Z,-]+$ ]] || die "--steps: a comma-separated list of step names"
+    if [ -z "${VFSD_BIN:-}" ]; then
+        say "building vfsd"
+        cargo build --release --quiet
+        VFSD_BIN=$REPO/target/release/vfsd
+    fi
+    [ -x "$VFSD_BIN" ] || die "VFSD_BIN=$VFSD_BIN is not executable"
+    export VFSD_BIN
+    "$VFSD_BIN" --help | grep -q -- --stats-interval || die "$VFSD_BIN has no --stats-interval"
+    if [ "$TREE_USERLAND" = host ]; then
+        command -v git >/dev/null || die "--userland host: the host has no git (install it, or use --userland initramfs)"
+        command -v unshare >/dev/null || die "unshare not found: apt-get install util-linux"
+        [ -d /mnt ] || die "--userland host: the host has no /mnt, where the guest's shares appear in the chroot"
+    fi
+
+    # The source tree, as src.tar (top directory "src") and a git bundle of it, made once.
+    if [ -z "$TREE_SOURCE" ]; then
+        for t in "$REPO"/../shared/xfstests/xfstests-*.tar.xz; do [ -f "$t" ] && TREE_SOURCE=$t; done
+    fi
+    SRC=$CACHE/tree-source
+    if [ -n "$TREE_SOURCE" ]; then
+        [ -r "$TREE_SOURCE" ] || die "--tree-source $TREE_SOURCE: not readable"
+        TREE_SOURCE=$(cd "$(dirname "$TREE_SOURCE")" && pwd)/$(basename "$TREE_SOURCE")
+        KEY="$(basename "$TREE_SOURCE") $(stat -c %s "$TREE_SOURCE")"
+    else
+        KEY="crates"
+    fi
+    if [ "$(cat "$SRC/.key" 2>/dev/null)" != "$KEY" ] || [ ! -f "$SRC/src.bundle" ]; then
+        say "preparing the source tree in $SRC (once)"
+        rm -rf "$SRC"; mkdir -p "$SRC/x"
+        if [ -n "$TREE_SOURCE" ]; then
+            tar -xf "$TREE_SOURCE" -C "$SRC/x"
+            set -- "$SRC"/x/*
+            [ $# = 1 ] && [ -d "$1" ] || die "--tree-source: $TREE_SOURCE should hold one top directory"
+            mv "$1" "$SRC/src"
+        else
+            # No tarball: crate sources from the local cargo cache, largest first, until
+            # the tree has 4,000 entries.
+            mkdir -p "$SRC/src"
+            for c in $(ls -S "$HOME"/.cargo/registry/cache/*/*.crate 2>/dev/null); do
+                tar -xzf "$c" -C "$SRC/src"
+                [ "$(find "$SRC/src" | wc -l)" -ge 4000 ] && break
+            done
+            [ "$(find "$SRC/src" | wc -l)" -ge 1000 ] || die "no source tree: pass --tree-source TARBALL"
+        fi
+        rmdir "$SRC/x"
+        tar -C "$SRC" -cf "$SRC/src.tar" src
+        git -C "$SRC/src" -c init.defaultBranch=main init -q
+        git -C "$SRC/src" add -A -f
+        git -C "$SRC/src" -c user.name=vfsd-bench -c user.email=vfsd-bench@example.invalid \
+            commit -q -m "source tree for scripts/bench.sh --tree"
+        git -C "$SRC/src" bundle create -q "$SRC/src.bundle" --all
+        rm -rf "$SRC/src"
+        echo "$KEY" > "$SRC/.key"
+    fi
+    ENTRIES=$(tar -tf "$SRC/src.tar" | wc -l)
+    say "source tree: ${TREE_SOURCE:-crates from the cargo cache}, $ENTRIES entries"
+
+    KERNEL=$(scripts/fetch-kernel.sh) || die "no guest kernel"
+    # Busybox and guest-tests only; an image of its own, so no other run's is rebuilt under it.
+    INITRD=$(scripts/build-initramfs.sh --no-tools -o "$CACHE/initramfs-tree.cpio.gz") || die "no initramfs"
+    W=$(mktemp -d /var/tmp/vfsd-tree.XXXXXX)
+    MON=
+    trap '[ -n "$MON" ] && kill "$MON" 2>/dev/null; rm -rf "$W"' EXIT
+    mkdir -p "$OUT"
+    RES=$OUT/results.jsonl
+    : > "$RES"
+    : > "$OUT/guest.txt"
+
+    # The host side of the step marks: at "start STEP" it asks vfsd for its counters
+    # (SIGUSR1 -> --stats file) and then reads the daemon's CPU time, at "end STEP ..." the
+    # CPU time first and the counters after, so the dumps themselves count in no step;
+    # then it acks. One row per step into results.jsonl.
+    cat > "$W/monitor.py" <<'PY'
+import argparse, json, os, signal, sys, time
+ap = argparse.ArgumentParser()
+for o in ("ctl", "sock", "stats", "daemon", "cache", "run", "out", "userland", "args"):
+    ap.add_argument("--" + o, default="")
+a = ap.parse_args()
+TCK = os.sysconf("SC_CLK_TCK")
+
+def procs():
+    ps = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            st = open(f"/proc/{p}/stat").read()
+            cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        ps[int(p)] = (int(f[1]), int(f[11]) + int(f[12]), cmd)
+    return ps
+
+def tree():
+    """The daemon serving --sock and all its descendants (vfsd's sandbox child)."""
+    if not a.sock:
+        return set(), {}
+    ps, want, s = procs(), a.sock.encode(), set()
+    for pid, (_, _, cmd) in ps.items():
+        if b"--socket-path=" + want in cmd or any(cmd[i] == b"--socket-path" and cmd[i + 1] == want for i in range(len(cmd) - 1)):
+            s.add(pid)
+    grew = True
+    while grew:
+        grew = False
+        for pid, (pp, _, _) in ps.items():
+            if pp in s and pid not in s:
+                s.add(pid)
+                grew = True
+    return s, ps
+
+def cpu():
+    s, ps = tree()
+    return sum(ps[p][1] for p in s) / TCK if s else None
+
+def read_stats():
+    try:
+        return json.loads(open(a.stats).read())
+    except (OSError, ValueError):
+        return None
+
+last_uptime = None
+def dump():
+    """A fresh --stats dump: SIGUSR1 to the daemon's top process, then wait for the file."""
+    global last_uptime
+    if not a.stats:
+        return None
+    s, ps = tree()
+    for p in s:
+        if ps[p][0] not in s:
+            os.kill(p, signal.SIGUSR1)
+    end = time.time() + 10
+    while time.time() < end:
+        st = read_stats()
+        if st is not None and st.get("uptime_s") != last_uptime:
+            time.sleep(0.02)
+            if read_stats() == st:
+                last_uptime = st.get("uptime_s")
+                return st
+        time.sleep(0.02)
+    print(f"bench.sh --tree: no fresh --stats dump from {a.stats}", file=sys.stderr)
+    return None
+
+def counts(st):
+    return {k: v["count"] for k, v in st["opcodes"].items()} if st else None
+
+def handler_us(st):  # time spent in vfsd's handlers so far, per opcode (µs; count times mean)
+    return {k: v["count"] * v["avg_us"] for k, v in st["opcodes"].items()} if st else None
+
+# vfsd's counters of how requests were served (inline on the queue thread or by the pool).
+SERVED = ("served_alone", "reads_on_queue_thread", "reads_handed_off", "reads_served_alone", "reads_direct")
+def served(st):
+    return {k: st[k] for k in SERVED if isinstance(st.get(k), int)} if st else None
+
+st0 = read_stats()
+last_uptime = st0.get("uptime_s") if st0 else None
+n, cpu0, ops0 = 1, None, None
+out = open(a.out, "a")
+while True:
+    m = os.path.join(a.ctl, f"mark.{n}")
+    if not os.path.exists(m):
+        if os.path.exists(os.path.join(a.ctl, ".stop")):
+            break
+        time.sleep(0.05)
+        continue
+    w = open(m).read().split()
+    if w and w[0] == "start":
+        d0 = dump()
+        ops0, sv0, us0 = counts(d0), served(d0), handler_us(d0)
+        cpu0 = cpu()
+    elif w and w[0] == "end":
+        cpu1 = cpu()
+        d1 = dump()
+        ops1, sv1, us1 = counts(d1), served(d1), handler_us(d1)
+        step, t0, t1 = w[1], float(w[2]), float(w[3])
+        gops = {k: int(v) for k, v in (x.split("=") for x in w[4:])}
+        row = {"kind": "tree", "daemon": a.daemon, "cache": a.cache, "run": int(a.run), "userland": a.userland,
+               "step": step, "seconds": round(t1 - t0, 3)}
+        if a.args:
+            row["args"] = a.args
+        if a.daemon != "tmpfs":
+            req = sum(gops.values()) if gops else None
+            dcpu = round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None
+            dops = {k: v - (ops0 or {}).get(k, 0) for k, v in ops1.items() if v - (ops0 or {}).get(k, 0)} if ops1 is not None else None
+            dreq = sum(dops.values()) if dops is not None else None
+            row.update({"daemon_cpu_s": dcpu, "requests": req, "daemon_requests": dreq,
+                        "cpu_us_per_req": round(dcpu * 1e6 / req, 2) if dcpu is not None and req else None,
+                        "ops": gops, "daemon_ops": dops})
+            if sv0 is not None and sv1 is not None:
+                row["daemon_served"] = {k: sv1[k] - sv0.get(k, 0) for k in sv1}
+            if us0 is not None and us1 is not None:
+                row["daemon_handler_us"] = {k: round(v - us0.get(k, 0)) for k, v in us1.items() if round(v - us0.get(k, 0))}
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+    elif w and w[0] == "fail":
+        print(f"bench.sh --tree: the guest failed: {' '.join(w[1:])}", file=sys.stderr)
+    open(os.path.join(a.ctl, f"ack.{n}"), "w").close()
+    n += 1
+PY
+
+    if [ "$TREE_USERLAND" = host ]; then
+        VIEW=$W/hostroot-view
+        mkdir -p "$VIEW"
+    fi
+    # tree_boot DAEMON MODE RUN: one guest through DAEMON at --cache MODE (tmpfs: on the
+    # guest's tmpfs, MODE unused), results appended to $RES.
+    tree_boot() {
+        local d=$1 mode=$2 run=$3 label ctl vm sock= stats= target rd rc t load0 wrap=() shares=() sargs=() script chroot=() extra=
+        label=$d-$mode-$run
+        [ "$d" = tmpfs ] && label=tmpfs-$run
+        ctl=$W/ctl-$label vm=$W/vm-$label
+        mkdir -p "$ctl"
+        cp "$SRC/src.tar" "$SRC/src.bundle" "$ctl/"
+        rd=$d
+        if [ "$d" = tmpfs ]; then
+            rd=vfsd target=/tmp mode=-
+        else
+            mkdir -p "$W/share-$label"
+            shares+=(--share "$W/share-$label:tree")
+            sock=$vm/fs0.sock
+            local a="--cache $mode"
+            if [ "$d" = vfsd ]; then
+                stats=$W/stats-$label.json
+                a="$a --stats $stats --stats-interval 86400${TREE_VFSD_ARGS:+ $TREE_VFSD_ARGS}"
+                extra=$TREE_VFSD_ARGS
+            else
+                a="$a${TREE_VIRTIOFSD_ARGS:+ $TREE_VIRTIOFSD_ARGS}"
+                extra=$TREE_VIRTIOFSD_ARGS
+            fi
+            sargs+=(--share-args tree "$a")
+            target=/mnt/tree
+        fi
+        shares+=(--share "$ctl:ctl")
+        sargs+=(--share-args ctl "--cache never")
+        script=/guest-tests/tree-bench.sh
+        if [ "$TREE_USERLAND" = host ]; then
+            shares+=(--share "$VIEW:hostroot:ro")
+            sargs+=(--share-args hostroot "--cache always")
+            chroot=(--chroot hostroot)
+            script=/mnt/guest-tests/tree-bench.sh
+            # A view of the host's root file system alone (a non-recursive bind in a mount
+            # namespace of this boot's own), as scripts/run-xfstests.sh makes it.
+            wrap=(unshare --mount --propagation private -- bash -c 'mount --bind / "$0" && exec "$@"' "$VIEW")
+        fi
+        say "tree: $label"
+        python3 "$W/monitor.py" --ctl "$ctl" --sock "$sock" --stats "$stats" --daemon "$d" --cache "$mode" \
+            --run "$run" --out "$RES" --userland "$TREE_USERLAND" --args "$extra" &
+        MON=$!
+        t=$(date +%s)
+        load0=$(cut -d' ' -f1 /proc/loadavg)
+        rc=0
+        "${wrap[@]}" scripts/run-vm.sh --daemon "$rd" --kernel "$KERNEL" --initrd "$INITRD" --mem 1G --cpus 2 \
+            --timeout 3600 --quiet --workdir "$vm" --log "$W/console-$label.log" "${shares[@]}" "${sargs[@]}" \
+            "${chroot[@]}" -- "sh $script $target /mnt/ctl $TREE_STEPS" > "$W/run-vm-$label.log" 2>&1 || rc=$?
+        touch "$ctl/.stop"
+        wait "$MON" || true
+        MON=
+        t=$(( $(date +%s) - t ))
+        { echo "== $label (run-vm.sh exit status $rc, ${t}s)"; tr -d '\r' < "$W/console-$label.log" 2>/dev/null | grep '^tree-bench:'; } >> "$OUT/guest.txt"
+        echo "{\"kind\":\"tree-boot\",\"daemon\":\"$d\",\"cache\":\"$mode\",\"run\":$run,\"status\":$rc,\"wall_s\":$t,\"load\":[$load0,$(cut -d' ' -f1 /proc/loadavg)],\"args\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$extra")}" >> "$RES"
+        if [ "$rc" != 0 ]; then
+            say "tree: $label failed (status $rc); its rows are missing. run-vm.sh said:"
+            grep -E 'run-vm: (error|FAILED|TIMEOUT)' "$W/run-vm-$label.log" | head -n 5 >&2 || true
+            tr -d '\r' < "$W/console-$label.log" 2>/dev/null | tail -n 15 >&2 || true
+        fi
+        rm -rf "$ctl" "$W/share-$label" "$vm"
+        [ -n "$stats" ] && rm -f "$stats"
+        return 0
+    }
+    T0=$(date +%s)
+    for run in $(seq "$RUNS"); do
+        for d in "${TDAEMONS[@]}"; do
+            if [ "$d" = tmpfs ]; then tree_boot tmpfs - "$run"; fi
+        done
+        for mode in "${TMODES[@]}"; do
+            for d in "${TDAEMONS[@]}"; do
+                if [ "$d" != tmpfs ]; then tree_boot "$d" "$mode" "$run"; fi
+            done
+        done
+    done
+    say "tree: all boots in $(( $(date +%s) - T0 ))s; writing the report"
+    python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib || true
+    python3 scripts/bench_report.py "$RES" "$OUT" --tree 1 --command "scripts/bench.sh $ARGS" --runs "$RUNS" \
+        --tree-source "$(basename "${TREE_SOURCE:-crates}") ($ENTRIES entries)" --vfsd-bin "$VFSD_BIN"
+    say "done: $OUT/report.md"
+    exit 0
+fi
 say "building vfsd"
 cargo build --release --quiet --features test-frontend
 mkdir -p "$OUT"

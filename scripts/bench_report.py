@@ -44,6 +44,207 @@ def machine():
     return f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, host kernel {platform.release()}"
 
 
+TREE_STEPS = ["untar", "find", "ls-lR", "ls-lR-cold", "cp-a", "rm-rf", "create", "unlink",
+              "git-clone", "git-status-clean", "git-status-dirty"]
+TREE_ABOUT = {
+    "untar": "tar -xf of the tree (from the guest's /tmp)",
+    "find": "find over the tree, caches warm from the untar",
+    "ls-lR": "ls -lR (a stat of every file), warm",
+    "ls-lR-cold": "ls -lR after drop_caches",
+    "cp-a": "cp -a of the tree beside it",
+    "rm-rf": "rm -rf of the copy",
+    "create": "2,000 small files in 20 new directories (shell loop)",
+    "unlink": "rm of those files and rmdir of their directories",
+    "git-clone": "git clone from a bundle in the share",
+    "git-status-clean": "git status --porcelain, clean tree",
+    "git-status-dirty": "git status --porcelain, 100 files changed and 20 new",
+}
+
+
+def tree_report(records, a):
+    """Report of scripts/bench.sh --tree: per cache mode and step, vfsd vs virtiofsd vs tmpfs."""
+    rows = [r for r in records if r["kind"] == "tree"]
+    boots = [r for r in records if r["kind"] == "tree-boot"]
+    v = defaultdict(lambda: defaultdict(list))  # (cache, daemon, step) -> metric -> [values]
+    ops = defaultdict(lambda: defaultdict(list))  # (cache, daemon, step) -> opcode -> [counts]
+    userland = sorted({r.get("userland", "") for r in rows})
+    def label(r):  # the daemon, and any extra arguments it had (--vfsd-args, --virtiofsd-args)
+        return r["daemon"] + (f" {r['args']}" if r.get("args") else "")
+    for r in rows:
+        key = ("-" if r["daemon"] == "tmpfs" else r["cache"], label(r), r["step"])
+        for m in ("seconds", "daemon_cpu_s", "requests", "daemon_requests"):
+            if r.get(m) is not None:
+                v[key][m].append(r[m])
+        for k, n in (r.get("ops") or {}).items():
+            ops[key][k].append(n)
+    steps = [s for s in TREE_STEPS if any(k[2] == s for k in v)]
+    steps += sorted({k[2] for k in v} - set(steps))
+    modes = [m for m in ("auto", "always", "never", "metadata") if any(k[0] == m for k in v)]
+    labels = {k[1] for k in v} - {"tmpfs"}
+    daemons = sorted(labels, key=lambda d: (not d.startswith("vfsd"), d))
+    # The ratios compare the first vfsd and the first virtiofsd configuration.
+    A = next((d for d in daemons if d.startswith("vfsd")), "vfsd")
+    B = next((d for d in daemons if d.startswith("virtiofsd")), "virtiofsd")
+    have_tmpfs = any(k[1] == "tmpfs" for k in v)
+
+    def m_(cache, d, step, metric):
+        return med(v[(cache, d, step)][metric])
+
+    def ok(x):
+        return x == x and x is not None
+
+    def ratio(x, y, fmt="%.2f"):
+        return (fmt % (x / y)) if ok(x) and ok(y) and y else ""
+
+    def secs(x):
+        return f"{x:.2f}" if ok(x) else ""
+
+    def total(cache, d, metric, only=None):
+        xs = [m_(cache, d, s, metric) for s in (only or steps)]
+        return round(sum(xs), 3) if xs and all(ok(x) for x in xs) else float("nan")
+
+    summary = {"tree": {}}
+    md = ["# Tree workload: vfsd, virtiofsd and the guest's tmpfs", ""]
+    md += [f"Machine: {machine()}. Guests: QEMU TCG, 2 vCPUs, 1 GiB, Debian's cloud kernel; "
+           "KVM hosts will be much faster, compare ratios only.", ""]
+    md += [f"Command: `{a.command}` (runs per figure: {a.runs}; each figure is the median, with ± half "
+           f"the min-max spread where there are several runs). Source tree: {a.tree_source}. "
+           f"vfsd: `{a.vfsd_bin}`; userland in the guest: {', '.join(userland)} "
+           "(host: the host's root, read-only, as the guest's root: GNU tar and coreutils, git; "
+           "initramfs: busybox, no git).", ""]
+    md += ["Each daemon runs as `scripts/run-vm.sh` ships it (vfsd: namespace sandbox, `--xattr`; "
+           "virtiofsd 1.14: `--sandbox none --xattr`) plus `--cache MODE`. tmpfs: the same steps on "
+           "the guest's own tmpfs, the guest's ceiling; the cache mode does not apply to it, so its "
+           "figures repeat in every mode's table.", ""]
+    md += ["Per step: the guest's time (s); the FUSE requests the guest sent to the share "
+           "(tracepoint `fuse:fuse_request_send`, which does not see FORGETs), with vfsd's own "
+           "count (`--stats`, FORGET and BATCH_FORGET included) in brackets; the daemon's CPU "
+           "time (utime+stime of its process tree, read by the host at the guest's step marks, "
+           "10 ms resolution) and CPU per guest request.", ""]
+    md += ["| step | what |", "|---|---|"] + [f"| {s} | {TREE_ABOUT.get(s, '')} |" for s in steps] + [""]
+
+    if modes:
+        md += ["## All steps, per cache mode", "",
+               "| cache | " + " | ".join(f"{d} (s)" for d in daemons) + (" | tmpfs (s)" if have_tmpfs else "")
+               + " | vfsd/virtiofsd | vfsd/tmpfs | virtiofsd/tmpfs | "
+               + " | ".join(f"{d} CPU (s)" for d in daemons) + " | CPU vfsd/virtiofsd | "
+               + " | ".join(f"{d} µs/req" for d in daemons) + " |",
+               "|---|" + "---|" * (2 * len(daemons) + have_tmpfs + 4 + len(daemons))]
+        for c in modes:
+            t = {d: total(c, d, "seconds") for d in daemons}
+            tt = total("-", "tmpfs", "seconds") if have_tmpfs else float("nan")
+            cp = {d: total(c, d, "daemon_cpu_s") for d in daemons}
+            rq = {d: total(c, d, "requests") for d in daemons}
+            row = [c] + [secs(t[d]) for d in daemons] + ([secs(tt)] if have_tmpfs else [])
+            row += [ratio(t.get(A), t.get(B)), ratio(t.get(A), tt), ratio(t.get(B), tt)]
+            row += [secs(cp[d]) for d in daemons] + [ratio(cp.get(A), cp.get(B))]
+            row += [("%.1f" % (cp[d] * 1e6 / rq[d])) if ok(cp[d]) and ok(rq[d]) and rq[d] else "" for d in daemons]
+            md.append("| " + " | ".join(row) + " |")
+            summary["tree"][f"{c}/total"] = {"seconds": {**t, "tmpfs": tt}, "daemon_cpu_s": cp, "requests": rq}
+        md.append("")
+
+    for c in modes:
+        md += [f"## --cache {c}", "",
+               "| step | " + ("tmpfs (s) | " if have_tmpfs else "") + " | ".join(f"{d} (s)" for d in daemons)
+               + " | vfsd/virtiofsd | vfsd/tmpfs | virtiofsd/tmpfs | requests: "
+               + ", ".join(daemons) + " [vfsd --stats] | "
+               + " | ".join(f"{d} CPU s (µs/req)" for d in daemons) + " | CPU vfsd/virtiofsd |",
+               "|---|" + "---|" * (have_tmpfs + len(daemons) + 4 + len(daemons) + 1)]
+        for s in steps:
+            tt = m_("-", "tmpfs", s, "seconds")
+            row = [s] + ([secs(tt) + " " + spread(v[("-", "tmpfs", s)]["seconds"])] if have_tmpfs else [])
+            t = {}
+            for d in daemons:
+                t[d] = m_(c, d, s, "seconds")
+                row.append(secs(t[d]) + " " + spread(v[(c, d, s)]["seconds"]))
+            row += [ratio(t.get(A), t.get(B)), ratio(t.get(A), tt), ratio(t.get(B), tt)]
+            reqs = [f"{m_(c, d, s, 'requests'):,.0f}" if ok(m_(c, d, s, "requests")) else "n/a" for d in daemons]
+            dr = m_(c, A, s, "daemon_requests")
+            row.append(", ".join(reqs) + (f" [{dr:,.0f}]" if ok(dr) else ""))
+            cpus = {}
+            for d in daemons:
+                cpus[d] = m_(c, d, s, "daemon_cpu_s")
+                rq = m_(c, d, s, "requests")
+                per = f" ({cpus[d] * 1e6 / rq:.1f})" if ok(cpus[d]) and ok(rq) and rq else ""
+                row.append((f"{cpus[d]:.2f}" if ok(cpus[d]) else "") + per)
+            row.append(ratio(cpus.get(A), cpus.get(B)))
+            md.append("| " + " | ".join(row) + " |")
+            summary["tree"][f"{c}/{s}"] = {
+                d: {m: med(x) for m, x in v[(c, d, s)].items()} for d in daemons}
+            if have_tmpfs:
+                summary["tree"][f"{c}/{s}"]["tmpfs"] = {"seconds": tt}
+        md.append("")
+        # What the guest asked for, by opcode (vfsd's guest, the largest first).
+        md += [f"Requests by opcode, --cache {c} (guest count, " + " / ".join(daemons) + "):", "",
+               "| step | requests |", "|---|---|"]
+        for s in steps:
+            names = sorted({k for d in daemons for k in ops[(c, d, s)]},
+                           key=lambda k: (-max(med(ops[(c, d, s)][k]) if ops[(c, d, s)][k] else 0 for d in daemons), k))
+            cell = ", ".join(f"{k} " + " / ".join(f"{med(ops[(c, d, s)][k]):,.0f}" if ops[(c, d, s)][k] else "0" for d in daemons)
+                             for k in names)
+            md.append(f"| {s} | {cell} |")
+        md.append("")
+
+    if boots:
+        md += ["## Boots", "", "| daemon | cache | run | run-vm.sh status | wall time (s) | host load average, start and end |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {b['daemon']}{' ' + b['args'] if b.get('args') else ''} | {b['cache']} | {b['run']} | {b['status']} | "
+               f"{b['wall_s']} | {' - '.join(str(x) for x in b.get('load', [])) or 'n/a'} |" for b in boots]
+        md.append("")
+        md += ["Guest console lines of each boot: `guest.txt` beside this file; every row: `results.jsonl`.", ""]
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        # The same colour for a configuration in every plot.
+        colour = {"tmpfs": "tab:gray", **{d: f"C{i}" for i, d in enumerate(daemons)}}
+
+        def panel_fig(name, title, series_of, value, ylabel, log):
+            fig, axes = plt.subplots(len(modes), 1, figsize=(max(7, 0.9 * len(steps)), 2.6 * len(modes)), squeeze=False)
+            for ax, c in zip(axes[:, 0], modes):
+                series = series_of(c)
+                width = 0.8 / max(1, len(series))
+                for i, (label, key) in enumerate(series):
+                    ax.bar([g + i * width for g in range(len(steps))], [value(key, s) or 0 for s in steps], width,
+                           label=label, color=colour[label])
+                ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(steps))])
+                ax.set_xticklabels(steps, rotation=20, ha="right", fontsize=8)
+                ax.set_ylabel(ylabel, fontsize=8)
+                if log:
+                    ax.set_yscale("log")
+                ax.set_title(f"--cache {c}", fontsize=9)
+                ax.legend(fontsize=7)
+            fig.suptitle(title, fontsize=10)
+            fig.tight_layout()
+            fig.savefig(os.path.join(a.out, name), dpi=110)
+            plt.close(fig)
+            md.append(f"![{title}]({name})")
+
+        if modes:
+            def val(key, s, metric="seconds"):
+                x = m_(key[0], key[1], s, metric)
+                return x if ok(x) else None
+            panel_fig("tree-time.png", "Tree workload: guest time per step (lower is better)",
+                      lambda c: ([("tmpfs", ("-", "tmpfs"))] if have_tmpfs else []) + [(d, (c, d)) for d in daemons],
+                      val, "seconds (log)", True)
+
+            def per_req(key, s):
+                x, r = m_(key[0], key[1], s, "daemon_cpu_s"), m_(key[0], key[1], s, "requests")
+                return x * 1e6 / r if ok(x) and ok(r) and r else None
+            panel_fig("tree-cpu.png", "Tree workload: daemon CPU per guest request (lower is better)",
+                      lambda c: [(d, (c, d)) for d in daemons], per_req, "µs per request", False)
+        md.append("")
+    except ImportError:
+        md += ["(matplotlib not installed: no plots)", ""]
+
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
@@ -54,6 +255,9 @@ def main():
     ap.add_argument("--seconds", default="5")
     ap.add_argument("--guest-seconds", default="20")
     ap.add_argument("--gluster", default="0")
+    ap.add_argument("--tree", default="0")
+    ap.add_argument("--tree-source", default="")
+    ap.add_argument("--vfsd-bin", default="target/release/vfsd")
     a = ap.parse_args()
     gluster = a.gluster == "1"
     native_name = "native (Gluster mount)" if gluster else "native"
@@ -72,6 +276,9 @@ def main():
             break
         r, pos = dec.raw_decode(text, pos)
         records.append(r)
+    if a.tree == "1" or any(r["kind"] == "tree" for r in records):
+        tree_report(records, a)
+        return
     for r in records:
         if r["kind"] == "native-eq":
             # Named like the load generator's workloads (randread-shared -> RandreadShared).
