@@ -236,6 +236,17 @@ impl FileHandle {
     }
 }
 
+/// `readlinkat(dir, name)` into a PATH_MAX buffer: the link's bytes (a result of PATH_MAX
+/// bytes may have been cut short).
+pub fn readlinkat(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: the kernel writes at most buf.len() bytes; `name` is NUL-terminated.
+    let n =
+        cvt(unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
 /// A new fd (close-on-exec) for the open file description `fd` refers to.
 pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: fcntl F_DUPFD_CLOEXEC on a caller's fd; the kernel checks it.

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::{errno, Daemon};
+use common::{errno, host_flock, host_ofd_lock, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -36,30 +35,6 @@ fn rd(start: u64, end: u64, pid: u32) -> Lock {
 }
 fn un(start: u64, end: u64) -> Lock {
     Lock::range(start, end, libc::F_UNLCK, 0)
-}
-
-/// A host program's OFD lock attempt on `path` (true: granted, then released).
-fn host_ofd_lock(path: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = typ as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = start;
-    fl.l_len = len;
-    // SAFETY: plain fcntl on an fd we own.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
-}
-
-fn host_flock(path: &std::path::Path, op: i32) -> (bool, std::fs::File) {
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: plain syscall on an fd we own.
-    let ok = unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) } == 0;
-    (ok, f)
 }
 
 fn stat(d: &Daemon, key: &str) -> u64 {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::{errno, Daemon};
+use common::{errno, host_flock, host_ofd_lock, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -18,26 +18,13 @@ const ROOT: u64 = 1;
 const OWNER: u64 = 0x77;
 const OTHER: u64 = 0x78;
 
-/// A host program's OFD write-lock attempt on `path`: true when granted (then dropped).
+/// A host program's write lock on the guest's range, or flock, granted (then dropped).
 fn host_can_lock(path: &std::path::Path) -> bool {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_len = 10;
-    // SAFETY: plain fcntl on an fd we own.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+    host_ofd_lock(path, libc::F_WRLCK, 0, 10)
 }
 
 fn host_can_flock(path: &std::path::Path) -> bool {
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: plain syscall on an fd we own.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    host_flock(path, libc::LOCK_EX).0
 }
 
 /// A guest's view before the switch: a directory, a file in it open for writing with a

@@ -195,18 +195,8 @@ impl PassthroughFs {
         if !i.is_symlink() {
             return Err(errno(libc::EINVAL));
         }
-        let mut buf = vec![0u8; libc::PATH_MAX as usize];
-        // SAFETY: the kernel writes at most buf.len() bytes; the empty name means the fd itself.
-        let n = cvt(unsafe {
-            libc::readlinkat(
-                i.path_fd()?.as_raw_fd(),
-                sys::EMPTY.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        })?;
-        buf.truncate(n as usize);
-        Ok(buf)
+        // The empty name means the fd itself.
+        sys::readlinkat(i.path_fd()?.as_raw_fd(), sys::EMPTY)
     }
 
     pub(super) fn do_statfs(&self, inode: u64) -> io::Result<libc::statvfs64> {

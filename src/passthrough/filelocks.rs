@@ -840,7 +840,10 @@ impl PassthroughFs {
     /// read-write where the host allows, else read-only, else write-only; read-only on a
     /// read-only share (a guest there takes read locks only), where a write open would
     /// keep the host from running the file (ETXTBSY) and break its read leases.
-    fn lock_description(&self, nodeid: u64) -> impl Fn(bool) -> io::Result<OwnedFd> + '_ {
+    pub(super) fn lock_description(
+        &self,
+        nodeid: u64,
+    ) -> impl Fn(bool) -> io::Result<OwnedFd> + '_ {
         move |readonly| {
             let i = self.inode(nodeid)?;
             if !i.is_reg() {

@@ -361,21 +361,11 @@ impl PassthroughFs {
         }
         // The kernel's idea of the path, relative to the share's root (readlinkat on the
         // /proc/self/fd vfsd opened before its sandbox).
-        let mut buf = vec![0u8; libc::PATH_MAX as usize];
         let name = sys::fd_name(fd.as_raw_fd());
-        // SAFETY: readlinkat writes at most `buf.len()` bytes into `buf`.
-        let len = unsafe {
-            libc::readlinkat(
-                self.proc_self_fd.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if len < 0 || len as usize >= buf.len() {
-            return Err("its name is stale and its path unknown".into());
-        }
-        buf.truncate(len as usize);
+        let buf = sys::readlinkat(self.proc_self_fd.as_raw_fd(), &name)
+            .ok()
+            .filter(|b| b.len() < libc::PATH_MAX as usize)
+            .ok_or("its name is stale and its path unknown")?;
         if buf.ends_with(b" (deleted)") {
             return Err("it was deleted".into());
         }
@@ -589,7 +579,7 @@ impl PassthroughFs {
                 let h = sys::FileHandle::from_bytes(h).map_err(|_| "a malformed file handle")?;
                 let fd = sys::open_by_handle(anchor.as_raw_fd(), &h, nofollow)
                     .map_err(|e| format!("its file handle does not open: {e}"))?;
-                self.check_inside_share(&fd, n, name.as_ref(), root)?;
+                self.check_inside_share(&fd, name.as_ref(), root)?;
                 fd
             }
             _ => {
@@ -656,7 +646,6 @@ impl PassthroughFs {
     fn check_inside_share(
         &self,
         fd: &OwnedFd,
-        n: &NodeState,
         name: Option<&(Arc<Inode>, CString)>,
         root: &Arc<Inode>,
     ) -> Result<(), String> {
@@ -692,7 +681,6 @@ impl PassthroughFs {
         if InodeKey::of(&s) != InodeKey::of(&st) {
             return Err(outside());
         }
-        let _ = n;
         Ok(())
     }
 
@@ -788,12 +776,7 @@ impl PassthroughFs {
             handles: o.handles.clone(),
             ranges,
         };
-        let open = || -> io::Result<OwnedFd> {
-            let ro = self.cfg.readonly;
-            let flags = if ro { libc::O_RDONLY } else { libc::O_RDWR };
-            self.reopen(inode, flags | libc::O_NONBLOCK)
-                .or_else(|_| self.reopen(inode, libc::O_RDONLY | libc::O_NONBLOCK))
-        };
+        let open = || self.lock_description(o.node)(self.cfg.readonly);
         // The source's own description holds the ranges already: placing them again on
         // it succeeds at once, and nobody else can take them meanwhile.
         let usable = |fd: &OwnedFd| {
@@ -914,7 +897,7 @@ impl LockWait {
                         }
                         // All its ranges on a fresh description, or none (closing it
                         // drops the ones taken).
-                        if let Ok(fd) = fs.owner_description(rec.node) {
+                        if let Ok(fd) = fs.lock_description(rec.node)(fs.cfg.readonly) {
                             if filelocks::try_all(fd.as_raw_fd(), &rec.ranges)
                                 && live(fs)
                                 && fs.locks.still_pending(rec.node, rec.owner, true)
@@ -937,18 +920,6 @@ impl LockWait {
 }
 
 impl PassthroughFs {
-    /// A new host description of `node`'s file for an owner's locks.
-    fn owner_description(&self, node: u64) -> io::Result<OwnedFd> {
-        let inode = self.inodes.get(node)?;
-        let flags = if self.cfg.readonly {
-            libc::O_RDONLY
-        } else {
-            libc::O_RDWR
-        };
-        self.reopen(&inode, flags | libc::O_NONBLOCK)
-            .or_else(|_| self.reopen(&inode, libc::O_RDONLY | libc::O_NONBLOCK))
-    }
-
     /// Whether any of `handles` of `node` is still open.
     fn handles_open(&self, node: u64, handles: &[u64]) -> bool {
         handles.iter().any(|&fh| self.handles.get(fh, node).is_ok())

@@ -522,3 +522,27 @@ pub mod ext {
         c.wait(t)?.ok()
     }
 }
+
+/// A host program's OFD lock attempt on `path` (true: granted, then released).
+pub fn host_ofd_lock(path: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: plain fcntl on an fd we own.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+pub fn host_flock(path: &std::path::Path, op: i32) -> (bool, std::fs::File) {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    let ok = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), op | libc::LOCK_NB) } == 0;
+    (ok, f)
+}
