@@ -57,6 +57,12 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
         fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {
             unreachable!("no request here waits");
         }
+        fn slot(&self) -> vfsd::server::Slot {
+            unreachable!("no request here waits");
+        }
+        fn suspend(self: Box<Self>) {
+            unreachable!("no request here waits");
+        }
     }
     let used = server
         .handle(&mem, chain, &mut || Box::new(Never))

@@ -306,31 +306,145 @@ fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
     );
 }
 
-#[test]
-fn a_lock_wait_in_flight_is_answered_when_the_ring_stops_for_migration() {
-    let d = Daemon::start(&[]);
+/// A file the host holds an exclusive flock on, and a guest SETLKW flock on it, waiting.
+struct HeldWait {
+    host: std::fs::File,
+    node: u64,
+    fh: u64,
+    t: vfsd::frontend::fuse::Ticket,
+}
+
+fn a_guest_waiting_on_a_host_flock(d: &Daemon, c: &FuseClient) -> HeldWait {
     std::fs::write(d.path("f"), b"x").unwrap();
     let host = std::fs::File::open(d.path("f")).unwrap();
     // SAFETY: plain syscall on an fd we own.
     assert_eq!(unsafe { libc::flock(host.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let c = d.client();
     let e = c.lookup(ROOT, "f").unwrap();
     let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
     let t = c
         .setlkw(1, e.nodeid, fh, OWNER, Lock::flock(libc::F_WRLCK))
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    // The VMM stops the rings (GET_VRING_BASE) and saves the state: the wait can't go
-    // on in this daemon, and the destination never hears of it, so it is answered now
-    // (EINTR, as for a signal), not dropped with the guest left waiting for ever.
+    HeldWait {
+        host,
+        node: e.nodeid,
+        fh,
+        t,
+    }
+}
+
+/// Whether request `t` got its reply within `within`.
+fn answered(c: &FuseClient, t: vfsd::frontend::fuse::Ticket, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut q = c.fe.queues[t.queue].lock().unwrap();
+        q.reap(&c.fe.mem).unwrap();
+        if q.is_done(t.slot) {
+            return true;
+        }
+        drop(q);
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_lock_wait_in_flight_at_the_switch_is_granted_and_answered_by_the_destination() {
+    let mut src = Daemon::start(&[]);
+    let mut c = src.client();
+    let w = a_guest_waiting_on_a_host_flock(&src, &c);
+    // The VMM stops the rings and saves the state: the stop does not wait on the lock,
+    // and the request is neither answered (the guest's program would see EINTR, or
+    // ERESTARTSYS) nor lost.
     let start = Instant::now();
-    c.fe.save_state().unwrap();
+    let (state, bases) = c.fe.save_state_with_bases().unwrap();
     assert!(
         start.elapsed() < vfsd::device::STOP_WAIT,
         "the stop waited {:?} for the lock wait",
         start.elapsed()
     );
-    assert_eq!(errno(c.wait(t).unwrap().ok()), libc::EINTR);
+    assert!(
+        !answered(&c, w.t, Duration::from_millis(300)),
+        "answered at the stop"
+    );
+    // The destination gets the guest's memory and rings as they were, and the state.
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    c.fe.migrate_to(&dst.sock, &state, &bases).unwrap();
+    assert!(
+        src.wait_exit(Duration::from_secs(10)).is_some(),
+        "the source did not exit"
+    );
+    // Still waiting: the host holds the lock.
+    assert!(
+        !answered(&c, w.t, Duration::from_millis(500)),
+        "answered while held"
+    );
+    drop(w.host);
+    // Granted on the destination and answered on the request's own descriptors.
+    c.wait(w.t).unwrap().ok().unwrap();
+    let f = dst.path("f");
+    assert!(
+        !host_can_flock(&f),
+        "the guest's flock is not held on the host"
+    );
+    c.setlk(w.node, w.fh, OWNER, Lock::flock(libc::F_UNLCK))
+        .unwrap();
+    assert!(host_can_flock(&f));
+    // The ring goes on from there.
+    assert_eq!(c.getattr(w.node).unwrap().attr.size, 1);
+}
+
+#[test]
+fn a_lock_wait_suspended_by_a_vm_stop_goes_on_when_the_vm_does() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let w = a_guest_waiting_on_a_host_flock(&d, &c);
+    let bases: Vec<u32> = (0..c.fe.queues.len())
+        .map(|q| c.fe.stop_queue(q).unwrap())
+        .collect();
+    assert!(
+        !answered(&c, w.t, Duration::from_millis(300)),
+        "answered at the stop"
+    );
+    // The VM goes on (or a failed migration resumes the source): the same daemon takes
+    // the wait up again; released, the lock goes to the guest.
+    c.fe.resume_queues(&bases).unwrap();
+    assert!(
+        !answered(&c, w.t, Duration::from_millis(300)),
+        "answered while held"
+    );
+    drop(w.host);
+    c.wait(w.t).unwrap().ok().unwrap();
+    assert!(!host_can_flock(&d.path("f")));
+    assert_eq!(c.getattr(w.node).unwrap().attr.size, 1);
+}
+
+#[test]
+fn a_suspended_lock_wait_is_dropped_when_the_guest_resets_its_queue() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let w = a_guest_waiting_on_a_host_flock(&d, &c);
+    for q in 0..c.fe.queues.len() {
+        c.fe.stop_queue(q).unwrap();
+    }
+    // A guest that rebooted: zeroed rings, a new INIT. Its old wait must not be answered
+    // into the new ring, nor its lock taken for nobody.
+    for q in 0..c.fe.queues.len() {
+        c.fe.restart_queue(q).unwrap();
+    }
+    c.init().unwrap();
+    drop(w.host);
+    std::thread::sleep(Duration::from_millis(300));
+    let q = c.fe.queues[1].lock().unwrap();
+    assert_eq!(q.used_idx(&c.fe.mem).unwrap(), 1, "only INIT was answered");
+    drop(q);
+    assert!(
+        host_can_flock(&d.path("f")),
+        "a lock taken for the old session"
+    );
+    c.lookup(ROOT, "f").unwrap();
 }
 
 /// `name_to_handle_at` of `p`: the kernel's `struct file_handle` bytes.

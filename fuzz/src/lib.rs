@@ -423,6 +423,14 @@ where
     impl vfsd::server::Deferred for Ignore {
         fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {}
         fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {}
+        fn slot(&self) -> vfsd::server::Slot {
+            vfsd::server::Slot {
+                queue: 1,
+                head: 0,
+                position: 0,
+            }
+        }
+        fn suspend(self: Box<Self>) {}
     }
     server
         .handle(mem, chain, &mut || Box::new(Ignore))

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread;
 
-use log::error;
+use log::{error, info, warn};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
@@ -25,7 +25,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::server::{Deferred, FuseServer, GuestMem};
+use crate::server::{Deferred, FuseServer, GuestMem, Slot};
 
 mod state;
 mod vring;
@@ -57,6 +57,7 @@ struct Job {
     chain: Chain,
     ticket: Ticket,
     vring: TrackedVring,
+    queue: u16,
 }
 
 /// A request answered after its worker moved on (`server::Deferred`).
@@ -64,14 +65,16 @@ struct Later {
     vring: TrackedVring,
     ticket: Ticket,
     head: u16,
+    queue: u16,
 }
 
 impl Later {
-    fn boxed(vring: &TrackedVring, ticket: Ticket, head: u16) -> Box<dyn Deferred> {
+    fn boxed(vring: &TrackedVring, ticket: Ticket, head: u16, queue: u16) -> Box<dyn Deferred> {
         Box::new(Later {
             vring: vring.clone(),
             ticket,
             head,
+            queue,
         })
     }
 }
@@ -81,8 +84,20 @@ impl Deferred for Later {
         self.vring.complete_with(self.ticket, self.head, write);
     }
 
-    fn on_stop(&self, cancel: Box<dyn Fn() + Send + Sync>) {
-        self.vring.on_stop(self.ticket, cancel);
+    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) {
+        self.vring.on_stop(self.ticket, suspend);
+    }
+
+    fn slot(&self) -> Slot {
+        Slot {
+            queue: self.queue,
+            head: self.head,
+            position: self.ticket.position(),
+        }
+    }
+
+    fn suspend(self: Box<Self>) {
+        self.vring.forget(self.ticket);
     }
 }
 
@@ -109,7 +124,7 @@ impl Pool {
                         }
                         let mem = job.chain.memory().clone();
                         let (vring, ticket) = (&job.vring, job.ticket);
-                        let mut later = || Later::boxed(vring, ticket, head);
+                        let mut later = || Later::boxed(vring, ticket, head, job.queue);
                         if let Some(len) = server.handle(&mem, job.chain, &mut later) {
                             job.vring.complete(&[(job.ticket, head, len)]);
                         }
@@ -121,11 +136,12 @@ impl Pool {
 }
 
 impl Pool {
-    fn send(&self, chain: Chain, ticket: Ticket, vring: &TrackedVring) {
+    fn send(&self, chain: Chain, ticket: Ticket, vring: &TrackedVring, queue: u16) {
         let job = Job {
             chain,
             ticket,
             vring: vring.clone(),
+            queue,
         };
         if self.tx.send(job).is_err() {
             error!("worker pool is gone");
@@ -210,6 +226,9 @@ impl FsDevice {
         let Some(mem) = self.mem.read().unwrap().as_ref().map(|m| m.memory()) else {
             return Ok(());
         };
+        if self.server.any_suspended() {
+            self.resume_suspended(vring, queue as u16, &mem);
+        }
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         loop {
             if event_idx {
@@ -260,9 +279,9 @@ impl FsDevice {
                         if self.server.is_read(&mem, &chain) {
                             reads.push((chain, t));
                         } else if alone && self.server.is_short(&mem, &chain) {
-                            busy_meanwhile = self.serve_alone(&mem, vring, chain, t);
+                            busy_meanwhile = self.serve_alone(&mem, vring, queue as u16, chain, t);
                         } else {
-                            pool.send(chain, t, vring);
+                            pool.send(chain, t, vring, queue as u16);
                         }
                     }
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
@@ -275,11 +294,12 @@ impl FsDevice {
                             }
                             None if alone => {
                                 stats.reads_served_alone.fetch_add(1, Ordering::Relaxed);
-                                busy_meanwhile = self.serve_alone(&mem, vring, chain, t);
+                                busy_meanwhile =
+                                    self.serve_alone(&mem, vring, queue as u16, chain, t);
                             }
                             None => {
                                 stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
-                                pool.send(chain, t, vring)
+                                pool.send(chain, t, vring, queue as u16)
                             }
                         }
                         // Don't hold finished replies back behind a long run of copies.
@@ -297,7 +317,7 @@ impl FsDevice {
                 None => {
                     for (chain, t) in chains {
                         let head = chain.head_index();
-                        let mut later = || Later::boxed(vring, t, head);
+                        let mut later = || Later::boxed(vring, t, head, queue as u16);
                         if let Some(len) = self.server.handle(&mem, chain, &mut later) {
                             vring.complete(&[(t, head, len)]);
                         }
@@ -311,6 +331,57 @@ impl FsDevice {
         }
     }
 
+    /// Takes up the requests a stop of this ring suspended (`server::locks`): after a VM
+    /// stop and go, a failed migration, or on a migration's destination. Only while the
+    /// guest still waits for exactly them: its ring then has as many requests in flight
+    /// (next avail minus next used) as were suspended. A guest that reset its queue
+    /// meanwhile does not, and they are dropped rather than answered into its new ring.
+    fn resume_suspended(
+        &self,
+        vring: &TrackedVring,
+        queue: u16,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
+    ) {
+        let list = self.server.take_suspended(queue);
+        if list.is_empty() {
+            return;
+        }
+        let tickets = {
+            let state = vring.get_mut();
+            let q = state.get_queue();
+            let in_flight = q.next_avail().wrapping_sub(q.next_used()) as usize;
+            let fits = list.iter().all(|r| r.head < q.size());
+            if !state.is_enabled() || !q.ready() {
+                // Not running yet: kept for the kick that starts it (`set_enabled`).
+                let mut all = self.server.suspended();
+                all.extend(list);
+                self.server.set_suspended(all);
+                return;
+            }
+            if in_flight != list.len() || !fits {
+                warn!(
+                    "queue {queue}: {} suspended lock wait(s) dropped: the ring has {in_flight} request(s) in flight (reset since?)",
+                    list.len()
+                );
+                return;
+            }
+            // Under the ring's lock, as `popped` wants.
+            list.iter()
+                .map(|r| vring.popped(r.position, 1)[0])
+                .collect::<Vec<_>>()
+        };
+        info!(
+            "queue {queue}: {} suspended lock wait(s) resumed",
+            list.len()
+        );
+        for (r, t) in list.iter().zip(tickets) {
+            let mut later = || Later::boxed(vring, t, r.head, queue);
+            if let Some(len) = self.server.resume(mem, r, &mut later) {
+                vring.complete(&[(t, r.head, len)]);
+            }
+        }
+    }
+
     /// Serves one request on the queue thread, blocking if it must (`process_queue`).
     /// Returns whether the guest sent more while it was served, before seeing its reply:
     /// then it has more than one request in flight at a time.
@@ -318,6 +389,7 @@ impl FsDevice {
         &self,
         mem: &GuestMemoryLoadGuard<GuestMem>,
         vring: &TrackedVring,
+        queue: u16,
         chain: Chain,
         t: Ticket,
     ) -> bool {
@@ -326,7 +398,7 @@ impl FsDevice {
             .stats
             .served_alone
             .fetch_add(1, Ordering::Relaxed);
-        let mut later = || Later::boxed(vring, t, head);
+        let mut later = || Later::boxed(vring, t, head, queue);
         let len = self.server.handle(mem, chain, &mut later);
         let busy = vring.more_available(mem);
         if let Some(len) = len {
@@ -393,8 +465,13 @@ impl VhostUserBackend for FsDevice {
         file: std::fs::File,
     ) -> io::Result<Option<std::fs::File>> {
         self.transfer
-            .start(self.server.fs().clone(), direction, phase, file)?;
+            .start(self.server.clone(), direction, phase, file)?;
         Ok(None)
+    }
+
+    fn reset_device(&self) {
+        // A reset guest waits for nothing it sent before.
+        self.server.set_suspended(Vec::new());
     }
 
     fn check_device_state(&self) -> io::Result<()> {

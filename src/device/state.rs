@@ -12,7 +12,7 @@ use log::{error, info};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 
 use crate::passthrough::migration::{self, StateError};
-use crate::passthrough::PassthroughFs;
+use crate::server::FuseServer;
 
 #[derive(Default)]
 pub struct Transfer {
@@ -22,7 +22,7 @@ pub struct Transfer {
 impl Transfer {
     pub fn start(
         &self,
-        fs: Arc<PassthroughFs>,
+        server: Arc<FuseServer>,
         direction: VhostTransferStateDirection,
         phase: VhostTransferStatePhase,
         file: File,
@@ -50,8 +50,8 @@ impl Transfer {
         }
         let t = std::thread::Builder::new().name("vfsd-device-state".into());
         *running = Some(match direction {
-            VhostTransferStateDirection::SAVE => t.spawn(move || save(&fs, file))?,
-            VhostTransferStateDirection::LOAD => t.spawn(move || load(&fs, file))?,
+            VhostTransferStateDirection::SAVE => t.spawn(move || save(&server, file))?,
+            VhostTransferStateDirection::LOAD => t.spawn(move || load(&server, file))?,
         });
         Ok(())
     }
@@ -68,10 +68,16 @@ impl Transfer {
     }
 }
 
-fn save(fs: &PassthroughFs, mut pipe: File) -> Result<(), StateError> {
-    let r = fs.save_state().and_then(|state| {
+fn save(server: &FuseServer, mut pipe: File) -> Result<(), StateError> {
+    // The rings are stopped: the suspended requests are all there are.
+    let in_flight = server.suspended();
+    let r = server.fs().save_state(&in_flight).and_then(|state| {
         pipe.write_all(&state)?;
-        info!("migration: device state saved ({} bytes)", state.len());
+        info!(
+            "migration: device state saved ({} bytes, {} request(s) in flight)",
+            state.len(),
+            in_flight.len()
+        );
         Ok(())
     });
     if let Err(e) = &r {
@@ -80,17 +86,20 @@ fn save(fs: &PassthroughFs, mut pipe: File) -> Result<(), StateError> {
     r
 }
 
-fn load(fs: &Arc<PassthroughFs>, pipe: File) -> Result<(), StateError> {
+fn load(server: &FuseServer, pipe: File) -> Result<(), StateError> {
     let r = read_state(pipe).and_then(|state| {
-        let report = fs.load_state(&state)?;
+        server.set_suspended(Vec::new());
+        let report = server.fs().load_state(&state)?;
+        server.set_suspended(report.in_flight.clone());
         info!(
-            "migration: device state loaded ({} bytes): {} nodes, {} handles, {} lock owners, {} left out, {} locks still held elsewhere and waited for",
+            "migration: device state loaded ({} bytes): {} nodes, {} handles, {} lock owners, {} left out, {} locks still held elsewhere and waited for, {} request(s) in flight",
             state.len(),
             report.nodes,
             report.handles,
             report.owners,
             report.failed,
-            report.waiting_locks
+            report.waiting_locks,
+            report.in_flight.len()
         );
         Ok(())
     });

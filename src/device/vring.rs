@@ -13,11 +13,13 @@
 //! can't undo: a request already running past the wait still writes its reply data into
 //! the buffers its descriptors named when it finishes (never its used entry). A lock
 //! wait, which can last long, writes its reply only through `complete_with`, under the
-//! generation check.
+//! generation check; a stop suspends it (`on_stop`, `forget`), and the device takes it up
+//! again when the ring runs again (`server::locks`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -39,6 +41,12 @@ pub const STOP_WAIT: Duration = Duration::from_secs(3);
 pub struct Ticket {
     generation: u64,
     position: u16,
+}
+
+impl Ticket {
+    pub fn position(&self) -> u16 {
+        self.position
+    }
 }
 
 /// A reply already in the guest's buffers, or the function that writes it.
@@ -109,7 +117,8 @@ impl TrackedVring {
     }
 
     /// Registers `cancel`, run when the ring stops while request `t` still waits (a
-    /// SETLKW on its waiter thread), so it is answered before the stop.
+    /// SETLKW on its waiter thread), so it is suspended (`forget`) or answered before the
+    /// stop ends.
     pub fn on_stop(&self, t: Ticket, cancel: Canceller) {
         let key = (t.generation, t.position);
         if !self.track.pending.lock().unwrap().contains(&key) {
@@ -122,6 +131,23 @@ impl TrackedVring {
             cancel();
         } else if c.0.insert(key, cancel).is_none() {
             self.track.waits.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Stops tracking request `t` without a used entry: it stays in flight for the guest,
+    /// suspended (a lock wait the device takes up again when the ring runs).
+    pub fn forget(&self, t: Ticket) {
+        let key = (t.generation, t.position);
+        let mut pending = self.track.pending.lock().unwrap();
+        pending.remove(&key);
+        if self.track.waits.load(Ordering::Acquire) > 0 {
+            let mut c = self.track.cancellers.lock().unwrap();
+            if c.0.remove(&key).is_some() {
+                self.track.waits.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
+            self.track.idle.notify_all();
         }
     }
 
@@ -207,8 +233,8 @@ impl TrackedVring {
     /// Waits (bounded) for the requests in flight, then starts a new generation so later
     /// completions are dropped, and moves `next_avail` back to the oldest of those.
     fn stop(&self) {
-        // Waits that would outlast any stop (lock waits) end now, answered on this ring;
-        // one that registers while the stop waits is ended at once (`on_stop`).
+        // Waits that would outlast any stop (lock waits) are suspended now; one that
+        // registers while the stop waits is suspended at once (`on_stop`).
         let cancel: Vec<Canceller> = {
             let mut c = self.track.cancellers.lock().unwrap();
             c.1 = true;
@@ -317,6 +343,14 @@ impl VringT<Mem> for TrackedVring {
         self.inner.set_enabled(enabled);
         if !enabled {
             self.stop();
+        } else if let Some(kick) = self.inner.get_ref().get_kick() {
+            // A kick of its own, so the queue thread runs once the ring is registered and
+            // takes up what a stop suspended (a guest waiting on a lock may send nothing
+            // else). With nothing there, the thread finds the ring as the guest left it.
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live array to the kick eventfd the ring owns
+            // (held through the guard); an eventfd's write only adds to its counter.
+            let _ = unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
         }
     }
 

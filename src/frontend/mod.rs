@@ -68,12 +68,13 @@ fn start_queue(
     vu: &mut VuFrontend,
     q: &VirtQueue,
     host_base: u64,
+    base: u16,
     features: u64,
     protocol_features: VhostUserProtocolFeatures,
 ) -> io::Result<()> {
     let i = q.index;
     vu.set_vring_num(i, q.geo.size).map_err(vu_err)?;
-    vu.set_vring_base(i, 0).map_err(vu_err)?;
+    vu.set_vring_base(i, base).map_err(vu_err)?;
     vu.set_vring_addr(
         i,
         &VringConfigData {
@@ -95,6 +96,59 @@ fn start_queue(
         vu.set_vring_enable(i, true).map_err(vu_err)?;
     }
     Ok(())
+}
+
+/// Hands the guest memory (one memfd region at guest address 0) to the device.
+fn set_mem_table(vu: &mut VuFrontend, memfd: &File, size: u64, host_base: u64) -> io::Result<()> {
+    vu.set_mem_table(&[VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: host_base,
+        mmap_offset: 0,
+        mmap_handle: memfd.as_raw_fd(),
+    }])
+    .map_err(vu_err)
+}
+
+/// Connects to `socket` and negotiates features as QEMU does, up to SET_FEATURES.
+fn negotiate(
+    socket: &Path,
+    cfg: &FrontendConfig,
+) -> io::Result<(VuFrontend, u64, VhostUserProtocolFeatures)> {
+    let nq = 1 + cfg.request_queues;
+    let mut vu = VuFrontend::connect(socket, nq as u64).map_err(vu_err)?;
+    let offered = vu.get_features().map_err(vu_err)?;
+    let mut want = (1u64 << VIRTIO_F_VERSION_1)
+        | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    if cfg.event_idx {
+        want |= 1 << VIRTIO_RING_F_EVENT_IDX;
+    }
+    let features = offered & want;
+    let mut protocol_features = VhostUserProtocolFeatures::empty();
+    if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+        let p = vu.get_protocol_features().map_err(vu_err)?;
+        protocol_features = p
+            & (VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+                | VhostUserProtocolFeatures::LOG_SHMFD
+                | VhostUserProtocolFeatures::DEVICE_STATE);
+        vu.set_protocol_features(protocol_features)
+            .map_err(vu_err)?;
+        if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
+            let max = vu.get_queue_num().map_err(vu_err)?;
+            if (max as usize) < nq {
+                return Err(io::Error::other(format!(
+                    "device offers {max} queues, need {nq}"
+                )));
+            }
+        }
+    }
+    vu.set_owner().map_err(vu_err)?;
+    vu.set_features(features).map_err(vu_err)?;
+    Ok((vu, features, protocol_features))
 }
 
 /// The VMM's view of the dirty-page log (`Frontend::start_dirty_log`).
@@ -148,38 +202,7 @@ impl Frontend {
     /// Connects to `socket` and brings the device up in the order QEMU uses.
     pub fn connect(socket: &Path, cfg: FrontendConfig) -> io::Result<Frontend> {
         let nq = 1 + cfg.request_queues;
-        let mut vu = VuFrontend::connect(socket, nq as u64).map_err(vu_err)?;
-        let offered = vu.get_features().map_err(vu_err)?;
-        let mut want = (1u64 << VIRTIO_F_VERSION_1)
-            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        if cfg.event_idx {
-            want |= 1 << VIRTIO_RING_F_EVENT_IDX;
-        }
-        let features = offered & want;
-        let mut protocol_features = VhostUserProtocolFeatures::empty();
-        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
-            let p = vu.get_protocol_features().map_err(vu_err)?;
-            protocol_features = p
-                & (VhostUserProtocolFeatures::MQ
-                    | VhostUserProtocolFeatures::REPLY_ACK
-                    | VhostUserProtocolFeatures::CONFIG
-                    | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-                    | VhostUserProtocolFeatures::LOG_SHMFD
-                    | VhostUserProtocolFeatures::DEVICE_STATE);
-            vu.set_protocol_features(protocol_features)
-                .map_err(vu_err)?;
-            if protocol_features.contains(VhostUserProtocolFeatures::MQ) {
-                let max = vu.get_queue_num().map_err(vu_err)?;
-                if (max as usize) < nq {
-                    return Err(io::Error::other(format!(
-                        "device offers {max} queues, need {nq}"
-                    )));
-                }
-            }
-        }
-        vu.set_owner().map_err(vu_err)?;
-        vu.set_features(features).map_err(vu_err)?;
+        let (mut vu, features, protocol_features) = negotiate(socket, &cfg)?;
         let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
 
         // Lay the queues out and size the memory to fit them.
@@ -214,17 +237,10 @@ impl Frontend {
         let host_base = mem
             .get_host_address(GuestAddress(0))
             .map_err(io::Error::other)? as u64;
-        vu.set_mem_table(&[VhostUserMemoryRegionInfo {
-            guest_phys_addr: 0,
-            memory_size: size as u64,
-            userspace_addr: host_base,
-            mmap_offset: 0,
-            mmap_handle: memfd.as_raw_fd(),
-        }])
-        .map_err(vu_err)?;
+        set_mem_table(&mut vu, &memfd, size as u64, host_base)?;
 
         for q in &queues {
-            start_queue(&mut vu, q, host_base, features, protocol_features)?;
+            start_queue(&mut vu, q, host_base, 0, features, protocol_features)?;
         }
         let call_fds = queues
             .iter()
@@ -261,9 +277,54 @@ impl Frontend {
             &mut self.vu,
             &q,
             host_base,
+            0,
             self.features,
             self.protocol_features,
         )
+    }
+
+    fn host_base(&self) -> io::Result<u64> {
+        Ok(self
+            .mem
+            .get_host_address(GuestAddress(0))
+            .map_err(io::Error::other)? as u64)
+    }
+
+    /// Starts every queue again where it stopped, rings untouched, as a VMM does when a
+    /// stopped VM goes on (or a migration failed and the source resumes): SET_VRING_BASE
+    /// with the bases the stops gave, then the rest of the queue set-up.
+    pub fn resume_queues(&mut self, bases: &[u32]) -> io::Result<()> {
+        let host_base = self.host_base()?;
+        for (q, &base) in self.queues.iter().zip(bases) {
+            let q = q.lock().unwrap();
+            start_queue(
+                &mut self.vu,
+                &q,
+                host_base,
+                base as u16,
+                self.features,
+                self.protocol_features,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Moves this guest to the daemon at `socket`, as a migration's destination QEMU does
+    /// with the guest memory it received: the same memory and rings, the device `state`
+    /// loaded before the queues start at the `bases` the source's stops gave. The
+    /// connection to the source closes. Requests still in flight stay waited for.
+    pub fn migrate_to(&mut self, socket: &Path, state: &[u8], bases: &[u32]) -> io::Result<()> {
+        let (mut vu, features, protocol_features) = negotiate(socket, &self.cfg)?;
+        if features != self.features & !VhostUserVirtioFeatures::LOG_ALL.bits() {
+            return Err(io::Error::other("the destination offers other features"));
+        }
+        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
+        set_mem_table(&mut vu, &self._memfd, size, self.host_base()?)?;
+        self.vu = vu;
+        self.features = features;
+        self.protocol_features = protocol_features;
+        self.load_state(state)?;
+        self.resume_queues(bases)
     }
 
     /// Sleeps until the device signals `queue` or `timeout` passes.
@@ -276,9 +337,14 @@ impl Frontend {
     /// (GET_VRING_BASE), then SET_DEVICE_STATE_FD (save) with a pipe read to its end, and
     /// CHECK_DEVICE_STATE.
     pub fn save_state(&self) -> io::Result<Vec<u8>> {
-        for q in 0..self.queues.len() {
-            self.stop_queue(q)?;
-        }
+        self.save_state_with_bases().map(|(s, _)| s)
+    }
+
+    /// `save_state`, and the ring bases the stops gave (for `migrate_to`).
+    pub fn save_state_with_bases(&self) -> io::Result<(Vec<u8>, Vec<u32>)> {
+        let bases = (0..self.queues.len())
+            .map(|q| self.stop_queue(q))
+            .collect::<io::Result<Vec<u32>>>()?;
         let (mut rd, wr) = pipe()?;
         let other = self
             .vu
@@ -296,7 +362,7 @@ impl Frontend {
         let mut state = Vec::new();
         std::io::Read::read_to_end(&mut rd, &mut state)?;
         self.vu.check_device_state().map_err(vu_err)?;
-        Ok(state)
+        Ok((state, bases))
     }
 
     /// Loads a device state as a migration destination does: SET_DEVICE_STATE_FD (load)

@@ -5,7 +5,9 @@
 //! - every node the guest knows (its id, its lookup count, how to find its file again),
 //!   and the forgotten directories their names go through;
 //! - every open handle (its number, its node, its open flags, the flock held through it);
-//! - every POSIX/OFD lock owner with its byte ranges.
+//! - every POSIX/OFD lock owner with its byte ranges;
+//! - the requests the guest still waits on (a SETLKW whose wait the ring stop suspended),
+//!   for the destination to answer on the same descriptors (`InFlight`).
 //!
 //! How files are found again is `--migration-mode`: find-paths sends each node's name in
 //! its parent (the destination opens it with `openat(O_NOFOLLOW)` from the parent it
@@ -43,7 +45,7 @@ use crate::sys;
 /// The first bytes of a vfsd device state.
 pub const MAGIC: [u8; 8] = *b"VFSDSTAT";
 /// The format this vfsd writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The largest state accepted (a million nodes with long names; decoding takes about ten
 /// times this in memory).
 pub const MAX_STATE: usize = 256 << 20;
@@ -114,7 +116,27 @@ struct State {
     owners: Vec<OwnerState>,
     /// Where the destination takes the source's own descriptions (`handover`).
     handover: Option<handover::Offer>,
+    in_flight: Vec<InFlight>,
 }
+
+/// A request popped from a ring and not answered when the ring stopped (a SETLKW still
+/// waiting for its lock): the guest still waits for its reply, in the descriptors it gave.
+/// Carried as is for the server layer, which checks it again before it answers.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub queue: u16,
+    /// The head of its descriptor chain, the id its used entry gives back.
+    pub head: u16,
+    /// Its position in the avail ring.
+    pub position: u16,
+    /// The guest address of the reply's header.
+    pub reply_at: u64,
+    /// The request: its `fuse_in_header` and arguments.
+    pub request: Vec<u8>,
+}
+
+/// The largest request an `InFlight` carries (a SETLKW is 88 bytes).
+pub const MAX_IN_FLIGHT_REQUEST: usize = 256;
 
 #[derive(Serialize, Deserialize, Debug)]
 struct NodeState {
@@ -160,6 +182,8 @@ pub struct LoadReport {
     pub failed: usize,
     /// Locks still held elsewhere (the source), taken by waiting threads.
     pub waiting_locks: usize,
+    /// The requests the source left unanswered, for the server to take up.
+    pub in_flight: Vec<InFlight>,
 }
 
 fn malformed(why: impl Into<String>) -> StateError {
@@ -203,8 +227,9 @@ pub fn parse_header(h: &[u8]) -> Result<usize, StateError> {
 }
 
 impl PassthroughFs {
-    /// The device state of this session, header included.
-    pub fn save_state(&self) -> Result<Vec<u8>, StateError> {
+    /// The device state of this session, header included, with the requests `in_flight`
+    /// that the destination must answer.
+    pub fn save_state(&self, in_flight: &[InFlight]) -> Result<Vec<u8>, StateError> {
         let mcfg = self.cfg.migration;
         let (records, next_node) = self.inodes.export();
         // The source's own descriptions for a destination on this host (`handover`).
@@ -305,6 +330,7 @@ impl PassthroughFs {
             handles,
             owners,
             handover: listener.as_ref().map(|l| l.offer()),
+            in_flight: in_flight.to_vec(),
         };
         if let Some(l) = listener {
             // From now on a reset only closes: the destination may hold copies.
@@ -437,7 +463,22 @@ impl PassthroughFs {
         if !bounded(state.next_node, max_node) || !bounded(state.next_handle, max_fh) {
             return Err(malformed("bad id counters"));
         }
-        let mut report = LoadReport::default();
+        if state.in_flight.len() > self.cfg.max_lock_waiters
+            || state
+                .in_flight
+                .iter()
+                .any(|r| r.request.len() > MAX_IN_FLIGHT_REQUEST)
+        {
+            return Err(malformed(format!(
+                "{} requests in flight (at most --max-lock-waiters {}, of {MAX_IN_FLIGHT_REQUEST} bytes each)",
+                state.in_flight.len(),
+                self.cfg.max_lock_waiters
+            )));
+        }
+        let mut report = LoadReport {
+            in_flight: state.in_flight.clone(),
+            ..LoadReport::default()
+        };
         let guest_error = mcfg.on_error == OnError::GuestError;
         // Errors that `guest-error` turns into a missing node, handle or owner.
         let soft = |e: StateError, report: &mut LoadReport| {
@@ -950,6 +991,7 @@ mod tests {
             handles: Vec::new(),
             owners: Vec::new(),
             handover: None,
+            in_flight: Vec::new(),
         }
     }
 
@@ -1030,5 +1072,33 @@ mod tests {
             ..empty()
         };
         assert!(fs.load_state(&bytes(&dir_as_root)).is_err());
+    }
+
+    #[test]
+    fn too_many_or_too_large_requests_in_flight_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let r = |len| InFlight {
+            queue: 1,
+            head: 0,
+            position: 0,
+            reply_at: 0,
+            request: vec![0; len],
+        };
+        let one = State {
+            in_flight: vec![r(88)],
+            ..empty()
+        };
+        assert_eq!(fs.load_state(&bytes(&one)).unwrap().in_flight, vec![r(88)]);
+        let large = State {
+            in_flight: vec![r(MAX_IN_FLIGHT_REQUEST + 1)],
+            ..empty()
+        };
+        assert!(fs.load_state(&bytes(&large)).is_err());
+        let many = State {
+            in_flight: (0..=fs.cfg.max_lock_waiters).map(|_| r(88)).collect(),
+            ..empty()
+        };
+        assert!(fs.load_state(&bytes(&many)).is_err());
     }
 }

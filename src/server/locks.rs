@@ -4,6 +4,13 @@
 //! own (at most `--max-lock-waiters`, then ENOLCK), which answers the request when the
 //! lock is granted, through `Deferred`. INTERRUPT for it, DESTROY or a new INIT cancel
 //! the wait with a signal (EINTR).
+//!
+//! A ring that stops (GET_VRING_BASE: the VM stops, or migrates) suspends its waits: the
+//! waiter stops waiting and leaves the request unanswered, in flight for the guest, as an
+//! `InFlight` the device state carries. When the ring runs again, here (the VM goes on, or
+//! a migration failed) or on a destination, the request is taken up again and answered on
+//! its own descriptors (`FuseServer::resume`): the guest's program never sees the move. A
+//! guest that reset its queue meanwhile no longer waits for it, and it is dropped.
 
 use std::collections::HashMap;
 use std::io;
@@ -18,6 +25,7 @@ use vm_memory::{ByteValued, Bytes, GuestAddress};
 use super::request::decode;
 use super::GuestMem;
 use crate::passthrough::filelocks::{Range, Wait};
+use crate::passthrough::migration::InFlight;
 use crate::passthrough::PassthroughFs;
 
 /// FUSE_LK_FLOCK in `lk_flags`: a whole-file flock rather than a byte range.
@@ -34,11 +42,24 @@ pub trait Deferred: Send {
     /// the used ring, unless the ring was stopped since; then neither happens.
     fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32);
 
-    /// Registers what ends the wait early when its ring stops (a VMM's GET_VRING_BASE
-    /// before migration, a reset): the request is then answered (EINTR) while its ring
-    /// can still take the answer, instead of being dropped unanswered, which would leave
-    /// the guest waiting for ever on a destination that never heard of it.
-    fn on_stop(&self, cancel: Box<dyn Fn() + Send + Sync>);
+    /// Registers what suspends the wait when its ring stops (a VMM's GET_VRING_BASE
+    /// before migration, a reset), so the stop does not wait on it.
+    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>);
+
+    /// Where the reply belongs, for `InFlight`.
+    fn slot(&self) -> Slot;
+
+    /// Leaves the request unanswered and no longer in flight on its ring (which is
+    /// stopping and waits for that).
+    fn suspend(self: Box<Self>);
+}
+
+/// Where a suspended request's reply belongs: its queue, chain head and avail position.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub queue: u16,
+    pub head: u16,
+    pub position: u16,
 }
 
 struct Waiter {
@@ -46,17 +67,22 @@ struct Waiter {
     /// may send two requests under one unique.
     unique: u64,
     cancelled: AtomicBool,
+    /// Cancelled by a ring stop: the request is suspended, not answered.
+    suspend: AtomicBool,
     /// True until the thread stops waiting. Held while the thread is signalled, so that a
     /// signal never goes to a thread that has moved on, let alone exited.
     waiting: Mutex<bool>,
     thread: libc::pthread_t,
 }
 
-/// The waiting SETLKWs, by an id vfsd gives each.
+/// The waiting SETLKWs, by an id vfsd gives each, and the suspended ones.
 #[derive(Default)]
 pub struct Waiters {
     next_id: AtomicU64,
     by_id: Mutex<HashMap<u64, Arc<Waiter>>>,
+    suspended: Mutex<Vec<InFlight>>,
+    /// Whether `suspended` has any (read by every queue pass, written rarely).
+    any_suspended: AtomicBool,
 }
 
 extern "C" fn wake(_: libc::c_int) {}
@@ -90,20 +116,56 @@ impl Waiters {
         }
     }
 
-    /// Cancels the wait with vfsd's id `id`, if it still waits.
-    fn cancel_id(&self, id: u64) {
+    /// Suspends the wait with vfsd's id `id`, if it still waits (its ring stops).
+    fn suspend_id(&self, id: u64) {
         let w = self.by_id.lock().unwrap().get(&id).cloned();
         if let Some(w) = w {
+            w.suspend.store(true, Ordering::Release);
             cancel(&w);
         }
     }
 
-    /// Cancels every wait (DESTROY, a new INIT).
+    /// Cancels every wait and forgets the suspended ones (DESTROY, a new INIT).
     pub fn cancel_all(&self) {
         let all: Vec<Arc<Waiter>> = self.by_id.lock().unwrap().values().cloned().collect();
         for w in all {
             cancel(&w);
         }
+        self.set_suspended(Vec::new());
+    }
+
+    /// The suspended requests (for the device state).
+    pub fn suspended(&self) -> Vec<InFlight> {
+        self.suspended.lock().unwrap().clone()
+    }
+
+    /// Replaces the suspended requests (a loaded device state's, or none on a reset).
+    pub fn set_suspended(&self, list: Vec<InFlight>) {
+        let mut s = self.suspended.lock().unwrap();
+        self.any_suspended
+            .store(!list.is_empty(), Ordering::Release);
+        *s = list;
+    }
+
+    pub fn any_suspended(&self) -> bool {
+        self.any_suspended.load(Ordering::Acquire)
+    }
+
+    /// Takes the suspended requests of `queue` out of the list.
+    pub fn take_suspended(&self, queue: u16) -> Vec<InFlight> {
+        let mut s = self.suspended.lock().unwrap();
+        let (mine, rest) = std::mem::take(&mut *s)
+            .into_iter()
+            .partition(|r| r.queue == queue);
+        *s = rest;
+        self.any_suspended.store(!s.is_empty(), Ordering::Release);
+        mine
+    }
+
+    fn push_suspended(&self, r: InFlight) {
+        let mut s = self.suspended.lock().unwrap();
+        s.push(r);
+        self.any_suspended.store(true, Ordering::Release);
     }
 }
 
@@ -190,17 +252,22 @@ pub fn interrupt_target(args: &[u8]) -> Option<u64> {
     decode::<InterruptIn>(args).map(|i| i.unique)
 }
 
-/// Starts a waiter thread for `wait`; it answers request `hdr` through the `Deferred`
-/// that `defer` makes (only once the thread exists), writing the reply header at
-/// `reply_at` in `mem`. An error means no thread: the caller answers the request.
+/// Starts a waiter thread for `wait`; it answers request `hdr` (whose arguments are
+/// `args`) through the `Deferred` that `defer` makes (only once the thread exists),
+/// writing the reply header at `reply_at` in `mem`. An error means no thread: the caller
+/// answers the request.
 pub fn spawn_waiter(
     waiters: &Arc<Waiters>,
     wait: Wait,
     hdr: InHeader,
+    args: &[u8],
     mem: GuestMem,
     reply_at: GuestAddress,
     defer: &mut dyn FnMut() -> Box<dyn Deferred>,
 ) -> io::Result<()> {
+    // What a suspension carries: the request as the guest sent it.
+    let mut request = hdr.as_slice().to_vec();
+    request.extend_from_slice(args);
     let waiters2 = waiters.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Deferred>>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
@@ -212,6 +279,7 @@ pub fn spawn_waiter(
             let me = Arc::new(Waiter {
                 unique: hdr.unique,
                 cancelled: AtomicBool::new(false),
+                suspend: AtomicBool::new(false),
                 waiting: Mutex::new(true),
                 // SAFETY: pthread_self has no preconditions.
                 thread: unsafe { libc::pthread_self() },
@@ -232,6 +300,20 @@ pub fn spawn_waiter(
             // No signal reaches this thread after this: the reply's writes and the
             // guest's notification can't be interrupted.
             drop(registered);
+            if r.is_err() && me.suspend.load(Ordering::Acquire) {
+                // Listed before the ring hears of it: the stop, and the device state saved
+                // after it, must find it.
+                let slot = done.slot();
+                waiters2.push_suspended(InFlight {
+                    queue: slot.queue,
+                    head: slot.head,
+                    position: slot.position,
+                    reply_at: reply_at.0,
+                    request,
+                });
+                done.suspend();
+                return;
+            }
             let error = match r {
                 Ok(()) => 0,
                 Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
@@ -254,7 +336,7 @@ pub fn spawn_waiter(
     let d = defer();
     if let Ok(id) = id {
         let w = waiters.clone();
-        d.on_stop(Box::new(move || w.cancel_id(id)));
+        d.on_stop(Box::new(move || w.suspend_id(id)));
     }
     let _ = tx.send(d);
     Ok(())

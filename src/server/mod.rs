@@ -30,6 +30,7 @@ use log::{debug, error, warn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
 
+use crate::passthrough::migration::InFlight;
 use crate::passthrough::PassthroughFs;
 
 mod create;
@@ -44,7 +45,7 @@ mod write;
 mod xattr;
 use crate::stats::Stats;
 use fast_read::FastRead;
-pub use locks::{install_wake_handler, Deferred};
+pub use locks::{install_wake_handler, Deferred, Slot};
 
 /// Guest memory as the device maps it. Each region carries a dirty-page log that is off
 /// until the VMM migrates (VHOST_F_LOG_ALL, SET_LOG_BASE): then every write vfsd makes into
@@ -174,6 +175,73 @@ impl FuseServer {
         len
     }
 
+    /// Whether a ring stop left requests suspended (`locks`), for the device to resume.
+    pub fn any_suspended(&self) -> bool {
+        self.waiters.any_suspended()
+    }
+
+    /// The suspended requests, for the device state.
+    pub fn suspended(&self) -> Vec<InFlight> {
+        self.waiters.suspended()
+    }
+
+    /// Replaces the suspended requests: a loaded device state's, or none (a reset).
+    pub fn set_suspended(&self, list: Vec<InFlight>) {
+        self.waiters.set_suspended(list)
+    }
+
+    /// Takes the suspended requests of `queue` out, for `resume`.
+    pub fn take_suspended(&self, queue: u16) -> Vec<InFlight> {
+        self.waiters.take_suspended(queue)
+    }
+
+    /// Takes up a suspended request again: a SETLKW waits anew (a waiter thread, answered
+    /// through `defer`'s `Deferred`), or is answered now. Returns the reply's length when
+    /// answered now. The request is checked as if new: what a state carries is not
+    /// trusted more than a guest.
+    pub fn resume(
+        &self,
+        mem: &GuestMem,
+        r: &InFlight,
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Option<u32> {
+        let at = vm_memory::GuestAddress(r.reply_at);
+        let hdr_len = std::mem::size_of::<InHeader>();
+        let hdr: Option<InHeader> = r.request.get(..hdr_len).and_then(request::decode);
+        let Some(hdr) = hdr.filter(|h| h.opcode == opcode::SETLKW) else {
+            warn!("a suspended request that is not a SETLKW: dropped");
+            return None;
+        };
+        let args = &r.request[hdr_len..];
+        let answer = |e: Option<io::Error>| {
+            let out = OutHeader {
+                len: std::mem::size_of::<OutHeader>() as u32,
+                error: e.map_or(0, |e| -e.raw_os_error().unwrap_or(libc::EIO)),
+                unique: hdr.unique,
+            };
+            match mem.write_obj(out, at) {
+                Ok(()) => out.len,
+                Err(e) => {
+                    warn!("reply to a resumed lock wait: {e}");
+                    0
+                }
+            }
+        };
+        match locks::setlk(&self.fs, &hdr, args, true) {
+            Ok(None) => Some(answer(None)),
+            Err(e) => Some(answer(Some(e))),
+            Ok(Some(w)) => {
+                match locks::spawn_waiter(&self.waiters, w, hdr, args, mem.clone(), at, defer) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        warn!("no lock waiter thread: {e}");
+                        Some(answer(Some(io::Error::from_raw_os_error(libc::ENOLCK))))
+                    }
+                }
+            }
+        }
+    }
+
     /// Counts a reply of EMFILE or ENFILE (read back from the reply's header, which the
     /// crate may have written): the host's fd limits were reached, and `--stats` says so.
     fn count_fd_exhaustion<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>, len: u32)
@@ -301,8 +369,16 @@ impl FuseServer {
                     Ok(Some(w)) => match reply_address(chain) {
                         None => (0, true),
                         Some(at) => {
-                            match locks::spawn_waiter(&self.waiters, w, hdr, mem.clone(), at, defer)
-                            {
+                            let args = req.args();
+                            match locks::spawn_waiter(
+                                &self.waiters,
+                                w,
+                                hdr,
+                                args,
+                                mem.clone(),
+                                at,
+                                defer,
+                            ) {
                                 Ok(()) => return None,
                                 Err(e) => {
                                     warn!("no lock waiter thread: {e}");
