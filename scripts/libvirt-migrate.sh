@@ -11,6 +11,10 @@
 #          guest writes 20 more lines through the same fd and checks: the fd still
 #          names lv/data.log, same inode, every line there once and in order.  The
 #          host checks data.log too.  Figures: save and restore times, state file size.
+#   managedsave  As 'save' with a persistent domain (virsh define, start): 'virsh
+#          managedsave' (the domain stops, libvirt keeps its state), then 'virsh start'
+#          (libvirt restores from it with a new daemon); the same checks as 'save'.
+#          The domain is undefined (with its managed save) at the end.
 #   locks  What libvirt 11 does with <binary><lock posix= flock=/>:
 #          1. the binary's own capabilities (vfsd: separate-options): the domain
 #             must fail to start with "locking options are not supported by this
@@ -32,7 +36,7 @@
 #          as in 'save'.  Figures: virsh migrate time, domjobinfo downtime.
 #
 # Usage: scripts/libvirt-migrate.sh [options]
-#   --test LIST     save,locks,argv,config,live (default save,locks)
+#   --test LIST     save,managedsave,locks,argv,config,live (default save,locks)
 #   --daemon D      vfsd (default) or virtiofsd (for comparison)
 #   --bin PATH      the daemon binary (vfsd: $VFSD_BIN, else target/release/vfsd;
 #                   virtiofsd: PATH or ~/.cargo/bin). Copied into RESULTS first.
@@ -206,6 +210,7 @@ cleanup() {
     local d
     for d in "${DOMS[@]}"; do
         virsh -c "$URI" destroy "$d" >/dev/null 2>&1
+        virsh -c "$URI" undefine --managed-save "$d" >/dev/null 2>&1
         [ -n "${LIVE_URI:-}" ] && virsh -c "$LIVE_URI" destroy "$d" >/dev/null 2>&1
     done
     [ -n "${LIVE_PID:-}" ] && live_stop
@@ -489,6 +494,64 @@ test_save() {
     rm -f "$st"
 }
 
+test_managedsave() {
+    local name=vfsd-lv-msave-$DAEMON-$$ bin xml t0 t1 t2 t3 ino0 ino1 n0 n1 inorder res info
+    bin=$(make_binary "$name")
+    xml=$R/$name.xml
+    write_prep
+    domain_xml "$name" "$bin" write "$LOCKXML" > "$xml"
+    say "managedsave: defining and starting $name ($DAEMON)"
+    DOMS+=("$name")
+    if ! virsh -c "$URI" define --validate "$xml" > "$R/define-$name.out" 2> "$R/define-$name.err" ||
+        ! virsh -c "$URI" start "$name" > "$R/start-$name.out" 2> "$R/start-$name.err"; then
+        failed "managedsave: define/start: $(cat "$R/define-$name.err" "$R/start-$name.err" 2>/dev/null | tr '\n' ' ')"
+        collect_logs "$name"; return
+    fi
+    if ! wait_file "$R/share/lv/guest.ready" "$TIMEOUT" "$name"; then
+        failed "managedsave: the guest did not come up (console: $R/console-$name.log)"; collect_logs "$name"; return
+    fi
+    ino0=$(stat -c %i "$R/share/lv/data.log")
+    locks_before "managedsave"
+    t0=$(now)
+    if ! virsh -c "$URI" managedsave "$name" > "$R/msave.out" 2> "$R/msave.err"; then
+        failed "managedsave: virsh managedsave: $(tr '\n' ' ' < "$R/msave.err")"; collect_logs "$name"; return
+    fi
+    t1=$(now)
+    n0=$(wc -l < "$R/share/lv/data.log")
+    info=$(virsh -c "$URI" dominfo "$name" 2>&1)
+    figure "[managedsave $DAEMON] virsh managedsave" "$(elapsed "$t0" "$t1") s, $n0 lines written before"
+    case $info in *"Managed save:"*yes*) passed "managedsave: the domain is shut off with a managed save" ;;
+        *) failed "managedsave: dominfo after managedsave: $(echo "$info" | grep -E 'State|Managed' | tr '\n' ' ')" ;; esac
+    sleep 2
+    t2=$(now)
+    if ! virsh -c "$URI" start "$name" > "$R/mstart.out" 2> "$R/mstart.err"; then
+        failed "managedsave: virsh start: $(tr '\n' ' ' < "$R/mstart.err")"; collect_logs "$name"; return
+    fi
+    t3=$(now)
+    figure "[managedsave $DAEMON] virsh start (from the managed save)" "$(elapsed "$t2" "$t3") s"
+    locks_after "managedsave"
+    : > "$R/share/lv/host.restored"
+    if ! wait_file "$R/share/lv/guest.result" "$TIMEOUT" "$name"; then
+        failed "managedsave: no guest result after the start (console: $R/console-$name.log)"
+    else
+        res=$(cat "$R/share/lv/guest.result")
+        figure "[managedsave $DAEMON] guest" "$res"
+        case $res in PASS*) passed "managedsave: guest resumed with its open fd, every line there ($DAEMON)" ;;
+            *) failed "managedsave: guest: $res; $(grep 'lv: FAIL' "$R/console-$name.log" | tr -d '\r' | tr '\n' ' ')" ;; esac
+    fi
+    ino1=$(stat -c %i "$R/share/lv/data.log" 2>/dev/null)
+    if n1=$(check_lines "$R/share/lv/data.log"); then inorder=yes; else inorder=no; fi
+    if [ "$inorder" = yes ] && [ "$ino0" = "$ino1" ] && [ "$n1" -gt "$n0" ]; then
+        passed "managedsave: host sees data.log line 1..$n1 in order, same inode ($n0 lines before)"
+    else
+        failed "managedsave: host: data.log has $n1 lines (line 1..N in order: $inorder), inode $ino0 -> $ino1"
+    fi
+    collect_logs "$name"
+    figure "[managedsave $DAEMON] daemon log" "$(state_lines "$R/daemon-$name.log")"
+    virsh -c "$URI" destroy "$name" >/dev/null 2>&1
+    virsh -c "$URI" undefine --managed-save "$name" >/dev/null 2>&1
+}
+
 # --- lock options --------------------------------------------------------------------
 # lock_run TAG CAPS ON|OFF: a domain with <lock posix=X flock=X/> through a wrapper
 # advertising CAPS; checks the argv and what the host sees of the guest's locks.
@@ -721,11 +784,12 @@ test_live() {
 for t in $(echo "$TESTS" | tr ',' ' '); do
     case $t in
         save) test_save ;;
+        managedsave) test_managedsave ;;
         locks) test_locks ;;
         argv) test_argv ;;
         config) test_config ;;
         live) test_live ;;
-        *) die "unknown test '$t' (save, locks, argv, config, live)" ;;
+        *) die "unknown test '$t' (save, managedsave, locks, argv, config, live)" ;;
     esac
 done
 
