@@ -5,11 +5,9 @@
 //! reopened from its handle, which needs CAP_DAC_READ_SEARCH: it must happen before the
 //! credentials are switched, or every create by a non-root user fails with EPERM.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use common::{errno, Daemon};
+use crate::common::{errno, Daemon};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;

@@ -4,13 +4,13 @@
 //! INIT; a corrupt, hostile or unfindable state is refused; and the dirty-page log marks
 //! exactly the guest pages the daemon wrote.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::{errno, host_flock, host_ofd_lock, Daemon};
+use crate::common::{errno, host_flock, host_ofd_lock, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 

@@ -174,7 +174,7 @@ fn copy_file_range_in_opposite_directions_does_not_deadlock() {
 /// an errno in the header, which always fits.
 #[test]
 fn a_reply_too_large_for_the_guests_buffer_is_answered_with_an_errno() {
-    let input = include_bytes!("../fuzz/regressions/fuse_request/init-reply-too-small.bin");
+    let input = include_bytes!("../../fuzz/regressions/fuse_request/init-reply-too-small.bin");
     // The harness's format (fuzz/src/request.rs): cfg, then flags, req_len u16, reply_len
     // u32, request bytes (shorter at the input's end).
     let req_len = u16::from_le_bytes([input[2], input[3]]) as usize;

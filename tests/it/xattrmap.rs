@@ -2,8 +2,6 @@
 //! opens (symlinks, FIFOs, devices), through the real vhost-user socket; the host side is
 //! checked with the host's own xattr calls.
 
-mod common;
-
 use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -11,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     errno, host_getxattr as host_get, host_setxattr as host_set, is_root, run_vfsd, Daemon,
 };
 use vfsd::frontend::fuse::*;

@@ -3,12 +3,12 @@
 //! Either way the guest gets exactly the host's bytes, which these tests check along with
 //! the daemon's own count of where each read was served.
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::{is_root, pattern, Daemon, LoopFs, Tmpfs};
+use crate::common::{is_root, pattern, Daemon, LoopFs, Tmpfs};
 use vfsd::frontend::fuse::{FuseClient, Ticket};
 
 const ROOT: u64 = 1;

@@ -1,12 +1,12 @@
 //! Every FUSE opcode a Linux guest sends, through the real vhost-user socket and
 //! virtqueues in shared memory, checked against the reply and the host directory.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{errno, pattern, read, run_vfsd, Daemon};
+use crate::common::{errno, pattern, read, run_vfsd, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::{FrontendConfig, Layout};
 

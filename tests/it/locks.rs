@@ -1,11 +1,9 @@
 //! File locks forwarded to the host (issue 11), through the real socket: two daemons on
 //! one directory stand for two guests, and the test process for a host program.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{errno, host_flock, host_ofd_lock, Daemon};
+use crate::common::{errno, host_flock, host_ofd_lock, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 

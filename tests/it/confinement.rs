@@ -2,9 +2,9 @@
 //! handles it was never given, stale ids after FORGET. None may reach outside the share
 //! or crash the daemon; each gets the errno Linux gives.
 
-mod common;
+use crate::common;
 
-use common::{errno, read, Daemon};
+use crate::common::{errno, read, Daemon};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;

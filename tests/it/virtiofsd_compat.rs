@@ -2,13 +2,13 @@
 //! libvirt's command lines (`--syslog`, `-o cache=none,...`), `--socket-group`,
 //! `--no-readdirplus`, O_NOATIME handling, and a clear error for what vfsd lacks.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use common::{is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs};
+use crate::common::{is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 

@@ -3,11 +3,9 @@
 //! ring the guest may have freed and reused: a guest that reboots lays fresh rings over the
 //! same memory. The OPEN held up here is blocked in the host kernel by a read lease.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Daemon, HostLease};
+use crate::common::{Daemon, HostLease};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;

@@ -5,13 +5,11 @@
 //! then fails with ESTALE. `--inode-file-handles=prefer` must keep fds there, and
 //! `mandatory` must refuse to start with a line that says why.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{is_root, vfsd_bin, Daemon};
+use crate::common::{is_root, vfsd_bin, Daemon};
 
 const ROOT: u64 = 1;
 

@@ -1,7 +1,7 @@
 //! Security review, round 3 (code added in 9f10c63..3c1dc9b): each test here fails on the
 //! reviewed code and shows one defect, through the real vhost-user socket.
 
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::fs::File;
@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use common::{errno, host_getxattr as host_get, host_setxattr as host_set, is_root, Daemon};
+use crate::common::{errno, host_getxattr as host_get, host_setxattr as host_set, is_root, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, SetattrIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;

@@ -1,12 +1,12 @@
 //! Parallel direct writes: in-EOF writes to one inode run together, size-changing ones
 //! run alone, and the result is byte-exact. Driven through the real socket and queues.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
-use common::{pattern, read, Daemon};
+use crate::common::{pattern, read, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 

@@ -2,13 +2,13 @@
 //! while the daemon serves it, a request that makes a worker panic, and READDIRPLUS entries
 //! whose lookup fails.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{errno, Daemon};
+use crate::common::{errno, Daemon};
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use vfsd::frontend::fuse::*;
 use vm_memory::{Bytes, GuestAddress};

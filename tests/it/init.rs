@@ -1,9 +1,7 @@
 //! FUSE_INIT as vfsd negotiates it (not the crate): the full 64-bit flags through
 //! INIT_EXT, the protocol minor, and `--allow-mmap`'s FUSE_DIRECT_IO_ALLOW_MMAP.
 
-mod common;
-
-use common::Daemon;
+use crate::common::Daemon;
 use fuse_backend_rs::abi::fuse_abi::{InitIn, InitOut};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;

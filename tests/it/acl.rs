@@ -2,12 +2,10 @@
 //! negotiated, ACLs reach the host, the umask is applied only where no default ACL is,
 //! and FUSE_SETXATTR_ACL_KILL_SGID clears S_ISGID.
 
-mod common;
-
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use common::{host_getxattr, is_root, Daemon};
+use crate::common::{host_getxattr, is_root, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;

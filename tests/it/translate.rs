@@ -2,11 +2,9 @@
 //! request headers and chowns become host ids, host ids in every attribute reply become
 //! guest ids, with virtiofsd's rule forms and meanings (docs/translate.md).
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use common::{errno, is_root, run_vfsd, Daemon};
+use crate::common::{errno, is_root, run_vfsd, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{AttrOut, SetattrIn};
 use vfsd::frontend::fuse::*;
 

@@ -3,12 +3,10 @@
 //! and FUSE_EXT_GROUPS keeps S_ISGID for a caller in the parent's group only as a
 //! supplementary group (FUSE_CREATE_SUPP_GROUP). Malformed extensions get EINVAL.
 
-mod common;
-
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use common::{ext, host_getxattr, is_root, Daemon};
+use crate::common::{ext, host_getxattr, is_root, Daemon};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;

@@ -3,13 +3,11 @@
 //! after FSYNC. Each ends the way a user expects: an
 //! errno to the guest or a clean exit, never a crash or a hang.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     errno, is_root, pattern, read, Daemon, LoopFs, Tmpfs, SHUTDOWN_LOGFLUSH, SHUTDOWN_NOLOGFLUSH,
 };
 use vfsd::frontend::fuse::*;

@@ -2,12 +2,12 @@
 //! tree, as `linkat(AT_EMPTY_PATH)` of an O_TMPFILE does in the guest) and FUSE_STATX with
 //! the birth time.
 
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 
-use common::Daemon;
+use crate::common::Daemon;
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, OpenOut};
 use vfsd::frontend::fuse::*;
 use vm_memory::ByteValued;

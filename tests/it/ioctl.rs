@@ -7,8 +7,6 @@
 //! the tests say so and skip. Immutable flags are cleared on the way out so the temporary
 //! directories can go.
 
-mod common;
-
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -16,7 +14,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{errno, is_root, Daemon};
+use crate::common::{errno, is_root, Daemon};
 use vfsd::frontend::fuse::*;
 use vfsd::passthrough::ioctl::{
     FS_IOC32_GETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS,

@@ -6,13 +6,11 @@
 //! and a non-root guest user never has CAP_FSETID: vfsd must do it whether or not the
 //! guest sets the KILL_SUIDGID flags, and must keep the bits for root without them.
 
-mod common;
-
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::Daemon;
+use crate::common::Daemon;
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
 

@@ -4,11 +4,11 @@
 //! starting its queue threads after the filter is in place. (What each argument rule
 //! refuses is tested in `src/seccomp.rs`, on the same filter in a forked process.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{is_root, Daemon};
+use crate::common::{is_root, Daemon};
 use vfsd::frontend::fuse::*;
 
 const ROOT: u64 = 1;

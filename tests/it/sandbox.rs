@@ -1,13 +1,13 @@
 //! The sandbox modes, seen from the host: where the daemon's root is, which fds it keeps,
 //! which capabilities it holds; and that it still serves the guest in each mode.
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{is_root, read, Daemon};
+use crate::common::{is_root, read, Daemon};
 
 const ROOT: u64 = 1;
 

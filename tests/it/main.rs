@@ -1,0 +1,34 @@
+//! vfsd's integration tests, in one test binary (`it`) so that the daemon and its test
+//! frontend are linked once, not once per file. Each module is one feature, seen through
+//! the real `vfsd` binary and its vhost-user socket (`common::Daemon`); the shared
+//! helpers are in `common`.
+//!
+//! Run one feature with a filter on its module path, e.g.
+//! `cargo test --release --test it -- locks::`.
+
+mod common;
+
+mod acl;
+mod confinement;
+mod create_ext;
+mod credentials;
+mod faults;
+mod fuse_host;
+mod fuzz_regressions;
+mod hostile_requests;
+mod init;
+mod ioctl;
+mod killpriv;
+mod locks;
+mod migration;
+mod newer_ops;
+mod opcodes;
+mod parallel_writes;
+mod read_path;
+mod review_round3;
+mod ring_reset;
+mod sandbox;
+mod seccomp;
+mod translate;
+mod virtiofsd_compat;
+mod xattrmap;
