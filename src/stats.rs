@@ -42,7 +42,7 @@ pub struct Stats {
 
 /// FUSE opcode names as in the kernel's `enum fuse_opcode` (from the dispatch table).
 pub fn opcode_name(op: u32) -> &'static str {
-    crate::server::dispatch::name(op)
+    crate::server::opcode::name(op)
 }
 
 impl Default for Stats {

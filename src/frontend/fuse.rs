@@ -11,7 +11,7 @@ use fuse_backend_rs::abi::fuse_abi::*;
 use vm_memory::ByteValued;
 
 use super::{Frontend, Layout};
-use crate::server::opcode;
+use crate::server::Opcode;
 
 pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_FORGET: u32 = 2;
@@ -55,8 +55,8 @@ pub const FUSE_FALLOCATE: u32 = 43;
 pub const FUSE_READDIRPLUS: u32 = 44;
 pub const FUSE_RENAME2: u32 = 45;
 pub const FUSE_LSEEK: u32 = 46;
-pub const FUSE_COPY_FILE_RANGE: u32 = opcode::COPY_FILE_RANGE;
-pub const FUSE_SYNCFS: u32 = opcode::SYNCFS;
+pub const FUSE_COPY_FILE_RANGE: u32 = Opcode::CopyFileRange as u32;
+pub const FUSE_SYNCFS: u32 = Opcode::Syncfs as u32;
 
 /// INIT flags the Linux guest offers (a subset that matters here).
 pub const INIT_BIG_WRITES: u32 = 1 << 5;

@@ -14,7 +14,7 @@ use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, ReadIn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes, GuestMemory};
 
-use super::opcode;
+use super::Opcode;
 use super::GuestMem;
 use crate::passthrough::PassthroughFs;
 
@@ -81,7 +81,7 @@ where
     args.as_mut_slice()
         .copy_from_slice(&req[std::mem::size_of::<InHeader>()..]);
     let size = args.size as usize;
-    if hdr.opcode != opcode::READ || hdr.len as usize != IN_LEN || size > MAX_READ {
+    if hdr.opcode != Opcode::Read as u32 || hdr.len as usize != IN_LEN || size > MAX_READ {
         return None;
     }
     if Some(hdr.nodeid) == panic_nodeid {

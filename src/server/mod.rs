@@ -34,16 +34,17 @@ use crate::passthrough::migration::InFlight;
 use crate::passthrough::PassthroughFs;
 
 mod create;
-pub mod dispatch;
 mod ext;
 mod fast_read;
 pub mod init;
 mod locks;
 mod newer;
+pub mod opcode;
 mod request;
 mod write;
 mod xattr;
 use crate::stats::Stats;
+pub use opcode::Opcode;
 use fast_read::FastRead;
 pub use locks::{install_wake_handler, Deferred, Slot};
 
@@ -64,41 +65,10 @@ fn log_guest_write(mem: &GuestMem, addr: vm_memory::GuestAddress, len: usize) {
     }
 }
 
-pub mod opcode {
-    pub const LOOKUP: u32 = 1;
-    pub const FORGET: u32 = 2;
-    pub const SETATTR: u32 = 4;
-    pub const LINK: u32 = 13;
-    pub const OPENDIR: u32 = 27;
-    pub const GETLK: u32 = 31;
-    pub const SETLK: u32 = 32;
-    pub const SETLKW: u32 = 33;
-    pub const SETXATTR: u32 = 21;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const CREATE: u32 = 35;
-    pub const INIT: u32 = 26;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const INTERRUPT: u32 = 36;
-    pub const NOTIFY_REPLY: u32 = 41;
-    pub const DESTROY: u32 = 38;
-    pub const BATCH_FORGET: u32 = 42;
-    pub const IOCTL: u32 = 39;
-    pub const COPY_FILE_RANGE: u32 = 47;
-    pub const SYNCFS: u32 = 50;
-    pub const TMPFILE: u32 = 51;
-    pub const STATX: u32 = 52;
-}
 
 /// Opcodes that never get a reply (FUSE spec).
 fn no_reply(op: u32) -> bool {
-    matches!(
-        op,
-        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT | opcode::NOTIFY_REPLY
-    )
+    Opcode::of(op).is_some_and(Opcode::takes_no_reply)
 }
 
 pub struct FuseServer {
@@ -208,7 +178,7 @@ impl FuseServer {
         let at = vm_memory::GuestAddress(r.reply_at);
         let hdr_len = std::mem::size_of::<InHeader>();
         let hdr: Option<InHeader> = r.request.get(..hdr_len).and_then(request::decode);
-        let Some(hdr) = hdr.filter(|h| h.opcode == opcode::SETLKW) else {
+        let Some(hdr) = hdr.filter(|h| h.opcode == Opcode::Setlkw as u32) else {
             warn!("a suspended request that is not a SETLKW: dropped");
             return None;
         };
@@ -281,7 +251,7 @@ impl FuseServer {
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        peek_opcode(mem, chain) == Some(opcode::READ)
+        peek_opcode(mem, chain) == Some(Opcode::Read as u32)
     }
 
     /// Whether `chain` holds a request that takes one or two quick host calls (the data
@@ -293,7 +263,9 @@ impl FuseServer {
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        peek_opcode(mem, chain).is_some_and(dispatch::short)
+        peek_opcode(mem, chain)
+            .and_then(Opcode::of)
+            .is_some_and(Opcode::is_short)
     }
 
     /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
@@ -323,7 +295,8 @@ impl FuseServer {
                 return None;
             }
         };
-        self.stats.record(opcode::READ, start.elapsed(), false);
+        self.stats
+            .record(Opcode::Read as u32, start.elapsed(), false);
         self.stats.reads_direct.fetch_add(1, Ordering::Relaxed);
         self.stats
             .reads_on_queue_thread
@@ -344,7 +317,7 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
-        if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != opcode::INIT {
+        if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != Opcode::Init as u32 {
             panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
         }
         if let Some(need) = effect_reply_size(hdr.opcode) {
@@ -356,13 +329,18 @@ impl FuseServer {
                 return Some((reply(mem, chain, &hdr, Err(e)), true));
             }
         }
-        Some(match hdr.opcode {
-            opcode::GETLK => {
+        let Some(op) = Opcode::of(hdr.opcode) else {
+            debug!("opcode {} not supported", hdr.opcode);
+            let e = io::Error::from_raw_os_error(libc::ENOSYS);
+            return Some((reply(mem, chain, &hdr, Err(e)), false));
+        };
+        Some(match op {
+            Opcode::Getlk => {
                 let r = locks::getlk(&self.fs, &hdr, req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::SETLK | opcode::SETLKW => {
-                let wait = hdr.opcode == opcode::SETLKW;
+            Opcode::Setlk | Opcode::Setlkw => {
+                let wait = op == Opcode::Setlkw;
                 match locks::setlk(&self.fs, &hdr, req.args(), wait) {
                     Ok(None) => (reply(mem, chain, &hdr, Ok(Vec::new())), false),
                     Err(e) => (reply(mem, chain, &hdr, Err(e)), false),
@@ -392,43 +370,43 @@ impl FuseServer {
             }
             // The answer to a retrieve notification, which vfsd never sends: it takes no
             // reply (the crate would write ENOSYS into any writable buffers).
-            opcode::NOTIFY_REPLY => (0, false),
-            opcode::INTERRUPT => {
+            Opcode::NotifyReply => (0, false),
+            Opcode::Interrupt => {
                 if let Some(u) = locks::interrupt_target(req.args()) {
                     self.waiters.interrupt(u);
                 }
                 (0, false)
             }
-            opcode::INIT => {
+            Opcode::Init => {
                 // A new session: no wait of an earlier one goes on.
                 self.waiters.cancel_all();
                 let r = self.init(req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::SETXATTR if self.fs.enabled(crate::abi::flags::SETXATTR_EXT) => {
+            Opcode::Setxattr if self.fs.enabled(crate::abi::flags::SETXATTR_EXT) => {
                 let r = xattr::setxattr_ext(&self.fs, &hdr, req.args()).map(|()| Vec::new());
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::COPY_FILE_RANGE => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
-            opcode::WRITE => match write::write(&self.fs, mem, chain, req) {
+            Opcode::CopyFileRange => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
+            Opcode::Write => match write::write(&self.fs, mem, chain, req) {
                 Ok(r) => (reply(mem, chain, &hdr, r), false),
                 Err(bad) => (
                     reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(bad))),
                     true,
                 ),
             },
-            opcode::DESTROY => {
+            Opcode::Destroy => {
                 // The crate replies to DESTROY but reports 0 bytes written, which would
                 // leave the guest without a reply: answer it here.
                 self.waiters.cancel_all();
                 self.fs.destroy();
                 (reply(mem, chain, &hdr, Ok(Vec::new())), false)
             }
-            opcode::SYNCFS => {
+            Opcode::Syncfs => {
                 let r = self.fs.syncfs(hdr.nodeid);
                 (reply(mem, chain, &hdr, r.map(|_| Vec::new())), false)
             }
-            opcode::TMPFILE => {
+            Opcode::Tmpfile => {
                 let r = ext::take(req)
                     .map_err(io::Error::from_raw_os_error)
                     .and_then(|e| {
@@ -436,16 +414,16 @@ impl FuseServer {
                     });
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::IOCTL => {
+            Opcode::Ioctl => {
                 let r = create::ioctl(&self.fs, &hdr, req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            opcode::STATX => {
+            Opcode::Statx => {
                 let r = newer::statx(&self.fs, &hdr, req.args());
                 (reply(mem, chain, &hdr, r), false)
             }
-            op if dispatch::side(op) == dispatch::Side::Enosys => {
-                debug!("opcode {op} not supported");
+            Opcode::Setupmapping | Opcode::Removemapping => {
+                debug!("{} not supported", op.name());
                 (
                     reply(
                         mem,
@@ -456,15 +434,15 @@ impl FuseServer {
                     false,
                 )
             }
-            op @ (opcode::CREATE | opcode::MKDIR | opcode::MKNOD | opcode::SYMLINK) => {
+            Opcode::Create | Opcode::Mkdir | Opcode::Mknod | Opcode::Symlink => {
                 match ext::take(req) {
                     Ok(e) => {
                         let e = self.negotiated(e);
                         let (fs, args) = (&*self.fs, req.args());
                         let r = match op {
-                            opcode::CREATE => create::create(fs, &hdr, args, &e),
-                            opcode::MKDIR => create::mkdir(fs, &hdr, args, &e),
-                            opcode::MKNOD => create::mknod(fs, &hdr, args, &e),
+                            Opcode::Create => create::create(fs, &hdr, args, &e),
+                            Opcode::Mkdir => create::mkdir(fs, &hdr, args, &e),
+                            Opcode::Mknod => create::mknod(fs, &hdr, args, &e),
                             _ => create::symlink(fs, &hdr, args, &e),
                         };
                         (reply(mem, chain, &hdr, r), false)
@@ -475,14 +453,41 @@ impl FuseServer {
                     ),
                 }
             }
-            op => match ext::take(req) {
-                // Extensions on other requests carry nothing vfsd uses.
+            Opcode::Lookup
+            | Opcode::Forget
+            | Opcode::Getattr
+            | Opcode::Setattr
+            | Opcode::Readlink
+            | Opcode::Unlink
+            | Opcode::Rmdir
+            | Opcode::Rename
+            | Opcode::Link
+            | Opcode::Open
+            | Opcode::Read
+            | Opcode::Statfs
+            | Opcode::Release
+            | Opcode::Fsync
+            | Opcode::Setxattr
+            | Opcode::Getxattr
+            | Opcode::Listxattr
+            | Opcode::Removexattr
+            | Opcode::Flush
+            | Opcode::Opendir
+            | Opcode::Readdir
+            | Opcode::Releasedir
+            | Opcode::Fsyncdir
+            | Opcode::Access
+            | Opcode::Bmap
+            | Opcode::Poll
+            | Opcode::BatchForget
+            | Opcode::Fallocate
+            | Opcode::Readdirplus
+            | Opcode::Rename2
+            | Opcode::Lseek => match ext::take(req) {
+                // Extensions on these requests carry nothing vfsd uses.
                 Ok(_) => self.serve_by_crate(mem, chain, req, op),
-                Err(e) if no_reply(op) => {
-                    debug!(
-                        "dropping a {} with bad extensions ({e})",
-                        crate::stats::opcode_name(op)
-                    );
+                Err(e) if op.takes_no_reply() => {
+                    debug!("dropping a {} with bad extensions ({e})", op.name());
                     (0, true)
                 }
                 Err(e) => (
@@ -500,7 +505,7 @@ impl FuseServer {
         mem: &GuestMem,
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
-        op: u32,
+        op: Opcode,
     ) -> (u32, bool)
     where
         M: Deref<Target = GuestMem> + Clone,
@@ -527,12 +532,12 @@ impl FuseServer {
             .handle_message(reader, Writer::VirtioFs(w), None, None)
         {
             Ok(n) => (n as u32, false),
-            Err(e) if no_reply(op) => {
-                debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+            Err(e) if op.takes_no_reply() => {
+                debug!("bad {} request: {e}", op.name());
                 (0, true)
             }
             Err(e) => {
-                debug!("bad {} request: {e}", crate::stats::opcode_name(op));
+                debug!("bad {} request: {e}", op.name());
                 (
                     reply(
                         mem,
@@ -624,14 +629,13 @@ impl FuseServer {
 fn effect_reply_size(op: u32) -> Option<usize> {
     use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, OpenOut};
     use std::mem::size_of;
-    Some(match op {
-        opcode::LOOKUP | opcode::SYMLINK | opcode::MKNOD | opcode::MKDIR | opcode::LINK => {
-            size_of::<EntryOut>()
-        }
-        opcode::CREATE | opcode::TMPFILE => size_of::<EntryOut>() + size_of::<OpenOut>(),
-        opcode::OPEN | opcode::OPENDIR => size_of::<OpenOut>(),
-        opcode::WRITE | opcode::COPY_FILE_RANGE => size_of::<WriteOut>(),
-        opcode::SETATTR => size_of::<AttrOut>(),
+    use Opcode::*;
+    Some(match Opcode::of(op)? {
+        Lookup | Symlink | Mknod | Mkdir | Link => size_of::<EntryOut>(),
+        Create | Tmpfile => size_of::<EntryOut>() + size_of::<OpenOut>(),
+        Open | Opendir => size_of::<OpenOut>(),
+        Write | CopyFileRange => size_of::<WriteOut>(),
+        Setattr => size_of::<AttrOut>(),
         _ => return None,
     })
 }

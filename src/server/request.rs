@@ -6,7 +6,7 @@ use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
 
-use super::opcode;
+use super::Opcode;
 use super::GuestMem;
 
 /// The largest request the crate accepts (its MAX_BUFFER_SIZE plus a header page); a
@@ -87,7 +87,7 @@ where
             off += take;
             if at < HDR_LEN && bytes.len() == HDR_LEN {
                 let hdr: InHeader = decode(&bytes).unwrap_or_default();
-                if hdr.opcode == opcode::WRITE {
+                if hdr.opcode == Opcode::Write as u32 {
                     limit = WRITE_IN_LEN;
                 }
             }
@@ -135,14 +135,14 @@ mod tests {
     #[test]
     fn header_split_across_descriptors_is_joined() {
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
-        let mut req = header(opcode::OPEN, HDR_LEN as u32 + 16);
+        let mut req = header(Opcode::Open as u32, HDR_LEN as u32 + 16);
         req.extend((0..16u8).map(|i| i + 1));
         // 10 bytes, then the rest of the header with the arguments.
         mem.write_slice(&req[..10], GuestAddress(0x8000)).unwrap();
         mem.write_slice(&req[10..], GuestAddress(0x9000)).unwrap();
         let r = copy_chain(&mem, &[(0x8000, 10), (0x9000, req.len() as u32 - 10)]).unwrap();
         assert_eq!(r.bytes, req);
-        assert_eq!(r.hdr.opcode, opcode::OPEN);
+        assert_eq!(r.hdr.opcode, Opcode::Open as u32);
         assert_eq!(r.args(), &req[HDR_LEN..]);
     }
 
@@ -150,7 +150,7 @@ mod tests {
     fn write_data_in_the_header_descriptor_is_not_copied() {
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let data = 0x2000u32;
-        let mut req = header(opcode::WRITE, WRITE_IN_LEN as u32 + data);
+        let mut req = header(Opcode::Write as u32, WRITE_IN_LEN as u32 + data);
         let w = WriteIn {
             fh: 3,
             size: data,
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn other_requests_copy_the_whole_readable_part_up_to_the_limit() {
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
-        let mut req = header(opcode::SETXATTR, HDR_LEN as u32 + 0x1000);
+        let mut req = header(Opcode::Setxattr as u32, HDR_LEN as u32 + 0x1000);
         req.resize(HDR_LEN + 0x1000, 0x5a);
         mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
         let r = copy_chain(&mem, &[(0x8000, req.len() as u32)]).unwrap();
@@ -182,7 +182,7 @@ mod tests {
         // A readable descriptor outside guest memory is an error, not a short copy; the
         // header before it is kept for the errno reply.
         let e = copy_chain(&mem, &[(0x8000, HDR_LEN as u32), (MEM, 0x100)]).unwrap_err();
-        assert_eq!(e.hdr.map(|h| h.opcode), Some(opcode::SETXATTR));
+        assert_eq!(e.hdr.map(|h| h.opcode), Some(Opcode::Setxattr as u32));
         // The header itself outside guest memory, or shorter than a header: no header.
         let e = copy_chain(&mem, &[(0x8000, 8), (MEM, 0x100)]).unwrap_err();
         assert!(e.hdr.is_none());
