@@ -14,10 +14,14 @@
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
-#                     locks,migrate,xfstests
+#                     locks,migrate,libvirt,xfstests
 #                     (and twohosts, with --gluster). migrate: live migration between two
 #                     QEMU on this host, over a unix socket and through a file
-#                     (scripts/guest-migrate.sh; about 3 minutes)
+#                     (scripts/guest-migrate.sh; about 3 minutes). libvirt: libvirt 11
+#                     starts the daemon as its virtiofs <binary>; virsh save/restore and
+#                     managedsave/start with the guest's open fd and (vfsd) its locks
+#                     (scripts/libvirt-migrate.sh; about a minute; libvirtd must run:
+#                     scripts/setup.sh starts it)
 #   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
 #                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
@@ -40,7 +44,7 @@
 #                     direct writes and locks between guests on client mounts A and B)
 #
 # Typical time under TCG on 2 cores: about 6-7 minutes per daemon, 3 more
-# for migrate, plus 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
+# for migrate, 1 for libvirt, plus 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -92,9 +96,9 @@ if [ "$GLUSTER" = 1 ]; then
 elif [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
-ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,migrate,xfstests}
+ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,migrate,libvirt,xfstests}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests|migrate) ;;
+    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests|migrate|libvirt) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
@@ -423,6 +427,19 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
                 --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --results {dir}/results
             grep -E '^guest-migrate:   .*(downtime|device state)' "$TEST_DIR/guest-migrate.log" | sed "s/^guest-migrate:   /guest-suite:     migrate-$via: /"
         done
+    fi
+
+    if wanted libvirt && [ "$daemon" != vfsd ] && [ "$daemon" != virtiofsd ]; then
+        say "[$label] libvirt: not run (libvirt starts vfsd or virtiofsd itself, not a run-vm.sh template)"
+    elif wanted libvirt; then
+        # libvirt 11 runs the daemon from <binary>: save/restore and managedsave/start of
+        # a guest writing through an open fd; vfsd also with <lock posix flock> on, its
+        # locks held on the host across (virtiofsd's are guest-local).
+        lvlocks=; [ "$daemon" = vfsd ] && lvlocks=--locks
+        host_test "$label" libvirt libvirt.log 'FAIL|error' "$HERE/libvirt-migrate.sh" \
+            --daemon "$daemon" --test save,managedsave $lvlocks \
+            --kernel "$KERNEL" --results {dir}/results
+        grep -E '^\[(save|managedsave) ' "$TEST_DIR/libvirt.log" | grep -E 'virsh|guest ' | sed 's/^/guest-suite:     libvirt: /'
     fi
 
     if wanted twohosts; then

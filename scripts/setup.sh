@@ -7,7 +7,8 @@
 # apt source this adds (/etc/apt/sources.list.d/vfsd-bookworm-backports.sources) with the
 # URI of the Debian archive the host's apt sources already use; trixie and later have it
 # in their own suite. Bookworm's own QEMU 7.2 is unpacked into the cache too
-# (scripts/fetch-qemu.sh), for the guest suite's smoke-qemu72 test.
+# (scripts/fetch-qemu.sh), for the guest suite's smoke-qemu72 test. libvirt 11 (the same
+# suite) is installed and started by scripts/libvirt-migrate.sh --setup-only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -52,6 +53,8 @@ qv=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator versio
     die "qemu-system-x86_64 is QEMU ${qv:-(none found)}, but vfsd's tests need QEMU >= 10 (on bookworm: apt-get install -t bookworm-backports qemu-system-x86)"
 echo "== QEMU $qv: $(command -v qemu-system-x86_64)"
 echo "== bookworm's QEMU 7.2 (for the smoke-qemu72 test): $(scripts/fetch-qemu.sh --refresh)"
+echo "== libvirt 11 (the guest suite's libvirt test; from bookworm-backports on bookworm), started without systemd"
+scripts/libvirt-migrate.sh --setup-only
 echo "== building vfsd"
 cargo build --release
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
