@@ -5,13 +5,12 @@
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{host_getxattr, is_root, Daemon};
+use crate::common::{host_getxattr, is_root, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 use vm_memory::ByteValued;
 
-const ROOT: u64 = 1;
 const POSIX_ACL: u64 = 1 << 20;
 const DONT_MASK: u64 = 1 << 6;
 const SETXATTR_EXT: u64 = 1 << 29;

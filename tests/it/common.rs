@@ -7,8 +7,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use vfsd::frontend::fuse::FuseClient;
+use vfsd::frontend::fuse::{Caller, FuseClient};
 use vfsd::frontend::{Frontend, FrontendConfig};
+
+/// The share's root: FUSE's node id 1.
+pub const ROOT: u64 = 1;
+
+/// An unprivileged guest user.
+pub const USER: Caller = Caller {
+    uid: 1234,
+    gid: 2345,
+    pid: 77,
+};
+
+/// The guest's nobody.
+pub const NOBODY: Caller = Caller {
+    uid: 65534,
+    gid: 65534,
+    pid: 4242,
+};
+
+/// FUSE_SECURITY_CTX, an INIT flag of the high word (flags2).
+pub const SECURITY_CTX: u64 = 1 << 32;
 
 pub struct Daemon {
     pub child: Option<Child>,
@@ -174,6 +194,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x ^= x << 17;
             x as u8
         })
+        .collect()
+}
+
+/// The names READDIR lists in `dir`, in order.
+pub fn dir_names(c: &FuseClient, dir: u64) -> Vec<Vec<u8>> {
+    c.readdir_all(dir, false)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
         .collect()
 }
 
@@ -441,8 +470,24 @@ impl Drop for BindMount {
     }
 }
 
-fn cpath(p: &Path) -> std::ffi::CString {
+/// A name as FUSE requests carry it: NUL-terminated.
+pub fn cstr(s: &str) -> Vec<u8> {
+    std::ffi::CString::new(s).unwrap().into_bytes_with_nul()
+}
+
+/// A path for a libc call.
+pub fn cpath(p: &Path) -> std::ffi::CString {
     std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// A `security.capability` value: VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and
+/// effective.
+pub fn file_capability() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
+    v.extend_from_slice(&(1u32 << 13).to_le_bytes());
+    v.extend_from_slice(&[0u8; 12]);
+    v
 }
 
 /// lgetxattr on the host (a symlink's own xattrs): the value, or the errno.

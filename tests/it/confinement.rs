@@ -2,12 +2,8 @@
 //! handles it was never given, stale ids after FORGET. None may reach outside the share
 //! or crash the daemon; each gets the errno Linux gives.
 
-use crate::common;
-
-use crate::common::{errno, read, Daemon};
+use crate::common::{self, errno, read, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
 
 #[test]
 fn guest_symlinks_out_of_the_share_are_never_followed() {

@@ -3,23 +3,16 @@
 //! and FUSE_EXT_GROUPS keeps S_ISGID for a caller in the parent's group only as a
 //! supplementary group (FUSE_CREATE_SUPP_GROUP). Malformed extensions get EINVAL.
 
-use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{ext, host_getxattr, is_root, Daemon};
+use crate::common::{cstr, ext, host_getxattr, is_root, Daemon, ROOT, SECURITY_CTX};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 use vm_memory::ByteValued;
 
-const ROOT: u64 = 1;
-const SECURITY_CTX: u64 = 1 << 32;
 const CREATE_SUPP_GROUP: u64 = 1 << 34;
 const LABEL: &[u8] = b"system_u:object_r:container_file_t:s0\0";
-
-fn cstr(s: &str) -> Vec<u8> {
-    CString::new(s).unwrap().into_bytes_with_nul()
-}
 
 fn client(d: &Daemon, flags: u64) -> FuseClient {
     let c = FuseClient::new(d.frontend(FrontendConfig::default()));

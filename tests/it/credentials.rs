@@ -7,15 +7,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{errno, Daemon};
-use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
-const USER: Caller = Caller {
-    uid: 1234,
-    gid: 2345,
-    pid: 77,
-};
+use crate::common::{errno, Daemon, ROOT, USER};
 
 fn creates_in_a_subdirectory(mode: &str) {
     let d = Daemon::start(&["--inode-file-handles", mode]);

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{
-    errno, is_root, pattern, read, Daemon, LoopFs, Tmpfs, SHUTDOWN_LOGFLUSH, SHUTDOWN_NOLOGFLUSH,
+    dir_names, errno, is_root, pattern, read, Daemon, LoopFs, Tmpfs, ROOT, SHUTDOWN_LOGFLUSH,
+    SHUTDOWN_NOLOGFLUSH,
 };
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
-
-const ROOT: u64 = 1;
 
 #[test]
 fn frontend_disconnecting_mid_request_ends_the_daemon_cleanly() {
@@ -209,12 +208,7 @@ fn host_eio_reaches_the_guest_as_eio_and_the_daemon_keeps_serving() {
         // What the host still answers from memory, the daemon still answers too.
         assert_eq!(c.getattr(f.nodeid).unwrap().attr.size, 100_000);
         c.lookup(ROOT, "d").unwrap();
-        let names: Vec<_> = c
-            .readdir_all(ROOT, false)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
+        let names: Vec<_> = dir_names(&c, ROOT);
         assert!(names.iter().any(|n| n == b"f"), "{names:?}");
         c.statfs(ROOT).unwrap();
         c.release(f.nodeid, o.fh).unwrap();

@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{is_root, vfsd_bin, Daemon};
-
-const ROOT: u64 = 1;
+use crate::common::{is_root, vfsd_bin, Daemon, ROOT};
 
 /// A bindfs mount of `src` at `mnt`, unmounted on drop.
 struct Bindfs(PathBuf);

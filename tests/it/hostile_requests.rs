@@ -2,18 +2,14 @@
 //! while the daemon serves it, a request that makes a worker panic, and READDIRPLUS entries
 //! whose lookup fails.
 
-use crate::common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, Daemon};
+use crate::common::{self, dir_names, errno, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use vfsd::frontend::fuse::*;
 use vm_memory::{Bytes, GuestAddress};
-
-const ROOT: u64 = 1;
 
 /// Item 7: the guest flips the opcode of its pending requests between GETATTR and
 /// COPY_FILE_RANGE as fast as it can. Each request must be served as one or the other,
@@ -98,7 +94,7 @@ fn a_panicking_request_gets_eio_and_the_workers_live_on() {
     assert_eq!(v.nodeid, 2, "the first node looked up is node 2");
     // More panics than workers: a pool that lost its threads would stop answering.
     for _ in 0..6 {
-        assert_eq!(common::errno(c.getattr(v.nodeid)), libc::EIO);
+        assert_eq!(errno(c.getattr(v.nodeid)), libc::EIO);
     }
     let o = c.lookup(ROOT, "other").unwrap();
     let h = c.open(o.nodeid, libc::O_RDONLY as u32).unwrap();
@@ -134,13 +130,8 @@ fn readdirplus_never_loses_a_name_whose_lookup_fails() {
     let _umount = common::BindMount::adopt(&share.path().join("mnt"));
     let d = Daemon::start_on(share.path(), &["--inode-file-handles", "mandatory"]);
     let c = d.client();
-    assert_eq!(common::errno(c.lookup(ROOT, "mnt")), libc::EOPNOTSUPP);
-    let plain: Vec<Vec<u8>> = c
-        .readdir_all(ROOT, false)
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    assert_eq!(errno(c.lookup(ROOT, "mnt")), libc::EOPNOTSUPP);
+    let plain = dir_names(&c, ROOT);
     let plus = c.readdir_all(ROOT, true).unwrap();
     let names: Vec<Vec<u8>> = plus.iter().map(|e| e.name.clone()).collect();
     assert_eq!(names, plain, "READDIRPLUS lists what READDIR lists");
@@ -153,7 +144,7 @@ fn readdirplus_never_loses_a_name_whose_lookup_fails() {
                 assert_ne!(id, 0, "{}", String::from_utf8_lossy(n));
                 // Its lookup count is real: one FORGET drops it, and the node is gone.
                 c.forget(id, 1).unwrap();
-                assert_eq!(common::errno(c.getattr(id)), libc::EBADF);
+                assert_eq!(errno(c.getattr(id)), libc::EBADF);
             }
         }
     }
@@ -303,7 +294,7 @@ fn create_ignores_o_path_and_keeps_o_excl_exclusive() {
             libc::O_RDONLY | libc::O_EXCL | libc::O_PATH,
         ] {
             assert_eq!(
-                errno(c.create(1, "there", flags as u32, 0o644)),
+                errno(c.create(ROOT, "there", flags as u32, 0o644)),
                 libc::EEXIST,
                 "{extra:?} flags {flags:#o}"
             );
@@ -311,7 +302,7 @@ fn create_ignores_o_path_and_keeps_o_excl_exclusive() {
         assert_eq!(std::fs::read(d.path("there")).unwrap(), b"keep me");
         // A new name with O_PATH in the flags: a real, readable and writable file.
         let (e, o) = c
-            .create(1, "new", (libc::O_RDWR | libc::O_PATH) as u32, 0o644)
+            .create(ROOT, "new", (libc::O_RDWR | libc::O_PATH) as u32, 0o644)
             .unwrap();
         assert_eq!(c.write(e.nodeid, o.fh, 0, b"data").unwrap(), 4);
         assert_eq!(c.read(e.nodeid, o.fh, 0, 4).unwrap(), b"data");

@@ -1,13 +1,12 @@
 //! FUSE_INIT as vfsd negotiates it (not the crate): the full 64-bit flags through
 //! INIT_EXT, the protocol minor, and `--allow-mmap`'s FUSE_DIRECT_IO_ALLOW_MMAP.
 
-use crate::common::Daemon;
+use crate::common::{Daemon, ROOT, SECURITY_CTX};
 use fuse_backend_rs::abi::fuse_abi::{InitIn, InitOut};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
 const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
-const SECURITY_CTX: u64 = 1 << 32;
 const INIT_EXT: u32 = 1 << 30;
 const ASYNC_READ: u64 = 1;
 
@@ -37,7 +36,7 @@ fn allow_mmap_is_negotiated_through_the_second_flags_word() {
     );
     assert_ne!(f & ASYNC_READ, 0);
     // The session works after it.
-    c.lookup(1, "nothing").unwrap_err();
+    c.lookup(ROOT, "nothing").unwrap_err();
     c.getattr(1).unwrap();
 }
 
@@ -132,15 +131,15 @@ fn a_new_init_releases_everything_the_old_session_held() {
     std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
     std::fs::write(d.path("gone"), vec![1u8; 1 << 20]).unwrap();
     let c = d.client();
-    let f = c.lookup(1, "f").unwrap();
+    let f = c.lookup(ROOT, "f").unwrap();
     let h = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
     c.setlk(f.nodeid, h, 7, Lock::flock(libc::F_WRLCK)).unwrap();
     let h2 = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
     c.setlk(f.nodeid, h2, 8, Lock::range(0, 9, libc::F_WRLCK, 1))
         .unwrap();
-    let g = c.lookup(1, "gone").unwrap();
+    let g = c.lookup(ROOT, "gone").unwrap();
     let gh = c.open(g.nodeid, libc::O_RDONLY as u32).unwrap().fh;
-    c.unlink(1, "gone").unwrap();
+    c.unlink(ROOT, "gone").unwrap();
     let host_flock_free = || {
         let file = std::fs::File::open(d.path("f")).unwrap();
         // SAFETY: plain syscall on an fd we own.
@@ -171,7 +170,7 @@ fn a_new_init_releases_everything_the_old_session_held() {
     );
     assert!(c.getattr(f.nodeid).is_err(), "an old node still works");
     // The new boot starts afresh.
-    let f = c.lookup(1, "f").unwrap();
+    let f = c.lookup(ROOT, "f").unwrap();
     let h = c.open(f.nodeid, libc::O_RDWR as u32).unwrap().fh;
     c.setlk(f.nodeid, h, 7, Lock::flock(libc::F_WRLCK)).unwrap();
     c.release_flock(f.nodeid, h, 7).unwrap();

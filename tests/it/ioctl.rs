@@ -14,18 +14,11 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, is_root, Daemon};
+use crate::common::{errno, is_root, Daemon, ROOT, USER};
 use vfsd::frontend::fuse::*;
 use vfsd::passthrough::ioctl::{
     FS_IOC32_GETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS,
     FS_IOC_SETFLAGS,
-};
-
-const ROOT: u64 = 1;
-const USER: Caller = Caller {
-    uid: 1234,
-    gid: 2345,
-    pid: 77,
 };
 
 // FS_*_FL (chattr's letters i, a, d, A) and the FS_XFLAG_* twins.

@@ -10,16 +10,9 @@ use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::common::Daemon;
+use crate::common::{cpath, file_capability, Daemon, NOBODY, ROOT};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
-const NOBODY: Caller = Caller {
-    uid: 65534,
-    gid: 65534,
-    pid: 4242,
-};
 
 fn mode_of(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().mode() & 0o7777
@@ -31,21 +24,14 @@ fn privileged_file(d: &Daemon, name: &str, mode: u32, cap: bool) -> std::path::P
     std::fs::write(&p, vec![7u8; 8192]).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
     if cap {
-        // VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
-        let mut v = Vec::new();
-        v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
-        v.extend_from_slice(&(1u32 << 13).to_le_bytes());
-        v.extend_from_slice(&0u32.to_le_bytes());
-        v.extend_from_slice(&0u32.to_le_bytes());
-        v.extend_from_slice(&0u32.to_le_bytes());
-        set_xattr(&p, "security.capability", &v);
+        set_xattr(&p, "security.capability", &file_capability());
     }
     assert_eq!(mode_of(&p), mode);
     p
 }
 
 fn set_xattr(p: &Path, name: &str, v: &[u8]) {
-    let path = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let path = cpath(p);
     let name = CString::new(name).unwrap();
     // SAFETY: NUL-terminated strings and a live buffer.
     let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
@@ -53,7 +39,7 @@ fn set_xattr(p: &Path, name: &str, v: &[u8]) {
 }
 
 fn has_cap(p: &Path) -> bool {
-    let path = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let path = cpath(p);
     // SAFETY: NUL-terminated strings; size 0 only asks for the length.
     let r = unsafe {
         libc::getxattr(

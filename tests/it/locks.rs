@@ -3,11 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, host_flock, host_ofd_lock, Daemon};
+use crate::common::{errno, host_flock, host_ofd_lock, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
-const ROOT: u64 = 1;
 const EOF: u64 = i64::MAX as u64;
 const A: u64 = 0xa;
 const B: u64 = 0xb;

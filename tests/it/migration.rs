@@ -4,17 +4,14 @@
 //! INIT; a corrupt, hostile or unfindable state is refused; and the dirty-page log marks
 //! exactly the guest pages the daemon wrote.
 
-use crate::common;
-
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, host_flock, host_ofd_lock, Daemon};
+use crate::common::{self, errno, host_flock, host_ofd_lock, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
-const ROOT: u64 = 1;
 const OWNER: u64 = 0x77;
 const OTHER: u64 = 0x78;
 

@@ -2,17 +2,14 @@
 //! tree, as `linkat(AT_EMPTY_PATH)` of an O_TMPFILE does in the guest) and FUSE_STATX with
 //! the birth time.
 
-use crate::common;
-
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 
-use crate::common::Daemon;
+use crate::common::{self, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, OpenOut};
 use vfsd::frontend::fuse::*;
 use vm_memory::ByteValued;
 
-const ROOT: u64 = 1;
 const FUSE_TMPFILE: u32 = 51;
 const FUSE_STATX: u32 = 52;
 

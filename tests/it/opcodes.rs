@@ -1,16 +1,13 @@
 //! Every FUSE opcode a Linux guest sends, through the real vhost-user socket and
 //! virtqueues in shared memory, checked against the reply and the host directory.
 
-use crate::common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use crate::common::{errno, pattern, read, run_vfsd, Daemon};
+use crate::common::{self, errno, pattern, read, run_vfsd, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::{FrontendConfig, Layout};
 
-const ROOT: u64 = 1;
 const S_IFREG: u32 = libc::S_IFREG;
 
 #[test]

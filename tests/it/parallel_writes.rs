@@ -1,16 +1,12 @@
 //! Parallel direct writes: in-EOF writes to one inode run together, size-changing ones
 //! run alone, and the result is byte-exact. Driven through the real socket and queues.
 
-use crate::common;
-
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
-use crate::common::{pattern, read, Daemon};
+use crate::common::{self, pattern, read, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
-
-const ROOT: u64 = 1;
 
 fn inode_stats(d: &Daemon, host_ino: u64) -> serde_json::Value {
     let s = d.stats();

@@ -3,15 +3,11 @@
 //! Either way the guest gets exactly the host's bytes, which these tests check along with
 //! the daemon's own count of where each read was served.
 
-use crate::common;
-
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::common::{is_root, pattern, Daemon, LoopFs, Tmpfs};
+use crate::common::{self, is_root, pattern, Daemon, LoopFs, Tmpfs, ROOT};
 use vfsd::frontend::fuse::{FuseClient, Ticket};
-
-const ROOT: u64 = 1;
 
 /// (reads answered without blocking on the queue thread, reads that would have blocked),
 /// once the stats file shows `total` reads. The latter went to the pool, or were served

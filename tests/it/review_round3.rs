@@ -1,37 +1,22 @@
 //! Security review, round 3 (code added in 9f10c63..3c1dc9b): each test here fails on the
 //! reviewed code and shows one defect, through the real vhost-user socket.
 
-use crate::common;
-
-use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use crate::common::{errno, host_getxattr as host_get, host_setxattr as host_set, is_root, Daemon};
+use crate::common::{
+    self, cstr, errno, file_capability, host_getxattr as host_get, host_setxattr as host_set,
+    is_root, Daemon, ROOT, SECURITY_CTX,
+};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, SetattrIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 use vfsd::passthrough::ioctl::{FS_IOC_GETFLAGS, FS_IOC_SETFLAGS};
 use vm_memory::ByteValued;
 
-const ROOT: u64 = 1;
 const NODUMP: u32 = 0x40; // FS_NODUMP_FL
-const SECURITY_CTX: u64 = 1 << 32;
-
-fn cstr(s: &str) -> Vec<u8> {
-    CString::new(s).unwrap().into_bytes_with_nul()
-}
-
-/// VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
-fn file_capability() -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
-    v.extend_from_slice(&(1u32 << 13).to_le_bytes());
-    v.extend_from_slice(&[0u8; 12]);
-    v
-}
 
 fn host_flags(p: &Path) -> std::io::Result<u32> {
     let f = std::fs::OpenOptions::new()

@@ -5,10 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Daemon, HostLease};
+use crate::common::{Daemon, HostLease, ROOT};
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
 
 /// An OPEN for writing of `f`, blocked by a host lease; the queue's used index before it.
 fn blocked_open(d: &Daemon, c: &FuseClient) -> (HostLease, u16) {

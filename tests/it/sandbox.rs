@@ -1,15 +1,11 @@
 //! The sandbox modes, seen from the host: where the daemon's root is, which fds it keeps,
 //! which capabilities it holds; and that it still serves the guest in each mode.
 
-use crate::common;
-
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{is_root, read, Daemon};
-
-const ROOT: u64 = 1;
+use crate::common::{self, is_root, read, Daemon, ROOT};
 
 /// The process actually serving: the spawned one, or its child in namespace mode.
 fn serving_pid(d: &Daemon) -> i32 {
@@ -449,7 +445,7 @@ fn the_host_root_can_be_shared_in_the_namespace_sandbox() {
         &["--sandbox", "namespace", "--readonly"],
     );
     let c = d.client();
-    let etc = c.lookup(1, "etc").unwrap();
+    let etc = c.lookup(ROOT, "etc").unwrap();
     assert_eq!(etc.attr.mode & libc::S_IFMT, libc::S_IFDIR);
     let host = std::fs::metadata("/etc").unwrap();
     assert_eq!(etc.attr.ino, std::os::unix::fs::MetadataExt::ino(&host));

@@ -4,19 +4,10 @@
 //! starting its queue threads after the filter is in place. (What each argument rule
 //! refuses is tested in `src/seccomp.rs`, on the same filter in a forked process.)
 
-use crate::common;
-
 use std::time::Duration;
 
-use crate::common::{is_root, Daemon};
+use crate::common::{self, is_root, Daemon, ROOT, USER};
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
-const USER: Caller = Caller {
-    uid: 1234,
-    gid: 2345,
-    pid: 77,
-};
 
 /// The "Seccomp:" mode and "Seccomp_filters:" count of a process.
 fn seccomp_status(pid: i32) -> (u32, u32) {

@@ -4,11 +4,9 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{errno, is_root, run_vfsd, Daemon};
+use crate::common::{errno, is_root, run_vfsd, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{AttrOut, SetattrIn};
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
 
 fn caller(uid: u32, gid: u32) -> Caller {
     Caller { uid, gid, pid: 77 }

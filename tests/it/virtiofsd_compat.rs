@@ -2,17 +2,15 @@
 //! libvirt's command lines (`--syslog`, `-o cache=none,...`), `--socket-group`,
 //! `--no-readdirplus`, O_NOATIME handling, and a clear error for what vfsd lacks.
 
-use crate::common;
-
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use crate::common::{is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs};
+use crate::common::{
+    self, dir_names, is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs, ROOT,
+};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
-
-const ROOT: u64 = 1;
 
 #[test]
 fn syslog_gets_every_record_even_inside_the_sandbox() {
@@ -164,12 +162,7 @@ fn no_readdirplus_is_not_offered() {
     assert_eq!(init.flags & INIT_DO_READDIRPLUS, 0);
     // Plain READDIR still lists the directory.
     std::fs::write(d.path("x"), b"").unwrap();
-    let names: Vec<_> = c
-        .readdir_all(ROOT, false)
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let names: Vec<_> = dir_names(&c, ROOT);
     assert!(names.iter().any(|n| n == b"x"));
 }
 

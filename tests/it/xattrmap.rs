@@ -2,7 +2,6 @@
 //! opens (symlinks, FIFOs, devices), through the real vhost-user socket; the host side is
 //! checked with the host's own xattr calls.
 
-use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,20 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{
-    errno, host_getxattr as host_get, host_setxattr as host_set, is_root, run_vfsd, Daemon,
+    cpath, errno, file_capability, host_getxattr as host_get, host_setxattr as host_set, is_root,
+    run_vfsd, Daemon, NOBODY, ROOT,
 };
 use vfsd::frontend::fuse::*;
-
-const ROOT: u64 = 1;
-const NOBODY: Caller = Caller {
-    uid: 65534,
-    gid: 65534,
-    pid: 4242,
-};
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
-}
 
 fn names(list: &[u8]) -> Vec<String> {
     list.split(|&b| b == 0)
@@ -144,15 +133,6 @@ fn an_unparsable_map_stops_start_up_with_one_line() {
     assert_eq!(code, Some(1));
     assert!(err.contains("unknown type 'tomato'"), "{err}");
     assert!(!Path::new(sock).exists());
-}
-
-/// VFS_CAP_REVISION_2 with CAP_NET_RAW (13) permitted and effective.
-fn file_capability() -> Vec<u8> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
-    v.extend_from_slice(&(1u32 << 13).to_le_bytes());
-    v.extend_from_slice(&[0u8; 12]);
-    v
 }
 
 #[test]
