@@ -5,7 +5,9 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{cstr, ext, host_getxattr, is_root, Daemon, ROOT, SECURITY_CTX};
+use crate::common::{
+    cstr, errno, ext, file_capability, host_getxattr, is_root, Daemon, ROOT, SECURITY_CTX,
+};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -221,4 +223,50 @@ fn malformed_extensions_get_einval_and_create_nothing() {
     let b = ext::call(&c, FUSE_LOOKUP, ROOT, &[&cstr("bad0")], &ext::groups(&[1])).unwrap_err();
     assert!(matches!(b, FuseError::Errno(libc::ENOENT)), "{b:?}");
     c.getattr(ROOT).unwrap();
+}
+
+/// The security-context extension is applied only where `--security-label` is configured
+/// and SECURITY_CTX negotiated (a security review found it applied on every create).
+/// Without either, and without `--xattr` (xattrs refused), a guest must not write
+/// security.* xattrs on the host: here a file capability, which would be stored under the
+/// mapped name other `--xattr` daemons on the share read back as `security.capability`.
+#[test]
+fn security_context_is_ignored_unless_negotiated() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    let out = c
+        .init_ext(44, SECURITY_CTX | INIT_BIG_WRITES as u64)
+        .unwrap();
+    assert_eq!(
+        out.flags2 as u64 & (SECURITY_CTX >> 32),
+        0,
+        "not offered back without --security-label"
+    );
+    assert_eq!(
+        errno(c.getxattr(ROOT, "user.x", 0)),
+        libc::ENOSYS,
+        "no --xattr"
+    );
+    let a = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o755,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    let ext = ext::secctx("security.capability", &file_capability());
+    let r = ext::call(&c, FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("bin")], &ext);
+    let p = d.path("bin");
+    if p.exists() {
+        assert_eq!(
+            host_getxattr(&p, "user.vfsd.security.capability"),
+            Err(libc::ENODATA),
+            "an unnegotiated security context reached the host (reply {:?})",
+            r.map(|_| ())
+        );
+        assert_eq!(host_getxattr(&p, "security.capability"), Err(libc::ENODATA));
+    }
 }

@@ -10,16 +10,18 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, is_root, Daemon, ROOT, USER};
+use crate::common::{cstr, errno, is_root, Daemon, ROOT, USER};
+use fuse_backend_rs::abi::fuse_abi::CreateIn;
 use vfsd::frontend::fuse::*;
 use vfsd::passthrough::ioctl::{
     FS_IOC32_GETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS,
     FS_IOC_SETFLAGS,
 };
+use vm_memory::ByteValued;
 
 // FS_*_FL (chattr's letters i, a, d, A) and the FS_XFLAG_* twins.
 const IMMUTABLE: u32 = 0x10;
@@ -558,4 +560,88 @@ fn project_id_changes_need_allow_project_id() {
     let mut host = [0; 7];
     host_ioctl(&d.path("f"), FS_IOC_FSGETXATTR, &mut host).unwrap();
     assert_eq!(host[3], x[3], "the host's project id is untouched");
+}
+
+/// SETFLAGS/FSSETXATTR act as the translated host id, as creates do, not as the raw guest
+/// id (a security review found `FsCred::switch(ctx.uid, ctx.gid)` bypassing
+/// `--translate-uid/gid`): a guest root squashed onto an unprivileged host id must not
+/// act as host root (fsuid 0, every capability) and change a host root-owned file's flags.
+#[test]
+fn setflags_runs_as_the_translated_host_id_not_the_raw_guest_id() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = Daemon::start(&[
+        "--translate-uid",
+        "squash-guest:0:4321:1",
+        "--translate-gid",
+        "squash-guest:0:4321:1",
+    ]);
+    let p = d.path("roots-file");
+    File::create(&p).unwrap();
+    if !host_supports_flags(&d) {
+        return;
+    }
+    std::fs::set_permissions(&d.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let c = d.client();
+    // The translation is in force: guest root's create belongs to host 4321.
+    let a = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o644,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    c.call(FUSE_CREATE, ROOT, &[a.as_slice(), &cstr("made")], 4096)
+        .unwrap();
+    assert_eq!(std::fs::metadata(d.path("made")).unwrap().uid(), 4321);
+
+    let node = c.lookup(ROOT, "roots-file").unwrap().nodeid;
+    let r = chattr(&c, node, false, NODUMP, 0);
+    let flags = host_flags(&p);
+    assert_eq!(
+        flags & NODUMP,
+        0,
+        "a guest root squashed onto host uid 4321 changed the flags of a host root-owned \
+         file (reply {r:?}): the ioctl ran with fsuid 0"
+    );
+    assert_eq!(errno(r), libc::EPERM);
+}
+
+/// The same with a forbid rule: a forbidden guest uid is refused on creates (EIO) and
+/// must not act on the host through FUSE_IOCTL with its raw number as fsuid.
+#[test]
+fn setflags_refuses_a_forbidden_guest_uid() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = Daemon::start(&["--translate-uid", "forbid-guest:1000:1"]);
+    let p = d.path("f");
+    File::create(&p).unwrap();
+    if !host_supports_flags(&d) {
+        return;
+    }
+    std::os::unix::fs::chown(&p, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&d.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let c = d.client();
+    let node = c.lookup(ROOT, "f").unwrap().nodeid;
+    let forbidden = Caller {
+        uid: 1000,
+        gid: 1000,
+        pid: 77,
+    };
+    c.as_caller(forbidden, |c| {
+        assert_eq!(
+            errno(c.mkdir(ROOT, "d", 0o755)),
+            libc::EIO,
+            "creates refuse it"
+        );
+        let r = chattr(c, node, false, NODUMP, 0);
+        assert_eq!(
+            host_flags(&p) & NODUMP,
+            0,
+            "forbidden guest uid 1000 changed host flags through FUSE_IOCTL ({r:?})"
+        );
+    });
 }

@@ -10,7 +10,9 @@ use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::common::{cpath, file_capability, Daemon, NOBODY, ROOT};
+use crate::common::{
+    cpath, errno, file_capability, host_getxattr, host_setxattr, is_root, Daemon, NOBODY, ROOT,
+};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
 
@@ -269,4 +271,50 @@ fn a_truncate_with_the_guests_mode_still_drops_sgid_for_a_non_member() {
     };
     c.setattr(e.nodeid, &s).unwrap();
     assert_eq!(mode_of(&p), 0o2767);
+}
+
+/// With the default xattr map a guest's file capability lives in host
+/// `user.vfsd.security.capability`. The host kernel drops a real `security.capability`
+/// on chown, and vfsd drops the mapped one on write and truncate; SETATTR's chown must
+/// drop it too (a security review found it surviving a chown).
+#[test]
+fn chown_drops_the_mapped_file_capability() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = Daemon::start(&["--xattr", "--cache", "never"]);
+    // What the host kernel does with a real capability on chown.
+    let control = d.dir.path().join("control");
+    std::fs::write(&control, b"x").unwrap();
+    if host_setxattr(&control, "security.capability", &file_capability()).is_err() {
+        eprintln!("skipped: the host filesystem keeps no file capabilities");
+        return;
+    }
+    std::os::unix::fs::chown(&control, Some(1234), None).unwrap();
+    if host_getxattr(&control, "security.capability") != Err(libc::ENODATA) {
+        eprintln!("skipped: this host kernel keeps file capabilities across chown");
+        return;
+    }
+
+    let p = d.path("setcap-me");
+    std::fs::write(&p, b"#!/bin/true\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = d.client();
+    let f = c.lookup(ROOT, "setcap-me").unwrap().nodeid;
+    c.setxattr(f, "security.capability", &file_capability(), 0)
+        .unwrap();
+    let s = SetattrIn {
+        valid: FATTR_UID,
+        uid: 1234,
+        ..Default::default()
+    };
+    c.setattr(f, &s).unwrap();
+    assert_eq!(std::fs::metadata(&p).unwrap().uid(), 1234);
+    assert_eq!(
+        errno(c.getxattr(f, "security.capability", 64)),
+        libc::ENODATA,
+        "the guest's file capability survived a chown (host keeps {:?})",
+        host_getxattr(&p, "user.vfsd.security.capability")
+    );
 }

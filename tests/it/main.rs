@@ -25,7 +25,6 @@ mod newer_ops;
 mod opcodes;
 mod parallel_writes;
 mod read_path;
-mod review_round3;
 mod ring_reset;
 mod sandbox;
 mod seccomp;

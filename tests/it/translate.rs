@@ -4,9 +4,10 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{errno, is_root, run_vfsd, Daemon, ROOT};
+use crate::common::{errno, is_root, run_vfsd, vfsd_bin, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{AttrOut, SetattrIn};
 use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
 
 fn caller(uid: u32, gid: u32) -> Caller {
     Caller { uid, gid, pid: 77 }
@@ -233,4 +234,68 @@ fn bad_rules_fail_with_one_clear_line() {
         assert!(err.contains(what), "{args:?}: {err}");
     }
     assert!(!std::path::Path::new(sock).exists());
+}
+
+/// A `guest` (or `host`) 1:1 rule's target range is checked against the id space too, not
+/// only its source range (a security review found `wrapping_add` there): as
+/// docs/translate.md promises, a range past the last id stops vfsd; were
+/// `guest:1000:4294967290:100` accepted, guest uid 1006 would map onto host uid 0 and
+/// that guest user's files be created as host root.
+#[test]
+fn a_host_range_past_the_last_id_is_refused_not_wrapped_to_root() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::set_permissions(&share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sock = dir.path().join("s");
+    let mut child = std::process::Command::new(vfsd_bin())
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--translate-uid", "guest:1000:4294967290:100"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let accepted = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert_eq!(st.code(), Some(1));
+            break false;
+        }
+        if sock.exists() {
+            break true;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    if !accepted {
+        return;
+    }
+    // Accepted: show where guest uid 1006 lands.
+    let owner = (|| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let c = FuseClient::new(
+            vfsd::frontend::Frontend::connect(&sock, FrontendConfig::default()).ok()?,
+        );
+        c.init().ok()?;
+        let user = Caller {
+            uid: 1006,
+            gid: 1006,
+            pid: 77,
+        };
+        c.as_caller(user, |c| c.mkdir(ROOT, "d", 0o755)).ok()?;
+        Some(std::fs::metadata(share.join("d")).ok()?.uid())
+    })();
+    // SAFETY: signals the child this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    panic!(
+        "--translate-uid guest:1000:4294967290:100 was accepted; guest uid 1006 created a \
+         directory owned by host uid {owner:?}"
+    );
 }
