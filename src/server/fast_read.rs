@@ -14,8 +14,8 @@ use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, ReadIn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes, GuestMemory};
 
-use super::Opcode;
 use super::GuestMem;
+use super::Opcode;
 use crate::passthrough::PassthroughFs;
 
 const IN_LEN: usize = std::mem::size_of::<InHeader>() + std::mem::size_of::<ReadIn>();

@@ -1,19 +1,18 @@
 //! The FUSE server: turns one virtqueue descriptor chain into one FUSE request and reply.
 //!
-//! Most opcodes go to fuse-backend-rs's `Server`, which decodes them and calls the
-//! passthrough filesystem. vfsd owns the protocol edge: INIT with the full 64-bit flags,
-//! request extensions, and every opcode the crate (FUSE 7.33) doesn't model or gets
-//! wrong. `dispatch::TABLE` lists which side serves each opcode, and why.
+//! vfsd decodes and dispatches every opcode itself (`Opcode`, one match in `serve`): INIT
+//! with the full 64-bit flags, request extensions, locks, WRITE and READ straight between
+//! guest memory and host files, and the rest (`ops`) onto the passthrough filesystem's
+//! `FileSystem` methods. fuse-backend-rs gives the ABI structs and the guest-buffer writer.
 //!
 //! The readable part of each request is copied out of guest memory once (`request`), and
-//! everything is decided on that copy: the crate decodes header and arguments from it, so a
-//! guest rewriting its buffers mid-request can't change the opcode or arguments between
-//! vfsd's checks and the crate's dispatch. WRITE is served by vfsd (`write`), so that its
-//! data still goes straight from guest memory to the host file; READ's usual shape is
-//! served on the queue thread (`fast_read`).
+//! everything is decided on that copy, so a guest rewriting its buffers mid-request can't
+//! change the opcode or arguments between two reads. WRITE's data goes straight from guest
+//! memory to the host file (`write`); READ's usual shape is served on the queue thread
+//! (`fast_read`).
 //!
-//! A request the crate rejects without replying still gets an errno reply, so a malformed
-//! request never leaves the guest waiting. A panic while serving one is answered with EIO.
+//! A malformed request still gets an errno reply (never one that takes none), so it never
+//! leaves the guest waiting. A panic while serving one is answered with EIO.
 
 use std::io::{self, Write};
 use std::ops::Deref;
@@ -24,14 +23,13 @@ use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{FuseBuf, Reader, VirtioFsWriter, Writer};
+use fuse_backend_rs::transport::VirtioFsWriter;
 use log::{debug, error, warn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
 
 use crate::passthrough::migration::InFlight;
-use crate::passthrough::PassthroughFs;
+use crate::passthrough::{CreateExt, PassthroughFs};
 
 mod create;
 mod ext;
@@ -40,13 +38,14 @@ pub mod init;
 mod locks;
 mod newer;
 pub mod opcode;
+mod ops;
 mod request;
 mod write;
 mod xattr;
 use crate::stats::Stats;
-pub use opcode::Opcode;
 use fast_read::FastRead;
 pub use locks::{install_wake_handler, Deferred, Slot};
+pub use opcode::Opcode;
 
 /// Guest memory as the device maps it. Each region carries a dirty-page log that is off
 /// until the VMM migrates (VHOST_F_LOG_ALL, SET_LOG_BASE): then every write vfsd makes into
@@ -65,6 +64,56 @@ fn log_guest_write(mem: &GuestMem, addr: vm_memory::GuestAddress, len: usize) {
     }
 }
 
+/// What serving a request came to (`FuseServer::outcome`); `answer` writes it.
+pub(crate) enum Outcome {
+    /// A reply: its payload, or the errno.
+    Reply(io::Result<Vec<u8>>),
+    /// A reply its handler wrote into the chain itself (READ, READDIR): the used length.
+    Written(u32),
+    /// A malformed request, answered with this errno (and counted).
+    Malformed(io::Error),
+    /// An opcode that takes no reply (a malformed one counted).
+    NoReply { malformed: bool },
+    /// Answered later through a `Deferred` (a SETLKW that waits).
+    Deferred,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// Writes `outcome` into the chain: the used length and whether the request was
+/// malformed; None for one answered later.
+fn answer<M>(
+    mem: &GuestMem,
+    chain: &DescriptorChain<M>,
+    hdr: &InHeader,
+    outcome: Outcome,
+) -> Option<(u32, bool)>
+where
+    M: Deref<Target = GuestMem> + Clone,
+{
+    Some(match outcome {
+        Outcome::Reply(r) => (reply(mem, chain, hdr, r), false),
+        Outcome::Written(len) => (len, false),
+        Outcome::Malformed(e) => (reply(mem, chain, hdr, Err(e)), true),
+        Outcome::NoReply { malformed } => (0, malformed),
+        Outcome::Deferred => return None,
+    })
+}
+
+/// A request's body: the bytes after its header, as long as the header says. Too long a
+/// request is ENOMEM (the kernel's FUSE never sends one), a header claiming more than was
+/// sent EINVAL.
+fn body(req: &request::Request) -> io::Result<&[u8]> {
+    let len = req.hdr.len as usize;
+    if len > request::MAX_REQUEST {
+        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+    }
+    req.bytes
+        .get(request::HDR_LEN..len)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
+}
 
 /// Opcodes that never get a reply (FUSE spec).
 fn no_reply(op: u32) -> bool {
@@ -72,7 +121,6 @@ fn no_reply(op: u32) -> bool {
 }
 
 pub struct FuseServer {
-    server: Server<Arc<PassthroughFs>>,
     fs: Arc<PassthroughFs>,
     pub stats: Stats,
     /// Fault injection for the tests (`VFSD_TEST_PANIC_NODEID`): requests for this node
@@ -85,7 +133,6 @@ pub struct FuseServer {
 impl FuseServer {
     pub fn new(fs: Arc<PassthroughFs>) -> Self {
         FuseServer {
-            server: Server::new(fs.clone()),
             fs,
             stats: Stats::default(),
             waiters: Arc::default(),
@@ -305,7 +352,8 @@ impl FuseServer {
     }
 
     /// One request, from its copy `req`: the reply's length and whether the request was
-    /// malformed.
+    /// malformed; None when it is answered later. Every reply is written here, by
+    /// `answer`, from what the opcode's handler came to.
     fn serve<M>(
         &self,
         mem: &GuestMem,
@@ -317,6 +365,23 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
+        let outcome = self.outcome(mem, chain, req, defer);
+        answer(mem, chain, &hdr, outcome)
+    }
+
+    /// What request `req` comes to: the one `match` on its opcode, one handler each.
+    fn outcome<M>(
+        &self,
+        mem: &GuestMem,
+        chain: &DescriptorChain<M>,
+        req: &mut request::Request,
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Outcome
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
+        use Outcome::*;
+        let hdr = req.hdr;
         if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != Opcode::Init as u32 {
             panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
         }
@@ -325,134 +390,75 @@ impl FuseServer {
                 // Refused before it changes anything: a reply that could not be written
                 // would leave a file made, or a node or handle taken, that the guest never
                 // hears of.
-                let e = io::Error::from_raw_os_error(libc::EINVAL);
-                return Some((reply(mem, chain, &hdr, Err(e)), true));
+                return Malformed(errno(libc::EINVAL));
             }
         }
         let Some(op) = Opcode::of(hdr.opcode) else {
             debug!("opcode {} not supported", hdr.opcode);
-            let e = io::Error::from_raw_os_error(libc::ENOSYS);
-            return Some((reply(mem, chain, &hdr, Err(e)), false));
+            return Reply(Err(errno(libc::ENOSYS)));
         };
-        Some(match op {
-            Opcode::Getlk => {
-                let r = locks::getlk(&self.fs, &hdr, req.args());
-                (reply(mem, chain, &hdr, r), false)
+        // The request's extensions: the create opcodes use them, the others drop them.
+        // Not WRITE's: its copy holds only header and arguments, and the kernel sends it
+        // none.
+        let taken = match op {
+            Opcode::Write => Ok(CreateExt::default()),
+            _ => ext::take(req),
+        };
+        let ext = match taken {
+            Ok(e) => self.negotiated(e),
+            Err(e) if op.takes_no_reply() => {
+                debug!("dropping a {} with bad extensions (errno {e})", op.name());
+                return NoReply { malformed: true };
             }
-            Opcode::Setlk | Opcode::Setlkw => {
-                let wait = op == Opcode::Setlkw;
-                match locks::setlk(&self.fs, &hdr, req.args(), wait) {
-                    Ok(None) => (reply(mem, chain, &hdr, Ok(Vec::new())), false),
-                    Err(e) => (reply(mem, chain, &hdr, Err(e)), false),
-                    Ok(Some(w)) => match reply_address(chain) {
-                        None => (0, true),
-                        Some(at) => {
-                            let args = req.args();
-                            match locks::spawn_waiter(
-                                &self.waiters,
-                                w,
-                                hdr,
-                                args,
-                                mem.clone(),
-                                at,
-                                defer,
-                            ) {
-                                Ok(()) => return None,
-                                Err(e) => {
-                                    warn!("no lock waiter thread: {e}");
-                                    let e = io::Error::from_raw_os_error(libc::ENOLCK);
-                                    (reply(mem, chain, &hdr, Err(e)), false)
-                                }
-                            }
-                        }
-                    },
-                }
-            }
-            // The answer to a retrieve notification, which vfsd never sends: it takes no
-            // reply (the crate would write ENOSYS into any writable buffers).
-            Opcode::NotifyReply => (0, false),
-            Opcode::Interrupt => {
-                if let Some(u) = locks::interrupt_target(req.args()) {
-                    self.waiters.interrupt(u);
-                }
-                (0, false)
-            }
+            Err(e) => return Malformed(errno(e)),
+        };
+        let (fs, args) = (&*self.fs, req.args());
+        match op {
             Opcode::Init => {
                 // A new session: no wait of an earlier one goes on.
                 self.waiters.cancel_all();
-                let r = self.init(req.args());
-                (reply(mem, chain, &hdr, r), false)
+                Reply(self.init(args))
             }
-            Opcode::Setxattr if self.fs.enabled(crate::abi::flags::SETXATTR_EXT) => {
-                let r = xattr::setxattr_ext(&self.fs, &hdr, req.args()).map(|()| Vec::new());
-                (reply(mem, chain, &hdr, r), false)
-            }
-            Opcode::CopyFileRange => (self.copy_file_range(mem, chain, &hdr, req.args()), false),
-            Opcode::Write => match write::write(&self.fs, mem, chain, req) {
-                Ok(r) => (reply(mem, chain, &hdr, r), false),
-                Err(bad) => (
-                    reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(bad))),
-                    true,
-                ),
-            },
             Opcode::Destroy => {
-                // The crate replies to DESTROY but reports 0 bytes written, which would
-                // leave the guest without a reply: answer it here.
                 self.waiters.cancel_all();
-                self.fs.destroy();
-                (reply(mem, chain, &hdr, Ok(Vec::new())), false)
+                fs.destroy();
+                Reply(Ok(Vec::new()))
             }
-            Opcode::Syncfs => {
-                let r = self.fs.syncfs(hdr.nodeid);
-                (reply(mem, chain, &hdr, r.map(|_| Vec::new())), false)
-            }
-            Opcode::Tmpfile => {
-                let r = ext::take(req)
-                    .map_err(io::Error::from_raw_os_error)
-                    .and_then(|e| {
-                        newer::tmpfile(&self.fs, &req.hdr, req.args(), self.negotiated(e))
-                    });
-                (reply(mem, chain, &hdr, r), false)
-            }
-            Opcode::Ioctl => {
-                let r = create::ioctl(&self.fs, &hdr, req.args());
-                (reply(mem, chain, &hdr, r), false)
-            }
-            Opcode::Statx => {
-                let r = newer::statx(&self.fs, &hdr, req.args());
-                (reply(mem, chain, &hdr, r), false)
-            }
-            Opcode::Setupmapping | Opcode::Removemapping => {
-                debug!("{} not supported", op.name());
-                (
-                    reply(
-                        mem,
-                        chain,
-                        &hdr,
-                        Err(io::Error::from_raw_os_error(libc::ENOSYS)),
-                    ),
-                    false,
-                )
-            }
-            Opcode::Create | Opcode::Mkdir | Opcode::Mknod | Opcode::Symlink => {
-                match ext::take(req) {
-                    Ok(e) => {
-                        let e = self.negotiated(e);
-                        let (fs, args) = (&*self.fs, req.args());
-                        let r = match op {
-                            Opcode::Create => create::create(fs, &hdr, args, &e),
-                            Opcode::Mkdir => create::mkdir(fs, &hdr, args, &e),
-                            Opcode::Mknod => create::mknod(fs, &hdr, args, &e),
-                            _ => create::symlink(fs, &hdr, args, &e),
-                        };
-                        (reply(mem, chain, &hdr, r), false)
-                    }
-                    Err(e) => (
-                        reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(e))),
-                        true,
-                    ),
+            Opcode::Getlk => Reply(locks::getlk(fs, &hdr, args)),
+            Opcode::Setlk | Opcode::Setlkw => self.setlk(mem, chain, &hdr, args, op, defer),
+            Opcode::Interrupt => {
+                if let Some(u) = locks::interrupt_target(args) {
+                    self.waiters.interrupt(u);
                 }
+                NoReply { malformed: false }
             }
+            // The answer to a retrieve notification, which vfsd never sends.
+            Opcode::NotifyReply => NoReply { malformed: false },
+            Opcode::Create => Reply(create::create(fs, &hdr, args, &ext)),
+            Opcode::Mkdir => Reply(create::mkdir(fs, &hdr, args, &ext)),
+            Opcode::Mknod => Reply(create::mknod(fs, &hdr, args, &ext)),
+            Opcode::Symlink => Reply(create::symlink(fs, &hdr, args, &ext)),
+            Opcode::Tmpfile => Reply(newer::tmpfile(fs, &hdr, args, ext)),
+            Opcode::Write => match write::write(fs, mem, chain, req) {
+                Ok(r) => Reply(r),
+                Err(bad) => Malformed(errno(bad)),
+            },
+            Opcode::Setxattr if fs.enabled(crate::abi::flags::SETXATTR_EXT) => {
+                Reply(xattr::setxattr_ext(fs, &hdr, args).map(|()| Vec::new()))
+            }
+            Opcode::CopyFileRange => Reply(self.copy_file_range(&hdr, args)),
+            Opcode::Syncfs => Reply(fs.syncfs(hdr.nodeid).map(|_| Vec::new())),
+            Opcode::Ioctl => Reply(create::ioctl(fs, &hdr, args)),
+            Opcode::Statx => Reply(newer::statx(fs, &hdr, args)),
+            Opcode::Setupmapping | Opcode::Removemapping => Reply(Err(errno(libc::ENOSYS))),
+            Opcode::Read => match body(req) {
+                Ok(b) => ops::read(fs, mem, chain, &hdr, b),
+                Err(e) => Malformed(e),
+            },
+            Opcode::Readdir | Opcode::Readdirplus => match body(req) {
+                Ok(b) => ops::readdir(fs, mem, chain, &hdr, b, op == Opcode::Readdirplus),
+                Err(e) => Malformed(e),
+            },
             Opcode::Lookup
             | Opcode::Forget
             | Opcode::Getattr
@@ -463,7 +469,6 @@ impl FuseServer {
             | Opcode::Rename
             | Opcode::Link
             | Opcode::Open
-            | Opcode::Read
             | Opcode::Statfs
             | Opcode::Release
             | Opcode::Fsync
@@ -473,7 +478,6 @@ impl FuseServer {
             | Opcode::Removexattr
             | Opcode::Flush
             | Opcode::Opendir
-            | Opcode::Readdir
             | Opcode::Releasedir
             | Opcode::Fsyncdir
             | Opcode::Access
@@ -481,72 +485,44 @@ impl FuseServer {
             | Opcode::Poll
             | Opcode::BatchForget
             | Opcode::Fallocate
-            | Opcode::Readdirplus
             | Opcode::Rename2
-            | Opcode::Lseek => match ext::take(req) {
-                // Extensions on these requests carry nothing vfsd uses.
-                Ok(_) => self.serve_by_crate(mem, chain, req, op),
+            | Opcode::Lseek => match body(req) {
+                Ok(b) => ops::serve(fs, op, &hdr, b),
                 Err(e) if op.takes_no_reply() => {
-                    debug!("dropping a {} with bad extensions ({e})", op.name());
-                    (0, true)
+                    debug!("dropping a malformed {} ({e})", op.name());
+                    NoReply { malformed: true }
                 }
-                Err(e) => (
-                    reply(mem, chain, &hdr, Err(io::Error::from_raw_os_error(e))),
-                    true,
-                ),
+                Err(e) => Malformed(e),
             },
-        })
+        }
     }
 
-    /// Hands the request's copy to fuse-backend-rs: it decodes the header and arguments
-    /// from memory the guest can't change, and writes its reply into the chain.
-    fn serve_by_crate<M>(
+    /// SETLK, and SETLKW, which may wait for its lock on a waiter thread of its own.
+    fn setlk<M>(
         &self,
         mem: &GuestMem,
         chain: &DescriptorChain<M>,
-        req: &mut request::Request,
+        hdr: &InHeader,
+        args: &[u8],
         op: Opcode,
-    ) -> (u32, bool)
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Outcome
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        let hdr = req.hdr;
-        let w = match VirtioFsWriter::new(mem, chain.clone()) {
-            Ok(w) => w,
-            Err(e) => {
-                warn!("dropping request: bad writable descriptors: {e}");
-                return (0, true);
-            }
+        let w = match locks::setlk(&self.fs, hdr, args, op == Opcode::Setlkw) {
+            Ok(None) => return Outcome::Reply(Ok(Vec::new())),
+            Err(e) => return Outcome::Reply(Err(e)),
+            Ok(Some(w)) => w,
         };
-        let reader = match Reader::<vhost_user_backend::bitmap::BitmapMmapRegion>::from_fuse_buffer(
-            FuseBuf::new(&mut req.bytes),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!("dropping request: {e}");
-                return (0, true);
-            }
+        let Some(at) = reply_address(chain) else {
+            return Outcome::NoReply { malformed: true };
         };
-        match self
-            .server
-            .handle_message(reader, Writer::VirtioFs(w), None, None)
-        {
-            Ok(n) => (n as u32, false),
-            Err(e) if op.takes_no_reply() => {
-                debug!("bad {} request: {e}", op.name());
-                (0, true)
-            }
+        match locks::spawn_waiter(&self.waiters, w, *hdr, args, mem.clone(), at, defer) {
+            Ok(()) => Outcome::Deferred,
             Err(e) => {
-                debug!("bad {} request: {e}", op.name());
-                (
-                    reply(
-                        mem,
-                        chain,
-                        &hdr,
-                        Err(io::Error::from_raw_os_error(libc::EINVAL)),
-                    ),
-                    true,
-                )
+                warn!("no lock waiter thread: {e}");
+                Outcome::Reply(Err(errno(libc::ENOLCK)))
             }
         }
     }
@@ -583,17 +559,8 @@ impl FuseServer {
         e
     }
 
-    fn copy_file_range<M>(
-        &self,
-        mem: &GuestMem,
-        chain: &DescriptorChain<M>,
-        hdr: &InHeader,
-        args: &[u8],
-    ) -> u32
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        let result = request::decode::<CopyFileRangeIn>(args)
+    fn copy_file_range(&self, hdr: &InHeader, args: &[u8]) -> io::Result<Vec<u8>> {
+        request::decode::<CopyFileRangeIn>(args)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
             .and_then(|a| {
                 // The reply carries a u32 count; keep within it (as the kernel does).
@@ -619,8 +586,7 @@ impl FuseServer {
                 }
                 .as_slice()
                 .to_vec()
-            });
-        reply(mem, chain, hdr, result)
+            })
     }
 }
 

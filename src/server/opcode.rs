@@ -152,7 +152,11 @@ impl Opcode {
             Rename => ("RENAME", Crate, ""),
             Link => ("LINK", Crate, ""),
             Open => ("OPEN", Crate, ""),
-            Read => ("READ", Crate, "the usual shape on the queue thread (fast_read.rs)"),
+            Read => (
+                "READ",
+                Crate,
+                "the usual shape on the queue thread (fast_read.rs)",
+            ),
             Write => ("WRITE", Vfsd, "data straight from guest memory (write.rs)"),
             Statfs => ("STATFS", Crate, ""),
             Release => ("RELEASE", Crate, ""),
@@ -169,15 +173,27 @@ impl Opcode {
             Fsyncdir => ("FSYNCDIR", Crate, ""),
             Getlk => ("GETLK", Vfsd, LOCKS),
             Setlk => ("SETLK", Vfsd, LOCKS),
-            Setlkw => ("SETLKW", Vfsd, "waits on a waiter thread, not a worker (locks.rs)"),
+            Setlkw => (
+                "SETLKW",
+                Vfsd,
+                "waits on a waiter thread, not a worker (locks.rs)",
+            ),
             Access => ("ACCESS", Crate, ""),
             Create => ("CREATE", Vfsd, EXT),
             Interrupt => ("INTERRUPT", Vfsd, "cancels a waiting SETLKW (locks.rs)"),
             Bmap => ("BMAP", Crate, ""),
-            Destroy => ("DESTROY", Vfsd, "the crate reports its reply as 0 bytes long"),
+            Destroy => (
+                "DESTROY",
+                Vfsd,
+                "the crate reports its reply as 0 bytes long",
+            ),
             Ioctl => ("IOCTL", Vfsd, "reply data made per request (create.rs)"),
             Poll => ("POLL", Crate, ""),
-            NotifyReply => ("NOTIFY_REPLY", Vfsd, "takes no reply (the crate writes one)"),
+            NotifyReply => (
+                "NOTIFY_REPLY",
+                Vfsd,
+                "takes no reply (the crate writes one)",
+            ),
             BatchForget => ("BATCH_FORGET", Crate, ""),
             Fallocate => ("FALLOCATE", Crate, ""),
             Readdirplus => ("READDIRPLUS", Crate, ""),
@@ -264,7 +280,10 @@ mod tests {
     #[test]
     fn short_opcodes_exclude_those_that_may_wait() {
         assert!(Write.is_short() && !Fsync.is_short());
-        assert!(!Open.is_short() && !Create.is_short(), "a lease may hold them");
+        assert!(
+            !Open.is_short() && !Create.is_short(),
+            "a lease may hold them"
+        );
         assert!(!Setlkw.is_short() && !Fallocate.is_short() && !Setattr.is_short());
     }
 

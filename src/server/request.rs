@@ -6,12 +6,12 @@ use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
 
-use super::Opcode;
 use super::GuestMem;
+use super::Opcode;
 
 /// The largest request the crate accepts (its MAX_BUFFER_SIZE plus a header page); a
 /// longer readable part is not copied past this.
-const MAX_REQUEST: usize = (1 << 20) + 4096;
+pub const MAX_REQUEST: usize = (1 << 20) + 4096;
 pub const HDR_LEN: usize = std::mem::size_of::<InHeader>();
 /// WRITE's header and arguments; its data stays in guest memory.
 pub const WRITE_IN_LEN: usize = HDR_LEN + std::mem::size_of::<WriteIn>();
