@@ -1,5 +1,5 @@
 //! The FUSE opcodes vfsd knows (the kernel's `enum fuse_opcode`, up to STATX), and for
-//! each who serves it: the one list `FuseServer::serve` matches on.
+//! each where it is served: the one list `FuseServer::outcome` matches on.
 
 use num_enum::TryFromPrimitive;
 
@@ -59,20 +59,7 @@ pub enum Opcode {
     Statx = 52,
 }
 
-/// Who answers an opcode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// vfsd decodes and answers it (the reason is in `Opcode::about`).
-    Vfsd,
-    /// fuse-backend-rs 0.14 (FUSE 7.33) decodes it from vfsd's copy of the request and
-    /// calls the passthrough filesystem; vfsd first cuts off any request extensions.
-    Crate,
-    /// Not served: ENOSYS (the guest then stops sending it).
-    Enosys,
-}
-
 use Opcode::*;
-use Side::*;
 
 impl Opcode {
     pub const ALL: [Opcode; 50] = [
@@ -133,78 +120,69 @@ impl Opcode {
         Opcode::try_from(op).ok()
     }
 
-    /// Its name in the kernel's `enum fuse_opcode` (without `FUSE_`), who serves it,
-    /// and why vfsd does when it does.
-    pub fn about(self) -> (&'static str, Side, &'static str) {
-        const EXT: &str = "its extensions passed as a parameter (create.rs)";
-        const LOCKS: &str = "host OFD/flock locks (locks.rs)";
+    /// Its name in the kernel's `enum fuse_opcode` (without `FUSE_`), and where it is
+    /// served.
+    pub fn about(self) -> (&'static str, &'static str) {
+        const OPS: &str = "ops.rs, onto the passthrough FileSystem methods";
+        const EXT: &str = "create.rs, its extensions passed as a parameter";
+        const LOCKS: &str = "locks.rs, host OFD/flock locks";
         match self {
-            Lookup => ("LOOKUP", Crate, ""),
-            Forget => ("FORGET", Crate, ""),
-            Getattr => ("GETATTR", Crate, ""),
-            Setattr => ("SETATTR", Crate, ""),
-            Readlink => ("READLINK", Crate, ""),
-            Symlink => ("SYMLINK", Vfsd, EXT),
-            Mknod => ("MKNOD", Vfsd, EXT),
-            Mkdir => ("MKDIR", Vfsd, EXT),
-            Unlink => ("UNLINK", Crate, ""),
-            Rmdir => ("RMDIR", Crate, ""),
-            Rename => ("RENAME", Crate, ""),
-            Link => ("LINK", Crate, ""),
-            Open => ("OPEN", Crate, ""),
-            Read => (
-                "READ",
-                Crate,
-                "the usual shape on the queue thread (fast_read.rs)",
-            ),
-            Write => ("WRITE", Vfsd, "data straight from guest memory (write.rs)"),
-            Statfs => ("STATFS", Crate, ""),
-            Release => ("RELEASE", Crate, ""),
-            Fsync => ("FSYNC", Crate, ""),
-            Setxattr => ("SETXATTR", Crate, "vfsd with SETXATTR_EXT (xattr.rs)"),
-            Getxattr => ("GETXATTR", Crate, ""),
-            Listxattr => ("LISTXATTR", Crate, ""),
-            Removexattr => ("REMOVEXATTR", Crate, ""),
-            Flush => ("FLUSH", Crate, ""),
-            Init => ("INIT", Vfsd, "64-bit flags, protocol 7.40 (init.rs)"),
-            Opendir => ("OPENDIR", Crate, ""),
-            Readdir => ("READDIR", Crate, ""),
-            Releasedir => ("RELEASEDIR", Crate, ""),
-            Fsyncdir => ("FSYNCDIR", Crate, ""),
-            Getlk => ("GETLK", Vfsd, LOCKS),
-            Setlk => ("SETLK", Vfsd, LOCKS),
-            Setlkw => (
-                "SETLKW",
-                Vfsd,
-                "waits on a waiter thread, not a worker (locks.rs)",
-            ),
-            Access => ("ACCESS", Crate, ""),
-            Create => ("CREATE", Vfsd, EXT),
-            Interrupt => ("INTERRUPT", Vfsd, "cancels a waiting SETLKW (locks.rs)"),
-            Bmap => ("BMAP", Crate, ""),
-            Destroy => (
-                "DESTROY",
-                Vfsd,
-                "the crate reports its reply as 0 bytes long",
-            ),
-            Ioctl => ("IOCTL", Vfsd, "reply data made per request (create.rs)"),
-            Poll => ("POLL", Crate, ""),
+            Lookup => ("LOOKUP", OPS),
+            Forget => ("FORGET", OPS),
+            Getattr => ("GETATTR", OPS),
+            Setattr => ("SETATTR", OPS),
+            Readlink => ("READLINK", OPS),
+            Symlink => ("SYMLINK", EXT),
+            Mknod => ("MKNOD", EXT),
+            Mkdir => ("MKDIR", EXT),
+            Unlink => ("UNLINK", OPS),
+            Rmdir => ("RMDIR", OPS),
+            Rename => ("RENAME", OPS),
+            Link => ("LINK", OPS),
+            Open => ("OPEN", OPS),
+            Read => ("READ", "fast_read.rs on the queue thread, else ops.rs"),
+            Write => ("WRITE", "write.rs, data straight from guest memory"),
+            Statfs => ("STATFS", OPS),
+            Release => ("RELEASE", OPS),
+            Fsync => ("FSYNC", OPS),
+            Setxattr => ("SETXATTR", "xattr.rs with SETXATTR_EXT, else ops.rs"),
+            Getxattr => ("GETXATTR", OPS),
+            Listxattr => ("LISTXATTR", OPS),
+            Removexattr => ("REMOVEXATTR", OPS),
+            Flush => ("FLUSH", OPS),
+            Init => ("INIT", "init.rs, 64-bit flags, protocol 7.40"),
+            Opendir => ("OPENDIR", OPS),
+            Readdir => ("READDIR", OPS),
+            Releasedir => ("RELEASEDIR", OPS),
+            Fsyncdir => ("FSYNCDIR", OPS),
+            Getlk => ("GETLK", LOCKS),
+            Setlk => ("SETLK", LOCKS),
+            Setlkw => ("SETLKW", "locks.rs, waits on a waiter thread of its own"),
+            Access => ("ACCESS", OPS),
+            Create => ("CREATE", EXT),
+            Interrupt => ("INTERRUPT", "locks.rs, cancels a waiting SETLKW"),
+            Bmap => ("BMAP", OPS),
+            Destroy => ("DESTROY", "mod.rs, ends the session"),
+            Ioctl => ("IOCTL", "create.rs, reply data made per request"),
+            Poll => ("POLL", OPS),
             NotifyReply => (
                 "NOTIFY_REPLY",
-                Vfsd,
-                "takes no reply (the crate writes one)",
+                "mod.rs, takes no reply (vfsd sends no retrieve)",
             ),
-            BatchForget => ("BATCH_FORGET", Crate, ""),
-            Fallocate => ("FALLOCATE", Crate, ""),
-            Readdirplus => ("READDIRPLUS", Crate, ""),
-            Rename2 => ("RENAME2", Crate, ""),
-            Lseek => ("LSEEK", Crate, ""),
-            CopyFileRange => ("COPY_FILE_RANGE", Vfsd, "newer than the crate's ABI"),
-            Setupmapping => ("SETUPMAPPING", Enosys, "no DAX window"),
-            Removemapping => ("REMOVEMAPPING", Enosys, "no DAX window"),
-            Syncfs => ("SYNCFS", Vfsd, "newer than the crate's ABI"),
-            Tmpfile => ("TMPFILE", Vfsd, "newer than the crate's ABI (newer.rs)"),
-            Statx => ("STATX", Vfsd, "newer than the crate's ABI (newer.rs)"),
+            BatchForget => ("BATCH_FORGET", OPS),
+            Fallocate => ("FALLOCATE", OPS),
+            Readdirplus => ("READDIRPLUS", OPS),
+            Rename2 => ("RENAME2", OPS),
+            Lseek => ("LSEEK", OPS),
+            CopyFileRange => (
+                "COPY_FILE_RANGE",
+                "mod.rs, with the newer ABI's 64-bit flags",
+            ),
+            Setupmapping => ("SETUPMAPPING", "ENOSYS: no DAX window"),
+            Removemapping => ("REMOVEMAPPING", "ENOSYS: no DAX window"),
+            Syncfs => ("SYNCFS", "mod.rs, newer than the crate's ABI"),
+            Tmpfile => ("TMPFILE", "newer.rs, newer than the crate's ABI"),
+            Statx => ("STATX", "newer.rs, newer than the crate's ABI"),
         }
     }
 
@@ -212,7 +190,7 @@ impl Opcode {
         self.about().0
     }
 
-    pub fn side(self) -> Side {
+    pub fn served_in(self) -> &'static str {
         self.about().1
     }
 
@@ -265,16 +243,11 @@ mod tests {
     }
 
     #[test]
-    fn vfsd_serves_what_the_crate_does_not_know() {
-        // fuse-backend-rs 0.14's Opcode enum stops at LSEEK (46), and has no 7 or 19.
-        for op in Opcode::ALL {
-            if op as u32 > 46 {
-                assert_ne!(op.side(), Crate, "{} is newer than the crate", op.name());
-            }
-        }
+    fn numbers_the_kernel_never_sends_are_unknown() {
         for n in [0, 7, 19, 53, 4096, u32::MAX] {
             assert_eq!(Opcode::of(n), None);
         }
+        assert!(Opcode::ALL.iter().all(|o| !o.served_in().is_empty()));
     }
 
     #[test]
