@@ -6,7 +6,7 @@
 //! to the pool, so requests queued together on one queue are also served together.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread;
 
@@ -27,8 +27,10 @@ use vmm_sys_util::event::{
 
 use crate::server::{Deferred, FuseServer, GuestMem, Slot};
 
+mod route;
 mod state;
 mod vring;
+use route::{Fallback, Lone, Place};
 use vring::Ticket;
 pub use vring::{TrackedVring, STOP_WAIT};
 
@@ -42,13 +44,6 @@ pub const TAG_LEN: usize = 36;
 /// first reply wait for a long batch.
 const INLINE_BATCH: usize = 16;
 const INLINE_BATCH_BYTES: usize = 1 << 20;
-
-/// Pops in a row that found one request and nothing else in flight before the queue
-/// thread serves such requests itself. A guest with parallel work often leaves the queue
-/// with one request for a moment (the load generator at 8 in flight: a pop in seven), and
-/// serving those on the queue thread cost it 7-13%; 16 in a row is a guest waiting on
-/// each reply.
-const LONE_POPS: u32 = 16;
 
 type Mem = GuestMemoryAtomic<GuestMem>;
 type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
@@ -162,9 +157,8 @@ pub struct FsDevice {
     event_idx: Arc<AtomicBool>,
     pool: Option<Pool>,
     exit: Vec<(EventConsumer, EventNotifier)>,
-    /// Per queue: how many pops in a row found one request and nothing else in flight
-    /// (`process_queue`'s lone requests).
-    lone_pops: Vec<AtomicU32>,
+    /// Per queue: whether the guest waits on one request at a time (`route`).
+    lone: Lone,
     /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
     transfer: state::Transfer,
 }
@@ -193,9 +187,7 @@ impl FsDevice {
         let exit = (0..=cfg.request_queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
-        let lone_pops = (0..=cfg.request_queues)
-            .map(|_| AtomicU32::new(0))
-            .collect();
+        let lone = Lone::new(cfg.request_queues + 1);
         Ok(FsDevice {
             server,
             cfg,
@@ -203,7 +195,7 @@ impl FsDevice {
             event_idx,
             pool,
             exit,
-            lone_pops,
+            lone,
             transfer: Default::default(),
         })
     }
@@ -254,45 +246,33 @@ impl FsDevice {
             };
             match &self.pool {
                 Some(pool) => {
-                    // Lone requests (one per pop, nothing else in flight on the queue,
-                    // LONE_POPS in a row, and none sent before the last lone one was
-                    // answered) are the guest waiting on one request at a time: the queue
-                    // thread serves them itself, saving the hand-off. Any sign of parallel
-                    // work starts the count again.
-                    let lone_pops = &self.lone_pops[queue];
-                    let alone = match chains.len() {
-                        0 => false, // a wake-up with nothing new says nothing
-                        1 if vring.in_flight() == 1 => {
-                            lone_pops.fetch_add(1, Ordering::Relaxed) >= LONE_POPS
-                        }
-                        _ => {
-                            lone_pops.store(0, Ordering::Relaxed);
-                            false
-                        }
-                    };
+                    let alone = self.lone.observe(queue, chains.len(), vring.in_flight());
                     let mut busy_meanwhile = false;
                     let stats = &self.server.stats;
-                    // Everything but READ goes to the pool at once, so workers start on it
-                    // while this thread tries the reads (below).
+                    // Everything but READ goes where it runs at once, so workers start on
+                    // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
                     for (chain, t) in chains {
-                        if self.server.is_read(&mem, &chain) {
-                            reads.push((chain, t));
-                        } else if alone && self.server.is_short(&mem, &chain) {
-                            busy_meanwhile = self.serve_alone(&mem, vring, queue as u16, chain, t);
-                        } else {
-                            pool.send(chain, t, vring, queue as u16);
+                        match route::place(&self.server, &mem, &chain, alone) {
+                            Place::NoWaitRead { if_it_would_block } => {
+                                reads.push((chain, t, if_it_would_block))
+                            }
+                            Place::QueueThread => {
+                                busy_meanwhile =
+                                    self.serve_alone(&mem, vring, queue as u16, chain, t)
+                            }
+                            Place::Pool => pool.send(chain, t, vring, queue as u16),
                         }
                     }
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
                     let mut bytes = 0usize;
-                    for (chain, t) in reads {
+                    for (chain, t, fallback) in reads {
                         match self.server.try_handle_without_blocking(&mem, &chain) {
                             Some(len) => {
                                 done.push((t, chain.head_index(), len));
                                 bytes += len as usize;
                             }
-                            None if alone => {
+                            None if fallback == Fallback::QueueThread => {
                                 stats.reads_served_alone.fetch_add(1, Ordering::Relaxed);
                                 busy_meanwhile =
                                     self.serve_alone(&mem, vring, queue as u16, chain, t);
@@ -311,7 +291,7 @@ impl FsDevice {
                     }
                     vring.complete(&done);
                     if busy_meanwhile {
-                        lone_pops.store(0, Ordering::Relaxed);
+                        self.lone.busy(queue);
                     }
                 }
                 None => {
