@@ -13,6 +13,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use crate::cli::Opt;
 use crate::device::{DeviceConfig, FsDevice};
+use crate::error::StartupError;
 use crate::passthrough::{Config, PassthroughFs};
 use crate::sandbox::{self, SocketName, StatsFile};
 use crate::server::{FuseServer, GuestMem};
@@ -221,58 +222,65 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     }
 }
 
-pub fn run(mut opt: Opt) -> Result<(), String> {
+pub fn run(mut opt: Opt) -> Result<(), StartupError> {
+    use StartupError as E;
     sandbox::remember_early_signals();
-    opt.apply_compat_options()?;
-    opt.check_supported()?;
+    opt.apply_compat_options().map_err(E::Option)?;
+    opt.check_supported().map_err(E::Option)?;
     let syslog_fd = init_logging(&opt);
     // A request that panics is answered EIO and the worker goes on (server::handle); the
     // panic itself goes to the log. The default hook would also look for a backtrace
     // setting and the working directory, which the seccomp filter rightly forbids.
     std::panic::set_hook(Box::new(|info| log::error!("{info}")));
     crate::server::install_wake_handler();
-    let shared_dir = opt.shared_dir.clone().ok_or("--shared-dir is required")?;
-    check_shared_dir(&shared_dir)?;
+    let shared_dir =
+        (opt.shared_dir.clone()).ok_or_else(|| E::Option("--shared-dir is required".into()))?;
+    check_shared_dir(&shared_dir).map_err(E::SharedDir)?;
     let shared_dir = std::fs::canonicalize(&shared_dir)
-        .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
+        .map_err(|e| E::SharedDir(format!("shared directory '{}': {e}", shared_dir.display())))?;
     if opt.stats_interval <= 0.0 || !opt.stats_interval.is_finite() {
-        return Err("--stats-interval must be a positive number of seconds".into());
+        return Err(E::Option(
+            "--stats-interval must be a positive number of seconds".into(),
+        ));
     }
     let mut modcaps = opt
         .modcaps
         .as_deref()
         .map(crate::caps::parse_modcaps)
-        .transpose()?
+        .transpose()
+        .map_err(E::Option)?
         .unwrap_or_default();
     if opt.inode_file_handles != crate::cli::InodeFileHandles::Never {
         // open_by_handle_at needs it.
         modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
     }
     // Before the socket exists: a frontend that connects finds the limit in place.
-    set_rlimit_nofile(opt.rlimit_nofile)?;
+    set_rlimit_nofile(opt.rlimit_nofile).map_err(E::Sandbox)?;
     // Opened now: the sandbox hides its path (and keeps no directory outside the share).
-    let stats_sink = opt.stats.as_deref().map(StatsFile::create).transpose()?;
+    let stats_sink = (opt.stats.as_deref().map(StatsFile::create))
+        .transpose()
+        .map_err(E::Device)?;
 
     let mut socket_name = None;
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
-            let l = bind(p)?;
+            let l = bind(p).map_err(E::Socket)?;
             if let Some(g) = &opt.socket_group {
-                set_socket_group(p, g)?;
+                set_socket_group(p, g).map_err(E::Socket)?;
             }
-            socket_name = Some(SocketName::new(p)?);
+            socket_name = Some(SocketName::new(p).map_err(E::Socket)?);
             l
         }
         (None, Some(fd)) => {
             // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                return Err(format!("--fd {fd}: not an open file descriptor"));
+                return Err(E::Socket(format!("--fd {fd}: not an open file descriptor")));
             }
             // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
             // --fd); nothing else in the process uses it, and the listener now owns it.
             unsafe { Listener::from_raw_fd(fd) }
         }
-        (None, None) => return Err("one of --socket-path or --fd is required".into()),
+        (None, None) => return Err(E::Option("one of --socket-path or --fd is required".into())),
     };
 
     // Confinement, before any thread exists (the namespace sandbox forks).
@@ -281,9 +289,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     // Until the sandbox hands it to its supervising parent (or, without one, back).
     keep.extend(socket_name.iter().map(|s| s.dir_fd()));
     keep.extend(syslog_fd);
-    sandbox::close_other_fds(&keep)?;
-    let mut confined = sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps(), socket_name)?;
-    crate::caps::drop_to(&modcaps)?;
+    sandbox::close_other_fds(&keep).map_err(E::Sandbox)?;
+    let mut confined =
+        sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps(), socket_name).map_err(E::Sandbox)?;
+    crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
 
     let mut cfg = Config::new(confined.root.clone());
     cfg.cache = opt.cache.into();
@@ -304,7 +313,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.posix_lock = !opt.no_posix_lock;
     cfg.flock = !opt.no_flock;
     if opt.max_locks == 0 || opt.max_lock_waiters == 0 {
-        return Err("--max-locks and --max-lock-waiters must be at least 1".into());
+        return Err(E::Option(
+            "--max-locks and --max-lock-waiters must be at least 1".into(),
+        ));
     }
     cfg.max_locks = opt.max_locks;
     cfg.max_lock_waiters = opt.max_lock_waiters;
@@ -315,7 +326,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     cfg.xattr |= opt.posix_acl;
     cfg.security_label = opt.security_label;
     cfg.xattr |= opt.security_label;
-    cfg.id_translate = opt.id_translate()?;
+    cfg.id_translate = opt.id_translate().map_err(E::Option)?;
     cfg.migration = crate::passthrough::migration::MigrationConfig {
         mode: match opt.migration_mode {
             crate::cli::MigrationMode::FindPaths => crate::passthrough::migration::Mode::FindPaths,
@@ -335,10 +346,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     if let Some(rules) = &opt.xattrmap {
         // check_supported has parsed it already.
         cfg.xattrmap = crate::passthrough::xattrmap::XattrMap::parse(rules)
-            .map_err(|e| format!("--xattrmap: {e}"))?;
+            .map_err(|e| E::Option(format!("--xattrmap: {e}")))?;
     }
     let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
-        .map_err(|e| format!("shared directory '{}': {e}", shared_dir.display()))?;
+        .map_err(|e| E::SharedDir(format!("shared directory '{}': {e}", shared_dir.display())))?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));
     let device = Arc::new(
         FsDevice::new(
@@ -349,12 +360,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
                 thread_pool_size: opt.thread_pool_size,
             },
         )
-        .map_err(|e| e.to_string())?,
+        .map_err(|e| E::Option(e.to_string()))?,
     );
 
     let stats_sink = stats_sink.map(Arc::new);
     let socket_entry = confined.socket.take().map(Arc::new);
-    spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())?;
+    spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())
+        .map_err(E::Device)?;
     if let Some(sig) = sandbox::early_signal() {
         // SAFETY: raise has no preconditions; the handlers just installed take it.
         unsafe { libc::raise(sig) };
@@ -368,7 +380,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
                 write_stats(&sink, &server);
                 std::thread::sleep(every);
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| E::Device(e.to_string()))?;
     }
 
     let mut daemon = VhostUserDaemon::new(
@@ -376,12 +388,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         device.clone(),
         GuestMemoryAtomic::new(GuestMem::new()),
     )
-    .map_err(|e| format!("cannot create the vhost-user device: {e}"))?;
+    .map_err(|e| E::Device(format!("cannot create the vhost-user device: {e}")))?;
     crate::seccomp::apply(
         opt.seccomp,
         opt.inode_file_handles != crate::cli::InodeFileHandles::Never
             || opt.migration_mode == crate::cli::MigrationMode::FileHandles,
-    )?;
+    )
+    .map_err(E::Seccomp)?;
 
     info!(
         "sharing '{}' on {} (sandbox {:?}, seccomp {:?}); waiting for the vhost-user frontend",
@@ -395,7 +408,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     );
     daemon
         .start(&mut listener)
-        .map_err(|e| format!("vhost-user connection failed: {e}"))?;
+        .map_err(|e| E::Device(format!("vhost-user connection failed: {e}")))?;
     info!("frontend connected");
     // The listener's Drop would unlink its path, which inside the sandbox names something
     // else (and is not in the seccomp allowlist): the socket is removed through its
@@ -423,7 +436,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             info!("frontend disconnected; exiting");
             Ok(())
         }
-        Err(e) => Err(format!("vhost-user connection failed: {e}")),
+        Err(e) => Err(E::Device(format!("vhost-user connection failed: {e}"))),
     }
 }
 
