@@ -219,6 +219,12 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The first line of a test marked `#[ignore = "needs root"]` (scripts/test.sh runs those
+/// as root, with `--include-ignored`): run by another user, it fails saying `why`.
+pub fn require_root(why: &str) {
+    assert!(is_root(), "not root: {why}");
+}
+
 /// A small ext4 filesystem on a loop device, for faults a directory can't give: EIO after
 /// a shutdown, and what reached the "disk" (the image file) at a simulated power cut.
 pub struct LoopFs {
@@ -234,12 +240,9 @@ pub const SHUTDOWN_LOGFLUSH: u32 = 1;
 pub const SHUTDOWN_NOLOGFLUSH: u32 = 2;
 
 impl LoopFs {
-    /// A fresh `size_mib` ext4 image, mounted; None (with a note) when not root.
-    pub fn new(size_mib: u64) -> Option<LoopFs> {
-        if !is_root() {
-            eprintln!("skipped: a loop mount needs root");
-            return None;
-        }
+    /// A fresh `size_mib` ext4 image, mounted (root only).
+    pub fn new(size_mib: u64) -> LoopFs {
+        require_root("a loop mount needs root");
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk.img");
         std::fs::File::create(&image)
@@ -252,7 +255,7 @@ impl LoopFs {
             .status()
             .expect("mkfs.ext4 (e2fsprogs)");
         assert!(ok.success(), "mkfs.ext4 failed");
-        Some(Self::mount_image(dir, image))
+        Self::mount_image(dir, image)
     }
 
     /// Mounts an existing image (journal recovery runs, as after a crash).

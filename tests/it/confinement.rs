@@ -2,7 +2,7 @@
 //! handles it was never given, stale ids after FORGET. None may reach outside the share
 //! or crash the daemon; each gets the errno Linux gives.
 
-use crate::common::{self, errno, read, Daemon, ROOT};
+use crate::common::{self, errno, read, require_root, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 
 #[test]
@@ -225,12 +225,10 @@ fn snapshot(d: &Daemon) -> Vec<(String, u64, u32)> {
 /// file handles can't be reopened (no CAP_DAC_READ_SEARCH, as rootless): nodes give up
 /// their O_PATH fds and find their files again by handle, or by parent and name.
 #[test]
+#[ignore = "needs root"]
 fn known_inodes_never_exhaust_the_fd_limit_in_any_mode() {
     let (dirs, per) = (20, 500);
-    if !common::is_root() {
-        eprintln!("skipped: mandatory file handles need CAP_DAC_READ_SEARCH");
-        return;
-    }
+    require_root("mandatory file handles need CAP_DAC_READ_SEARCH");
     for extra in [
         &["--inode-file-handles", "never"][..],
         &["--inode-file-handles", "prefer"][..],

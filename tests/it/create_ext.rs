@@ -6,7 +6,8 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use crate::common::{
-    cstr, errno, ext, file_capability, host_getxattr, is_root, Daemon, ROOT, SECURITY_CTX,
+    cstr, errno, ext, file_capability, host_getxattr, is_root, require_root, Daemon, ROOT,
+    SECURITY_CTX,
 };
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, MkdirIn, MknodIn};
 use vfsd::frontend::fuse::*;
@@ -23,10 +24,7 @@ fn client(d: &Daemon, flags: u64) -> FuseClient {
 }
 
 fn label_test(sandbox: &str) {
-    if !is_root() {
-        eprintln!("skipped: security.* xattrs need root");
-        return;
-    }
+    require_root("security.* xattrs need root");
     let d = Daemon::start(&["--security-label", "--sandbox", sandbox]);
     let c = client(&d, SECURITY_CTX);
     let ext = ext::secctx("security.selinux", LABEL);
@@ -89,21 +87,21 @@ fn security_label_is_negotiated_only_when_asked() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn new_nodes_carry_the_guests_security_context() {
     label_test("none");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn new_nodes_carry_the_guests_security_context_in_the_namespace_sandbox() {
     label_test("namespace");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_supplementary_group_keeps_the_set_group_id_bit() {
-    if !is_root() {
-        eprintln!("skipped: needs root to create as another user");
-        return;
-    }
+    require_root("needs root to create as another user");
     let d = Daemon::start(&["--sandbox", "none"]);
     let c = client(&d, CREATE_SUPP_GROUP);
     // A setgid directory of group 2000; the caller is uid/gid 1000 and in 2000 only as a
@@ -231,11 +229,9 @@ fn malformed_extensions_get_einval_and_create_nothing() {
 /// security.* xattrs on the host: here a file capability, which would be stored under the
 /// mapped name other `--xattr` daemons on the share read back as `security.capability`.
 #[test]
+#[ignore = "needs root"]
 fn security_context_is_ignored_unless_negotiated() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&[]);
     let c = FuseClient::new(d.frontend(FrontendConfig::default()));
     let out = c

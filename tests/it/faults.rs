@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{
-    dir_names, errno, is_root, pattern, read, Daemon, LoopFs, Tmpfs, ROOT, SHUTDOWN_LOGFLUSH,
+    dir_names, errno, pattern, read, require_root, Daemon, LoopFs, Tmpfs, ROOT, SHUTDOWN_LOGFLUSH,
     SHUTDOWN_NOLOGFLUSH,
 };
 use vfsd::frontend::fuse::*;
@@ -70,11 +70,9 @@ fn sigterm_under_load_exits_cleanly() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn full_host_filesystem_gives_enospc_and_keeps_serving() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
-        return;
-    }
+    require_root("mounting a small tmpfs needs root");
     let mnt = tempfile::tempdir().unwrap();
     let _tmpfs = Tmpfs::mount(mnt.path(), Some("size=1m"));
     // Share the small tmpfs itself.
@@ -153,8 +151,9 @@ fn share_removed_on_the_host_gives_errors_not_crashes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn host_eio_reaches_the_guest_as_eio_and_the_daemon_keeps_serving() {
-    let Some(fs) = LoopFs::new(32) else { return };
+    let fs = LoopFs::new(32);
     std::fs::write(fs.mnt.join("f"), pattern(100_000, 4)).unwrap();
     std::fs::create_dir(fs.mnt.join("d")).unwrap();
     // The default sandbox: the namespace's copy of the mount shares the host's superblock.
@@ -221,10 +220,9 @@ fn host_eio_reaches_the_guest_as_eio_and_the_daemon_keeps_serving() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn fsync_reaches_the_disk_before_its_reply() {
-    let Some(mut fs) = LoopFs::new(64) else {
-        return;
-    };
+    let mut fs = LoopFs::new(64);
     let mut d = Daemon::start_on(&fs.mnt, &[]);
     let c = d.client();
     let (a, b, u) = (

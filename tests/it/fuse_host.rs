@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{is_root, vfsd_bin, Daemon, ROOT};
+use crate::common::{require_root, vfsd_bin, Daemon, ROOT};
 
 /// A bindfs mount of `src` at `mnt`, unmounted on drop.
 struct Bindfs(PathBuf);
@@ -34,12 +34,9 @@ impl Drop for Bindfs {
     }
 }
 
-/// A FUSE mount to share, or None (with the reason printed) where the test can't run.
+/// A FUSE mount to share (root only), or None (with the reason printed) without bindfs.
 fn fuse_share() -> Option<(tempfile::TempDir, Bindfs)> {
-    if !is_root() {
-        eprintln!("skipped: mounting bindfs and dropping caches need root");
-        return None;
-    }
+    require_root("mounting bindfs and dropping caches need root");
     let have_bindfs = Command::new("bindfs")
         .arg("--version")
         .output()
@@ -72,6 +69,7 @@ fn evict_host_inodes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn prefer_keeps_working_after_the_host_evicts_a_fuse_inode() {
     let Some((t, _fuse)) = fuse_share() else {
         return;
@@ -94,6 +92,7 @@ fn prefer_keeps_working_after_the_host_evicts_a_fuse_inode() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn mandatory_refuses_a_fuse_share_with_a_clear_line() {
     let Some((t, _fuse)) = fuse_share() else {
         return;
@@ -137,6 +136,7 @@ fn mandatory_refuses_a_fuse_share_with_a_clear_line() {
 /// the frontend leaves, vfsd still exits. Joining the queue threads on the way out waited
 /// for the READ forever.
 #[test]
+#[ignore = "needs root"]
 fn vfsd_exits_on_disconnect_while_a_queue_thread_waits_on_a_hung_host_file_system() {
     let Some((t, fuse)) = fuse_share() else {
         return;

@@ -14,7 +14,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{cstr, errno, is_root, Daemon, ROOT, USER};
+use crate::common::{cstr, errno, require_root, Daemon, ROOT, USER};
 use fuse_backend_rs::abi::fuse_abi::CreateIn;
 use vfsd::frontend::fuse::*;
 use vfsd::passthrough::ioctl::{
@@ -192,11 +192,9 @@ fn flags_round_trip_on_a_file_and_a_directory() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn immutable_and_append_only_bind_the_host() {
-    if !is_root() {
-        eprintln!("skipped: setting +i/+a needs root");
-        return;
-    }
+    require_root("setting +i/+a needs root");
     let d = Daemon::start(&IMMUTABLE_CAP);
     if !host_supports_flags(&d) {
         return;
@@ -243,11 +241,9 @@ fn immutable_and_append_only_bind_the_host() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn root_without_the_immutable_capability_is_refused_like_the_host() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     // vfsd keeps CAP_LINUX_IMMUTABLE by default; without it, root is refused.
     let d = Daemon::start(&["--modcaps", "-linux_immutable"]);
     if !host_supports_flags(&d) {
@@ -270,11 +266,9 @@ fn root_without_the_immutable_capability_is_refused_like_the_host() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_non_root_caller_gets_the_hosts_answers() {
-    if !is_root() {
-        eprintln!("skipped: needs root to act as another user");
-        return;
-    }
+    require_root("needs root to act as another user");
     let d = Daemon::start(&IMMUTABLE_CAP);
     if !host_supports_flags(&d) {
         return;
@@ -490,11 +484,9 @@ fn readonly_share_gets_but_never_sets() {
 /// With `--translate-uid/gid`, the caller's ids are translated for the flag change as for
 /// every other request: a guest user changes flags of its own (translated) file.
 #[test]
+#[ignore = "needs root"]
 fn a_translated_caller_sets_flags_on_its_own_file() {
-    if !is_root() {
-        eprintln!("skipped: needs root to act as another user");
-        return;
-    }
+    require_root("needs root to act as another user");
     let d = Daemon::start(&[
         "--translate-uid",
         &format!("map:{}:5000:1", USER.uid),
@@ -567,11 +559,9 @@ fn project_id_changes_need_allow_project_id() {
 /// `--translate-uid/gid`): a guest root squashed onto an unprivileged host id must not
 /// act as host root (fsuid 0, every capability) and change a host root-owned file's flags.
 #[test]
+#[ignore = "needs root"]
 fn setflags_runs_as_the_translated_host_id_not_the_raw_guest_id() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&[
         "--translate-uid",
         "squash-guest:0:4321:1",
@@ -611,11 +601,9 @@ fn setflags_runs_as_the_translated_host_id_not_the_raw_guest_id() {
 /// The same with a forbid rule: a forbidden guest uid is refused on creates (EIO) and
 /// must not act on the host through FUSE_IOCTL with its raw number as fsuid.
 #[test]
+#[ignore = "needs root"]
 fn setflags_refuses_a_forbidden_guest_uid() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&["--translate-uid", "forbid-guest:1000:1"]);
     let p = d.path("f");
     File::create(&p).unwrap();

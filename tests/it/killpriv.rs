@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use crate::common::{
-    cpath, errno, file_capability, host_getxattr, host_setxattr, is_root, Daemon, NOBODY, ROOT,
+    cpath, errno, file_capability, host_getxattr, host_setxattr, require_root, Daemon, NOBODY, ROOT,
 };
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
@@ -278,11 +278,9 @@ fn a_truncate_with_the_guests_mode_still_drops_sgid_for_a_non_member() {
 /// on chown, and vfsd drops the mapped one on write and truncate; SETATTR's chown must
 /// drop it too (a security review found it surviving a chown).
 #[test]
+#[ignore = "needs root"]
 fn chown_drops_the_mapped_file_capability() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&["--xattr", "--cache", "never"]);
     // What the host kernel does with a real capability on chown.
     let control = d.dir.path().join("control");

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, errno, host_flock, host_ofd_lock, Daemon, ROOT};
+use crate::common::{errno, host_flock, host_ofd_lock, require_root, Daemon, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -469,11 +469,9 @@ fn handle_of(p: &std::path::Path) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn file_handles_mode_moves_open_files_and_refuses_a_handle_outside_the_share() {
-    if !common::is_root() {
-        eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
-        return;
-    }
+    require_root("open_by_handle_at needs CAP_DAC_READ_SEARCH");
     let top = tempfile::tempdir().unwrap();
     let share = top.path().join("share");
     std::fs::create_dir(&share).unwrap();
@@ -540,11 +538,9 @@ fn confirm_paths_sends_the_current_path_of_a_file_renamed_on_the_host() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_host_user_who_takes_the_handover_socket_gets_no_token() {
-    if !common::is_root() {
-        eprintln!("skipped: needs root to run the rogue listener as another user");
-        return;
-    }
+    require_root("needs root to run the rogue listener as another user");
     let src = Daemon::start(&[]);
     let c = src.client();
     let g = set_up(&c);

@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 
-use crate::common::{self, Daemon, ROOT};
+use crate::common::{require_root, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, EntryOut, OpenOut};
 use vfsd::frontend::fuse::*;
 use vm_memory::ByteValued;
@@ -78,11 +78,9 @@ fn o_tmpfile_refusals() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_non_root_o_tmpfile_is_owned_by_its_caller() {
-    if !common::is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&[]);
     let c = d.client();
     std::fs::set_permissions(

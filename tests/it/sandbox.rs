@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, is_root, read, Daemon, ROOT};
+use crate::common::{self, read, require_root, Daemon, ROOT};
 
 /// The process actually serving: the spawned one, or its child in namespace mode.
 fn serving_pid(d: &Daemon) -> i32 {
@@ -29,11 +29,9 @@ fn serves_io(d: &Daemon) -> vfsd::frontend::fuse::FuseClient {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn namespace_sandbox_pivots_into_the_share_and_closes_stray_fds() {
-    if !is_root() {
-        eprintln!("skipped: needs root for mount namespaces without a user namespace");
-        return;
-    }
+    require_root("needs root for mount namespaces without a user namespace");
     // An fd without CLOEXEC, inherited by the daemon: the sandbox must close it.
     let leak = std::fs::File::open("/etc/hostname").unwrap();
     unsafe { libc::fcntl(leak.as_raw_fd(), libc::F_SETFD, 0) };
@@ -76,11 +74,9 @@ fn namespace_sandbox_pivots_into_the_share_and_closes_stray_fds() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn chroot_sandbox_confines_the_root() {
-    if !is_root() {
-        eprintln!("skipped: --sandbox chroot needs root");
-        return;
-    }
+    require_root("--sandbox chroot needs root");
     let d = Daemon::start(&["--sandbox", "chroot"]);
     let _c = serves_io(&d);
     // A child serves; the parent, outside the chroot, only supervises.
@@ -102,11 +98,9 @@ fn assert_root_is_share(pid: i32, d: &Daemon) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn modcaps_adjusts_the_capability_set() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start(&["--sandbox", "none", "--modcaps", "-mknod:-setfcap"]);
     let c = d.client();
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
@@ -141,12 +135,10 @@ fn chown(p: &std::path::Path, uid: u32, gid: u32) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if !is_root() {
-        eprintln!("skipped: mapping other ids than one's own needs root (or newuidmap)");
-        return;
-    }
+    require_root("mapping other ids than one's own needs root (or newuidmap)");
     let dir = tempfile::tempdir().unwrap();
     // The namespace's root (host uid 100000) must reach the share.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -182,12 +174,10 @@ fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_unprivileged_daemon_maps_its_own_ids() {
     use std::os::unix::fs::MetadataExt;
-    if !is_root() {
-        eprintln!("skipped: dropping to another user for the test needs root");
-        return;
-    }
+    require_root("dropping to another user for the test needs root");
     let dir = tempfile::tempdir().unwrap();
     chown(dir.path(), 65534, 65534);
     let share = dir.path().join("share");
@@ -219,11 +209,9 @@ fn an_unprivileged_daemon_maps_its_own_ids() {
 /// dropping a file capability that is not there must not need the privilege to remove one
 /// (it gave EPERM for every such write; found by review).
 #[test]
+#[ignore = "needs root"]
 fn an_unprivileged_daemon_serves_non_root_writes() {
-    if !is_root() {
-        eprintln!("skipped: dropping to another user for the test needs root");
-        return;
-    }
+    require_root("dropping to another user for the test needs root");
     let dir = tempfile::tempdir().unwrap();
     chown(dir.path(), 65534, 65534);
     let share = dir.path().join("share");
@@ -311,11 +299,9 @@ impl SpawnWithListener for std::process::Command {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sigterm_at_any_moment_of_start_up_leaves_no_daemon_behind() {
-    if !is_root() {
-        eprintln!("skipped: needs root for the namespace sandbox without a user namespace");
-        return;
-    }
+    require_root("needs root for the namespace sandbox without a user namespace");
     let dir = tempfile::tempdir().unwrap();
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
@@ -395,11 +381,9 @@ fn directory_fds(pid: i32, share: &std::path::Path) -> Vec<(PathBuf, bool)> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn no_directory_outside_the_share_stays_open_in_the_sandbox() {
-    if !is_root() {
-        eprintln!("skipped: needs root for the namespace and chroot sandboxes");
-        return;
-    }
+    require_root("needs root for the namespace and chroot sandboxes");
     for mode in ["namespace", "chroot"] {
         // The stats file and the socket live beside the share, in the test's temporary
         // directory: the daemon must keep neither that directory nor its parent.
@@ -435,11 +419,9 @@ fn no_directory_outside_the_share_stays_open_in_the_sandbox() {
 /// root read-only): pivot_root can't pivot into the current root mount itself, so vfsd
 /// pivots into a copy of it. Read-only use only; the test changes nothing.
 #[test]
+#[ignore = "needs root"]
 fn the_host_root_can_be_shared_in_the_namespace_sandbox() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let d = Daemon::start_on(
         std::path::Path::new("/"),
         &["--sandbox", "namespace", "--readonly"],
@@ -458,14 +440,15 @@ fn the_host_root_can_be_shared_in_the_namespace_sandbox() {
 /// made as a guest caller never counts the daemon's groups (only the one the request
 /// carries with FUSE_CREATE_SUPP_GROUP). Started through `setpriv --groups` so it has some.
 #[test]
+#[ignore = "needs root"]
 fn a_root_daemon_keeps_no_supplementary_groups() {
-    if !is_root()
-        || std::process::Command::new("setpriv")
-            .arg("--help")
-            .output()
-            .is_err()
+    require_root("needs root");
+    if std::process::Command::new("setpriv")
+        .arg("--help")
+        .output()
+        .is_err()
     {
-        eprintln!("skipped: needs root and setpriv");
+        eprintln!("skipped: needs setpriv");
         return;
     }
     for sandbox in ["none", "chroot", "namespace"] {
@@ -501,11 +484,9 @@ fn a_root_daemon_keeps_no_supplementary_groups() {
 /// file handles can't be reopened and the default `--inode-file-handles=prefer` finds
 /// files by parent and name. More files than the fd limit stay usable all the same.
 #[test]
+#[ignore = "needs root"]
 fn an_unprivileged_daemon_knows_more_files_than_its_fd_limit() {
-    if !is_root() {
-        eprintln!("skipped: dropping to another user for the test needs root");
-        return;
-    }
+    require_root("dropping to another user for the test needs root");
     let dir = tempfile::tempdir().unwrap();
     chown(dir.path(), 65534, 65534);
     let share = dir.path().join("share");

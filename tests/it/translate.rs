@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::common::{errno, is_root, run_vfsd, vfsd_bin, Daemon, ROOT};
+use crate::common::{errno, require_root, run_vfsd, vfsd_bin, Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::{AttrOut, SetattrIn};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -14,17 +14,14 @@ fn caller(uid: u32, gid: u32) -> Caller {
 }
 
 /// A daemon with `rules`, and a world-writable directory "sub" for non-root creates.
-fn start(rules: &[&str]) -> Option<(Daemon, FuseClient, u64)> {
-    if !is_root() {
-        eprintln!("skipped: creating files for other users and chown need root");
-        return None;
-    }
+fn start(rules: &[&str]) -> (Daemon, FuseClient, u64) {
+    require_root("creating files for other users and chown need root");
     let d = Daemon::start(rules);
     std::fs::create_dir(d.path("sub")).unwrap();
     std::fs::set_permissions(d.path("sub"), std::fs::Permissions::from_mode(0o777)).unwrap();
     let c = d.client();
     let sub = c.lookup(ROOT, "sub").unwrap().nodeid;
-    Some((d, c, sub))
+    (d, c, sub)
 }
 
 fn owner(d: &Daemon, rel: &str) -> (u32, u32) {
@@ -50,14 +47,13 @@ fn host_chown(d: &Daemon, rel: &str, uid: u32, gid: u32) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn map_translates_creates_chown_and_every_attribute_reply() {
-    let Some((d, c, sub)) = start(&[
+    let (d, c, sub) = start(&[
         "--translate-uid",
         "map:1000:2000:10",
         "--translate-gid=map:1000:2000:10",
-    ]) else {
-        return;
-    };
+    ]);
     c.set_caller(caller(1000, 1001));
 
     // Creates run as the translated caller; replies show the guest's ids.
@@ -123,17 +119,16 @@ fn map_translates_creates_chown_and_every_attribute_reply() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn squash_folds_every_guest_id_onto_one_host_id_and_back() {
     // virtiofsd's unprivileged setup: all guest ids become the host user 1000, whose
     // files the guest sees as root's.
-    let Some((d, c, sub)) = start(&[
+    let (d, c, sub) = start(&[
         "--translate-uid=squash-guest:0:1000:4294967295",
         "--translate-gid=squash-guest:0:1000:4294967295",
         "--translate-uid=squash-host:1000:0:1",
         "--translate-gid=squash-host:1000:0:1",
-    ]) else {
-        return;
-    };
+    ]);
     let e = c.mkdir(sub, "by-root", 0o755).unwrap();
     assert_eq!(owner(&d, "sub/by-root"), (1000, 1000));
     assert_eq!((e.attr.uid, e.attr.gid), (0, 0));
@@ -156,13 +151,12 @@ fn squash_folds_every_guest_id_onto_one_host_id_and_back() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn forbid_guest_refuses_creates_and_chowns_with_eio() {
-    let Some((d, c, sub)) = start(&[
+    let (d, c, sub) = start(&[
         "--translate-uid=forbid-guest:500:100",
         "--translate-gid=forbid-guest:700:1",
-    ]) else {
-        return;
-    };
+    ]);
     let bad = caller(550, 1);
     let eio = libc::EIO;
     assert_eq!(errno(c.as_caller(bad, |c| c.mkdir(sub, "d", 0o755))), eio);
@@ -242,11 +236,9 @@ fn bad_rules_fail_with_one_clear_line() {
 /// `guest:1000:4294967290:100` accepted, guest uid 1006 would map onto host uid 0 and
 /// that guest user's files be created as host root.
 #[test]
+#[ignore = "needs root"]
 fn a_host_range_past_the_last_id_is_refused_not_wrapped_to_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("needs root");
     let dir = tempfile::tempdir().unwrap();
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();

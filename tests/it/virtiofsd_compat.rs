@@ -7,7 +7,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    self, dir_names, is_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs, ROOT,
+    self, dir_names, require_root, run_vfsd, serving_pid, wait_for_socket, Daemon, Tmpfs, ROOT,
 };
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
@@ -113,11 +113,9 @@ fn syslog_without_a_syslog_daemon_falls_back_to_stderr() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn socket_group_owns_the_socket() {
-    if !is_root() {
-        eprintln!("skipped: changing a file's group to another one needs root");
-        return;
-    }
+    require_root("changing a file's group to another one needs root");
     // A group that exists everywhere (its number differs between distributions), by name
     // and by number.
     let gid = vfsd::sys::group_id("daemon")
@@ -253,11 +251,9 @@ const INIT_SUBMOUNTS: u32 = 1 << 27;
 const FUSE_ATTR_SUBMOUNT: u32 = 1;
 
 #[test]
+#[ignore = "needs root"]
 fn announce_submounts_marks_directories_on_other_mounts() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs inside the share needs root");
-        return;
-    }
+    require_root("mounting a tmpfs inside the share needs root");
     let host = tempfile::tempdir().unwrap();
     let share = host.path().join("share");
     std::fs::create_dir_all(share.join("mnt")).unwrap();

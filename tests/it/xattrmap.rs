@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::common::{
     cpath, errno, file_capability, host_getxattr as host_get, host_setxattr as host_set, is_root,
-    run_vfsd, Daemon, NOBODY, ROOT,
+    require_root, run_vfsd, Daemon, NOBODY, ROOT,
 };
 use vfsd::frontend::fuse::*;
 
@@ -275,11 +275,9 @@ fn special_files(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn symlinks_fifos_and_devices_have_xattrs_in_every_sandbox_without_being_opened() {
-    if !is_root() {
-        eprintln!("skipped: mknod and trusted.* need root");
-        return;
-    }
+    require_root("mknod and trusted.* need root");
     // The host kernel's answers on the same kinds of files, for comparison.
     let reference = tempfile::tempdir().unwrap();
     std::fs::write(reference.path().join("f"), b"").unwrap();
@@ -347,11 +345,9 @@ fn symlinks_fifos_and_devices_have_xattrs_in_every_sandbox_without_being_opened(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_default_map_keeps_privileged_names_off_special_files() {
-    if !is_root() {
-        eprintln!("skipped: mknod needs root");
-        return;
-    }
+    require_root("mknod needs root");
     let d = Daemon::start(&["--xattr"]);
     std::fs::write(d.path("f"), b"").unwrap();
     special_files(&d.share);
