@@ -304,7 +304,7 @@ for daemon in "${DAEMONS[@]}"; do
         # handles too.
         modes="never:mandatory auto:prefer always:never"
         # On a share root that may be a FUSE client mount (GlusterFS), vfsd refuses
-        # mandatory file handles at start (tests/fuse_host.rs).
+        # mandatory file handles at start (tests/it/fuse_host.rs).
         [ -n "$SHARE_ROOT" ] && modes="never:never auto:prefer always:prefer"
         for mode in $modes; do
             cache=${mode%:*} handles=${mode#*:}

@@ -4,7 +4,9 @@
 //! helpers are in `common`.
 //!
 //! Run one feature with a filter on its module path, e.g.
-//! `cargo test --release --test it -- locks::`.
+//! `cargo test --release --test it -- locks::`. Tests that need root are
+//! `#[ignore = "needs root"]` (`common::require_root`); `scripts/test.sh` runs them as root
+//! (`-- --include-ignored`).
 
 mod common;
 
