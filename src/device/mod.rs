@@ -322,33 +322,55 @@ impl FsDevice {
         queue: u16,
         mem: &GuestMemoryLoadGuard<GuestMem>,
     ) {
-        let list = self.server.take_suspended(queue);
-        if list.is_empty() {
-            return;
-        }
-        let tickets = {
+        let (list, tickets) = {
             let state = vring.get_mut();
             let q = state.get_queue();
-            let in_flight = q.next_avail().wrapping_sub(q.next_used()) as usize;
-            let fits = list.iter().all(|r| r.head < q.size());
             if !state.is_enabled() || !q.ready() {
-                // Not running yet: kept for the kick that starts it (`set_enabled`).
-                let mut all = self.server.suspended();
-                all.extend(list);
-                self.server.set_suspended(all);
+                // Not running yet: left for the kick that starts it (`set_enabled`).
                 return;
             }
-            if in_flight != list.len() || !fits {
+            let list = self.server.take_suspended(queue);
+            if list.is_empty() {
+                return;
+            }
+            let next = q.next_avail();
+            // One the stop moved the base back over is popped again and waits anew.
+            let (list, popped_again): (Vec<_>, Vec<_>) = list.into_iter().partition(|r| {
+                let behind = next.wrapping_sub(r.position) as usize;
+                behind >= 1 && behind <= q.size() as usize
+            });
+            if !popped_again.is_empty() {
+                info!(
+                    "queue {queue}: {} suspended lock wait(s) will be popped again",
+                    popped_again.len()
+                );
+            }
+            let in_flight = next.wrapping_sub(q.next_used()) as usize;
+            let mut heads = std::collections::HashSet::new();
+            let mut positions = std::collections::HashSet::new();
+            let sound = list.iter().all(|r| {
+                r.head < q.size()
+                    && heads.insert(r.head)
+                    && positions.insert(r.position)
+                    && self.server.resumable(r)
+            });
+            if list.is_empty() {
+                return;
+            }
+            if in_flight != list.len() || !sound {
                 warn!(
-                    "queue {queue}: {} suspended lock wait(s) dropped: the ring has {in_flight} request(s) in flight (reset since?)",
-                    list.len()
+                    "queue {queue}: {} suspended lock wait(s) dropped: the ring has {in_flight} request(s) in flight (reset since?){}",
+                    list.len(),
+                    if sound { "" } else { ", or they are not sound" }
                 );
                 return;
             }
             // Under the ring's lock, as `popped` wants.
-            list.iter()
+            let tickets: Vec<Ticket> = list
+                .iter()
                 .map(|r| vring.popped(r.position, 1)[0])
-                .collect::<Vec<_>>()
+                .collect();
+            (list, tickets)
         };
         info!(
             "queue {queue}: {} suspended lock wait(s) resumed",
@@ -444,8 +466,13 @@ impl VhostUserBackend for FsDevice {
         phase: VhostTransferStatePhase,
         file: std::fs::File,
     ) -> io::Result<Option<std::fs::File>> {
-        self.transfer
-            .start(self.server.clone(), direction, phase, file)?;
+        self.transfer.start(
+            self.server.clone(),
+            self.num_queues(),
+            direction,
+            phase,
+            file,
+        )?;
         Ok(None)
     }
 

@@ -23,6 +23,7 @@ impl Transfer {
     pub fn start(
         &self,
         server: Arc<FuseServer>,
+        queues: usize,
         direction: VhostTransferStateDirection,
         phase: VhostTransferStatePhase,
         file: File,
@@ -51,7 +52,7 @@ impl Transfer {
         let t = std::thread::Builder::new().name("vfsd-device-state".into());
         *running = Some(match direction {
             VhostTransferStateDirection::SAVE => t.spawn(move || save(&server, file))?,
-            VhostTransferStateDirection::LOAD => t.spawn(move || load(&server, file))?,
+            VhostTransferStateDirection::LOAD => t.spawn(move || load(&server, queues, file))?,
         });
         Ok(())
     }
@@ -86,11 +87,13 @@ fn save(server: &FuseServer, mut pipe: File) -> Result<(), StateError> {
     r
 }
 
-fn load(server: &FuseServer, pipe: File) -> Result<(), StateError> {
+fn load(server: &FuseServer, queues: usize, pipe: File) -> Result<(), StateError> {
     let r = read_state(pipe).and_then(|state| {
         server.set_suspended(Vec::new());
         let report = server.fs().load_state(&state)?;
-        server.set_suspended(report.in_flight.clone());
+        // Only for queues this device has: another could never be resumed.
+        let in_flight = report.in_flight.iter().filter(|r| (r.queue as usize) < queues);
+        server.set_suspended(in_flight.cloned().collect());
         info!(
             "migration: device state loaded ({} bytes): {} nodes, {} handles, {} lock owners, {} left out, {} locks still held elsewhere and waited for, {} request(s) in flight",
             state.len(),

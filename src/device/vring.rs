@@ -70,6 +70,9 @@ struct Track {
     waits: AtomicUsize,
     /// A stop is waiting on `idle` (set and read under `pending`'s lock).
     stopping: AtomicBool,
+    /// Requests suspended (`forget`) in the generation a stop is ending: neither late nor
+    /// completed, for the stop's count of what it may pop again.
+    forgotten: Mutex<HashSet<(u64, u16)>>,
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
@@ -139,7 +142,9 @@ impl TrackedVring {
     pub fn forget(&self, t: Ticket) {
         let key = (t.generation, t.position);
         let mut pending = self.track.pending.lock().unwrap();
-        pending.remove(&key);
+        if pending.remove(&key) {
+            self.track.forgotten.lock().unwrap().insert(key);
+        }
         if self.track.waits.load(Ordering::Acquire) > 0 {
             let mut c = self.track.cancellers.lock().unwrap();
             if c.0.remove(&key).is_some() {
@@ -267,6 +272,16 @@ impl TrackedVring {
             .filter(|(g, _)| *g == old)
             .map(|&(_, p)| p)
             .collect();
+        let suspended: Vec<u16> = {
+            let mut f = self.track.forgotten.lock().unwrap();
+            let mine = f
+                .iter()
+                .filter(|(g, _)| *g == old)
+                .map(|&(_, p)| p)
+                .collect();
+            f.retain(|(g, _)| *g > old);
+            mine
+        };
         if late.is_empty() {
             return;
         }
@@ -277,15 +292,22 @@ impl TrackedVring {
             .max_by_key(|&p| next.wrapping_sub(p))
             .unwrap_or(next);
         // Move the base back only over requests none of which completed: a request after
-        // the oldest late one that did complete must not run (and be answered) twice.
+        // the oldest late one that did complete must not run (and be answered) twice. A
+        // suspended lock wait did not complete either: popped again, it waits anew (its
+        // carried copy is dropped then, `FsDevice::resume_suspended`).
         let span = next.wrapping_sub(oldest) as usize;
-        if span == late.len() {
+        let suspended_in_span = suspended
+            .iter()
+            .filter(|&&p| (next.wrapping_sub(p) as usize) <= span)
+            .count();
+        let rewind = span == late.len() + suspended_in_span;
+        if rewind {
             state.get_queue_mut().set_next_avail(oldest);
         }
         warn!(
             "ring stopped with {} request(s) still running; their replies are dropped{}",
             late.len(),
-            if span == late.len() {
+            if rewind {
                 ""
             } else {
                 " and the base stays (later requests completed)"

@@ -784,6 +784,11 @@ impl Wait {
     /// request worker.
     pub fn block(self, cancelled: &std::sync::atomic::AtomicBool) -> io::Result<()> {
         loop {
+            // Cancelled before it blocked (say while its ring stopped): no signal would
+            // reach a wait that has not begun.
+            if cancelled.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::EINTR));
+            }
             match self.wait_once() {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
                     if cancelled.load(Ordering::Acquire) {

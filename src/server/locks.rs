@@ -67,8 +67,13 @@ struct Waiter {
     /// may send two requests under one unique.
     unique: u64,
     cancelled: AtomicBool,
-    /// Cancelled by a ring stop: the request is suspended, not answered.
+    /// Cancelled by a ring stop: the request is suspended, not answered...
     suspend: AtomicBool,
+    /// ...unless the guest interrupted it too: then it gets its EINTR.
+    interrupted: AtomicBool,
+    /// Set once the thread is about to block: before that a cancel needs no signal
+    /// (`Wait::block` looks at `cancelled` first).
+    started: AtomicBool,
     /// True until the thread stops waiting. Held while the thread is signalled, so that a
     /// signal never goes to a thread that has moved on, let alone exited.
     waiting: Mutex<bool>,
@@ -112,6 +117,7 @@ impl Waiters {
             .cloned()
             .collect();
         for w in hit {
+            w.interrupted.store(true, Ordering::SeqCst);
             cancel(&w);
         }
     }
@@ -190,7 +196,13 @@ impl Drop for Registered<'_> {
 /// Signals the waiter until it has stopped waiting (a signal that lands just before it
 /// blocks is lost, so one is not enough), for at most a second.
 fn cancel(w: &Waiter) {
-    w.cancelled.store(true, Ordering::Release);
+    w.cancelled.store(true, Ordering::SeqCst);
+    // Not blocking yet: it sees `cancelled` before it does (both sides SeqCst, so one of
+    // them sees the other's store). A wait registered while its ring stops is cancelled
+    // this way, from the worker that is still handing it over.
+    if !w.started.load(Ordering::SeqCst) {
+        return;
+    }
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(1) {
         {
@@ -265,9 +277,15 @@ pub fn spawn_waiter(
     reply_at: GuestAddress,
     defer: &mut dyn FnMut() -> Box<dyn Deferred>,
 ) -> io::Result<()> {
-    // What a suspension carries: the request as the guest sent it.
-    let mut request = hdr.as_slice().to_vec();
-    request.extend_from_slice(args);
+    // What a suspension carries: the header and the LkIn (whatever else a guest put
+    // after them is not kept for as long as the wait lasts).
+    let lk = args
+        .get(..std::mem::size_of::<LkIn>())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut carried = hdr;
+    carried.len = (std::mem::size_of::<InHeader>() + lk.len()) as u32;
+    let mut request = carried.as_slice().to_vec();
+    request.extend_from_slice(lk);
     let waiters2 = waiters.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Deferred>>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
@@ -280,6 +298,8 @@ pub fn spawn_waiter(
                 unique: hdr.unique,
                 cancelled: AtomicBool::new(false),
                 suspend: AtomicBool::new(false),
+                interrupted: AtomicBool::new(false),
+                started: AtomicBool::new(false),
                 waiting: Mutex::new(true),
                 // SAFETY: pthread_self has no preconditions.
                 thread: unsafe { libc::pthread_self() },
@@ -296,11 +316,13 @@ pub fn spawn_waiter(
             let Ok(done) = rx.recv() else {
                 return;
             };
+            me.started.store(true, Ordering::SeqCst);
             let r = wait.block(&me.cancelled);
             // No signal reaches this thread after this: the reply's writes and the
             // guest's notification can't be interrupted.
             drop(registered);
-            if r.is_err() && me.suspend.load(Ordering::Acquire) {
+            let interrupted = me.interrupted.load(Ordering::SeqCst);
+            if r.is_err() && me.suspend.load(Ordering::SeqCst) && !interrupted {
                 // Listed before the ring hears of it: the stop, and the device state saved
                 // after it, must find it.
                 let slot = done.slot();

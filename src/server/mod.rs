@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
+use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::VirtioFsWriter;
 use log::{debug, error, warn};
@@ -210,6 +210,15 @@ impl FuseServer {
     /// Takes the suspended requests of `queue` out, for `resume`.
     pub fn take_suspended(&self, queue: u16) -> Vec<InFlight> {
         self.waiters.take_suspended(queue)
+    }
+
+    /// Whether a suspended request is one `resume` takes up: a SETLKW, header and
+    /// LkIn exactly (what `locks::spawn_waiter` carries).
+    pub fn resumable(&self, r: &InFlight) -> bool {
+        let len = std::mem::size_of::<InHeader>() + std::mem::size_of::<LkIn>();
+        r.request.len() == len
+            && request::decode::<InHeader>(&r.request)
+                .is_some_and(|h| h.opcode == Opcode::Setlkw as u32 && h.len as usize == len)
     }
 
     /// Takes up a suspended request again: a SETLKW waits anew (a waiter thread, answered

@@ -430,10 +430,11 @@ where
 {
     let a: ReadIn = args(body)?;
     let (w, mut data, room) = writers(mem, chain)?;
-    let max = a.size as usize;
-    if room < max {
+    if room < a.size as usize {
         return Err(io::Error::from_raw_os_error(libc::ENOMEM));
     }
+    // Never an entry cut off by the end of the buffers.
+    let max = (a.size as usize).min(data.available_bytes());
     let ctx = Context::from(hdr);
     if plus {
         fs.readdirplus(&ctx, hdr.nodeid, a.fh, a.size, a.offset, &mut |d, e| {
