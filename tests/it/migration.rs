@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, host_flock, host_ofd_lock, require_root, Daemon, ROOT};
+use crate::common::{errno, host_flock, host_ofd_lock, require_root, Daemon, HostLease, ROOT};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -391,6 +391,67 @@ fn a_lock_wait_in_flight_at_the_switch_is_granted_and_answered_by_the_destinatio
     assert!(host_can_flock(&f));
     // The ring goes on from there.
     assert_eq!(c.getattr(w.node).unwrap().attr.size, 1);
+}
+
+#[test]
+fn a_lock_wait_that_begins_while_its_ring_stops_is_carried_without_stalling_the_stop() {
+    // One worker: a SETLKW queued behind an OPEN that a host lease holds up reaches its
+    // waiter only once the OPEN is let go, which happens while the stop waits for it.
+    let mut src = Daemon::start(&["--thread-pool-size", "1"]);
+    let mut c = src.client();
+    std::fs::write(src.path("f"), b"x").unwrap();
+    std::fs::write(src.path("g"), b"y").unwrap();
+    let host = std::fs::File::open(src.path("f")).unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    assert_eq!(unsafe { libc::flock(host.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let f = c.lookup(ROOT, "f").unwrap().nodeid;
+    let fh = c.open(f, libc::O_RDONLY as u32).unwrap().fh;
+    let g = c.lookup(ROOT, "g").unwrap().nodeid;
+    let lease = HostLease::take(&src.path("g"));
+    let open_in = fuse_backend_rs::abi::fuse_abi::OpenIn {
+        flags: libc::O_RDWR as u32,
+        fuse_flags: 0,
+    };
+    let open = c
+        .submit(
+            1,
+            FUSE_OPEN,
+            g,
+            &[vm_memory::ByteValued::as_slice(&open_in)],
+            4096,
+        )
+        .unwrap();
+    lease.wait_broken();
+    let t = c
+        .setlkw(1, f, fh, OWNER, Lock::flock(libc::F_WRLCK))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(lease);
+    });
+    let start = Instant::now();
+    let (state, bases) = c.fe.save_state_with_bases().unwrap();
+    release.join().unwrap();
+    assert!(
+        start.elapsed() < vfsd::device::STOP_WAIT,
+        "the stop waited {:?}: the wait that began during it was not suspended",
+        start.elapsed()
+    );
+    c.wait(open).unwrap().ok().unwrap();
+    assert!(
+        !answered(&c, t, Duration::from_millis(200)),
+        "answered at the stop"
+    );
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    c.fe.migrate_to(&dst.sock, &state, &bases).unwrap();
+    assert!(src.wait_exit(Duration::from_secs(10)).is_some());
+    drop(host);
+    c.wait(t).unwrap().ok().unwrap();
+    assert!(
+        !host_can_flock(&dst.path("f")),
+        "the guest's flock is not held"
+    );
 }
 
 #[test]
