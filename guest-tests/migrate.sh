@@ -27,13 +27,26 @@
 #               a find-paths daemon can't find it again (see --migration-on-error)
 #     unlinked=ok, unlinked=error   the same, checked: the write and the read must work
 #               (the read gives both lines), or must both fail
+#     fio       fio runs in mig/fio from before "ready" until AFTER lines after
+#               host.migrated (time_based, stopped by a trigger file in /tmp), all
+#               jobs 4 KiB, crc32c verified, verify_fatal: direct-write-verify
+#               (libaio iodepth 8, O_DIRECT random writes, each 32 read back,
+#               verify_backlog), direct-read-verify (O_DIRECT random reads of ro.dat,
+#               written once before), buffered-read-verify (page-cache random reads of
+#               ro.dat; /proc/sys/vm/drop_caches every second meanwhile, so the daemon
+#               keeps filling page-cache pages, and reads after the switch also hit
+#               pages it filled on the source); then one buffered pass over all of
+#               ro.dat without dropping the cache.  Checked: fio ran across the switch
+#               (still running at host.migrated), exit status 0 and no verify error or
+#               err= in any job, and I/O after host.migrated: writes for the first
+#               job, reads for the other two (fio's 1 s IOPS logs)
 #   Prints "migrate: FIGURE name value" lines, "migrate: N checks passed, M failed"
 #   and "migrate: PASS" or "migrate: FAIL".  Exit status 0 on PASS.
 
 AFTER=${1:-20}
 LIMIT=${2:-900}
 if [ $# -ge 2 ]; then shift 2; else shift $#; fi
-MANY=0 WAITER=0 UNLINKED=0
+MANY=0 WAITER=0 UNLINKED=0 FIO=0
 for x in "$@"; do
     case $x in
         many=*) MANY=${x#many=} ;;
@@ -41,6 +54,7 @@ for x in "$@"; do
         unlinked) UNLINKED=1 ;;
         unlinked=ok) UNLINKED=ok ;;
         unlinked=error) UNLINKED=error ;;
+        fio) FIO=1 ;;
         *) echo "migrate: unknown extra '$x'"; exit 2 ;;
     esac
 done
@@ -136,6 +150,72 @@ if [ "$UNLINKED" != 0 ]; then
         { bad "unlinked: setting up failed"; UNLINKED=0; }
 fi
 
+FIOPID= DROPPID=
+if [ "$FIO" = 1 ]; then
+    FIO_MB=16
+    rm -rf fio /tmp/fio.*; mkdir -p fio
+    if ! command -v fio >/dev/null; then
+        bad "fio: no fio in this initramfs"; FIO=0
+    elif ! fio --eta=never --aux-path=/tmp --output=/tmp/fio.prep.out --name=prep --filename=fio/ro.dat \
+            --size=${FIO_MB}m --bs=64k --verify_interval=4k --rw=write --direct=1 --verify=crc32c --do_verify=0; then
+        bad "fio: writing fio/ro.dat failed: $(tail -n 5 /tmp/fio.prep.out | tr '\n' ' ')"; FIO=0
+    else
+        cat > /tmp/fio.job <<EOF
+[global]
+directory=$D/mig/fio
+bs=4k
+size=${FIO_MB}m
+verify=crc32c
+verify_fatal=1
+time_based=1
+runtime=$((LIMIT + 300))
+log_avg_msec=1000
+write_iops_log=/tmp/fio.log
+
+[direct-write-verify]
+filename=rw.dat
+rw=randwrite
+ioengine=libaio
+iodepth=8
+direct=1
+verify_backlog=32
+
+[direct-read-verify]
+filename=ro.dat
+rw=randread
+ioengine=psync
+direct=1
+
+[buffered-read-verify]
+filename=ro.dat
+rw=randread
+ioengine=psync
+direct=0
+EOF
+        # (a read job verifies on libaio only once through the file: psync keeps going)
+        fio_t0=$(centis)
+        fio --eta=never --trigger-file=/tmp/fio.stop --aux-path=/tmp --output=/tmp/fio.out /tmp/fio.job \
+            2>/tmp/fio.err & FIOPID=$!
+        # (fio deletes its trigger file when it acts on it: the loop has its own)
+        ( n=0; while [ ! -e /tmp/fio.dropstop ]; do
+              echo 1 > /proc/sys/vm/drop_caches; n=$((n + 1)); echo $n > /tmp/fio.drops; sleep 1
+          done ) & DROPPID=$!
+        # Until fio has laid out rw.dat and every job runs.
+        n=0
+        while [ $n -lt 300 ] && kill -0 $FIOPID 2>/dev/null; do
+            [ -s fio/rw.dat ] && break
+            n=$((n + 1)); usleep 100000
+        done
+        sleep 2
+        if kill -0 $FIOPID 2>/dev/null; then
+            say "fio: running (pid $FIOPID) on mig/fio: direct-write-verify, direct-read-verify, buffered-read-verify (4 KiB, crc32c, ${FIO_MB} MiB files; page cache dropped every second)"
+        else
+            wait $FIOPID; bad "fio ended before the migration (status $?): $(grep -iE 'verify|err=|error' /tmp/fio.out /tmp/fio.err | head -n 5 | tr '\n' ' ')"
+            : > /tmp/fio.dropstop; FIOPID=; FIO=0
+        fi
+    fi
+fi
+
 say "ready (cwd $(pwd))"
 i=0 after=-1 maxgap=0 maxgap_at=0
 t0=$(centis); prev=$t0
@@ -151,6 +231,11 @@ while :; do
             say "host says the migration is done (at line $i); writing $AFTER more lines"
             after=$AFTER
             mig_line=$i
+            if [ -n "$FIOPID" ]; then
+                fio_tmig=$(centis)
+                if kill -0 "$FIOPID" 2>/dev/null; then fio_at_switch=running; else fio_at_switch=ended; fi
+                say "fio: $fio_at_switch at host.migrated ($(( (fio_tmig - fio_t0) / 100 )) s after it started)"
+            fi
         elif [ $(( (now - t0) / 100 )) -ge "$LIMIT" ]; then
             bad "no host.migrated after ${LIMIT}s"; : > guest.abort; break
         fi
@@ -163,6 +248,68 @@ done
 exec 3>&-
 say "FIGURE lines_written $i"
 say "FIGURE max_write_gap_ms $((maxgap * 10)) (before line $maxgap_at)"
+
+# fio stops first: the checks below run without it.
+if [ "$FIO" = 1 ] && [ -n "$FIOPID" ]; then
+    : > /tmp/fio.stop
+    # fio ends within a second or two of the trigger; one that does not is stuck in
+    # I/O: show where its processes wait, then end it.
+    n=0
+    while kill -0 "$FIOPID" 2>/dev/null && [ $n -lt 600 ]; do n=$((n + 1)); usleep 100000; done
+    if kill -0 "$FIOPID" 2>/dev/null; then
+        bad "fio: did not end within 60 s of the stop (stuck I/O?)"
+        for t in /proc/[0-9]*; do
+            case $(cat "$t/comm" 2>/dev/null) in
+                fio*) say "fio: stuck: pid ${t#/proc/} $(cat "$t/comm") state $(sed -n 's/^State:[[:space:]]*//p' "$t/status") wchan $(cat "$t/wchan" 2>/dev/null)"
+                      cat "$t/stack" 2>/dev/null | head -n 12 | sed 's/^/migrate: fio:   | /'
+                      kill -9 "${t#/proc/}" 2>/dev/null ;;
+            esac
+        done
+    fi
+    wait "$FIOPID"; frc=$?
+    : > /tmp/fio.dropstop
+    n=0
+    while kill -0 "$DROPPID" 2>/dev/null && [ $n -lt 100 ]; do n=$((n + 1)); usleep 100000; done
+    if kill -0 "$DROPPID" 2>/dev/null; then
+        bad "fio: the drop_caches loop (pid $DROPPID) did not end within 10 s: $(for t in /proc/[0-9]*; do [ "$(sed -n 's/^PPid:[[:space:]]*//p' "$t/status" 2>/dev/null)" = "$DROPPID" ] && echo "child ${t#/proc/} $(cat "$t/comm") $(sed -n 's/^State:[[:space:]]*//p' "$t/status") $(head -n 3 "$t/stack" 2>/dev/null | awk '{print $2}' | tr '\n' ' ')"; done)"
+    else
+        wait "$DROPPID" 2>/dev/null
+    fi
+    fio_t1=$(centis)
+    [ "$fio_at_switch" = running ] && ok || bad "fio: not running when host.migrated appeared (${fio_at_switch:-never saw host.migrated})"
+    [ "$frc" = 0 ] && ok || bad "fio: exit status $frc"
+    # One line per job: its name, err=, read/write totals.
+    awk '/: \(groupid=/ { name = $1; sub(/:$/, "", name); e = $0; sub(/^.*err= */, "", e); sub(/[:(].*$/, "", e); printf "migrate: fio: %s err=%s\n", name, e }
+         /^ *(read|write): IOPS=/ { l = $0; sub(/^ */, "", l); sub(/; 0 zone resets/, "", l); printf "migrate: fio:   %s\n", l }' /tmp/fio.out
+    if grep -qiE 'verify fail|bad magic|bad header|verify:.*bad|err= *[1-9]' /tmp/fio.out /tmp/fio.err; then
+        bad "fio: verify errors: $(grep -hiE 'verify|err= *[1-9]|expected|received' /tmp/fio.out /tmp/fio.err | head -n 8 | tr '\n' ' ')"
+    else ok; fi
+    # I/O after host.migrated: the jobs' 1 s IOPS logs (ms since the job's start,
+    # IOPS, direction 0 read / 1 write), counted from host.migrated on.
+    from_ms=$(( (fio_tmig - fio_t0) * 10 ))
+    j=0
+    for job in direct-write-verify direct-read-verify buffered-read-verify; do
+        j=$((j + 1))
+        set -- $(awk -F', *' -v from="$from_ms" '$1 > from { n[$3] += $2 } END { printf "%d %d\n", n[0], n[1] }' /tmp/fio.log_iops.$j.log 2>/dev/null)
+        r=${1:-0} w=${2:-0}
+        say "FIGURE fio_${job}_after_switch reads=$r writes=$w"
+        case $job in
+            direct-write-verify) [ "$w" -gt 0 ] && ok || bad "fio: $job did no writes after host.migrated" ;;
+            *) [ "$r" -gt 0 ] && ok || bad "fio: $job did no reads after host.migrated" ;;
+        esac
+    done
+    say "FIGURE fio_runtime_s $(( (fio_t1 - fio_t0) / 100 )) (host.migrated at $(( (fio_tmig - fio_t0) / 100 )) s; page cache dropped $(cat /tmp/fio.drops 2>/dev/null || echo 0) times)"
+    # One pass over ro.dat through the page cache as the jobs left it (some pages
+    # filled on the source), the rest from the daemon.
+    if fio --eta=never --aux-path=/tmp --output=/tmp/fio.pass.out --name=cache-pass --filename=fio/ro.dat \
+            --size=${FIO_MB}m --bs=4k --rw=read --ioengine=psync --direct=0 --invalidate=0 --verify=crc32c --verify_fatal=1 2>>/tmp/fio.err &&
+       ! grep -qiE 'verify fail|err= *[1-9]' /tmp/fio.pass.out; then
+        ok; say "fio: cache-pass: all of ro.dat read back through the page cache, verified"
+    else
+        bad "fio: cache-pass over ro.dat: $(grep -hiE 'verify|err=|expected|received' /tmp/fio.pass.out /tmp/fio.err | head -n 6 | tr '\n' ' ')"
+    fi
+    rm -rf fio
+fi
 
 # Every line there, in order, nothing else.
 res=$(awk -v n="$i" '$0 != "line " NR { print "line " NR " is \"" $0 "\""; bad = 1; exit }

@@ -35,7 +35,25 @@
 #                     --expect-fail or --migration-mode file-handles in both --src-args
 #                     and --dst-args; as unlinked=error with --migration-on-error
 #                     guest-error in --dst-args; else informational; or give
-#                     unlinked=ok / unlinked=error yourself)
+#                     unlinked=ok / unlinked=error yourself), fio (fio with crc32c verify
+#                     runs in the guest from before the migration until after it: O_DIRECT
+#                     random writes read back, O_DIRECT and page-cache random reads of a
+#                     file written before; passes only if it ran across the switch, did
+#                     I/O after it and found no verify error; see guest-tests/migrate.sh;
+#                     a guest not done 240 s after host.migrated fails, and the requests
+#                     left unanswered in its ring go to RESULTS/ring-state.txt)
+#   --share-a DIR, --share-b DIR  two hosts' views of one directory (two client mounts
+#                     of a distributed file system): daemon A (and C, E ...) serves DIR A,
+#                     daemon B (D, ...) DIR B; the host's files go in through DIR A and the
+#                     host's lock checks are made through both (a guest lock must exclude
+#                     the host through either mount). First the host checks that a file
+#                     and a flock and a POSIX lock taken through A are seen through B.
+#                     vfsd's same-host handover can't work across two mounts: its
+#                     destination takes the guest's locks again once the source releases
+#                     them. Needs --migration-mode find-paths (the default)
+#   --gluster         --share-a/--share-b in a new directory vfsd-migrate/NAME (NAME: the
+#                     results directory's name) of scripts/gluster.sh's client mounts A
+#                     and B (brought up first, if they are not: scripts/gluster.sh up)
 #   --expect-fail     the (first) migration is expected to fail (e.g. --extras unlinked
 #                     with --migration-on-error abort): check that the source goes on,
 #                     and finish the guest's checks there
@@ -93,6 +111,9 @@ ACCEL=tcg
 KERNEL=
 INITRD=
 TIMEOUT=1200
+SHARE_A=
+SHARE_B=
+GLUSTER=0
 
 say() { printf 'guest-migrate: %s\n' "$*"; }
 die() { printf 'guest-migrate: error: %s\n' "$*" >&2; exit 2; }
@@ -120,6 +141,9 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL=${2:?}; shift 2 ;;
         --initrd) INITRD=${2:?}; shift 2 ;;
         --timeout) TIMEOUT=${2:?}; shift 2 ;;
+        --share-a) SHARE_A=${2:?}; shift 2 ;;
+        --share-b) SHARE_B=${2:?}; shift 2 ;;
+        --gluster) GLUSTER=1; shift ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
@@ -142,6 +166,17 @@ case $MEM in
     *[0-9]) MEM_MB=$MEM ;;
     *) die "--mem: use e.g. 1G or 1536M" ;;
 esac
+if [ -n "$SHARE_A$SHARE_B" ]; then
+    [ -n "$SHARE_A" ] && [ -n "$SHARE_B" ] || die "--share-a and --share-b go together"
+    [ "$GLUSTER" = 1 ] && die "--gluster chooses the shares itself; leave out --share-a/--share-b"
+    for d in "$SHARE_A" "$SHARE_B"; do [ -d "$d" ] || die "no directory $d"; done
+    SHARE_A=$(cd "$SHARE_A" && pwd) SHARE_B=$(cd "$SHARE_B" && pwd)
+    [ "$SHARE_A" != "$SHARE_B" ] || die "--share-a and --share-b are one path; give two mounts' views of it"
+fi
+if [ "$GLUSTER" = 1 ] || [ -n "$SHARE_A" ]; then
+    [[ " $DAEMON_ARGS $SRC_ARGS $DST_ARGS " =~ [[:space:]]--migration-mode[=[:space:]]file-handles[[:space:]] ]] &&
+        die "two mounts have different file handles: --share-a/--share-b and --gluster need --migration-mode find-paths"
+fi
 command -v "$QEMU" >/dev/null || die "$QEMU not found"
 command -v python3 >/dev/null || die "python3 is needed for the QMP client"
 command -v flock >/dev/null || die "flock (util-linux) is needed for the host's lock checks"
@@ -162,8 +197,30 @@ mkdir -p "$RESULTS" || die "cannot create $RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 R=$RESULTS
 rm -rf "$R/share" "$R"/*.log "$R"/*.sock "$R"/state-*.bin "$R"/qemu-*.cmdline "$R/summary.txt"
-mkdir -p "$R/share"
-SHARE=$R/share
+if [ "$GLUSTER" = 1 ]; then
+    "$HERE/gluster.sh" up >> "$R/gluster.log" 2>&1 || { tail -n 5 "$R/gluster.log" >&2; die "scripts/gluster.sh up failed ($R/gluster.log)"; }
+    eval "$("$HERE/gluster.sh" env)"
+    [ -d "${GLUSTER_A:-}" ] && [ -d "${GLUSTER_B:-}" ] || die "scripts/gluster.sh env gave no client mounts"
+    # Our own directory on the volume (a rerun with these results starts it afresh).
+    gname=$(basename "$R")
+    rm -rf "${GLUSTER_A:?}/vfsd-migrate/$gname"
+    mkdir -p "$GLUSTER_A/vfsd-migrate/$gname" || die "cannot create $GLUSTER_A/vfsd-migrate/$gname"
+    SHARE_A=$GLUSTER_A/vfsd-migrate/$gname SHARE_B=$GLUSTER_B/vfsd-migrate/$gname
+    for _ in $(seq 1 50); do [ -d "$SHARE_B" ] && break; sleep 0.1; done
+    [ -d "$SHARE_B" ] || die "$SHARE_B does not show through client mount B"
+fi
+if [ -n "$SHARE_A" ]; then
+    SHARE=$SHARE_A       # the host's files (host.migrated, waiter, rename) go in through A
+    LOCK_VIEWS=("$SHARE_A" "$SHARE_B"); VIEW_NAMES=(A B)
+else
+    mkdir -p "$R/share"
+    SHARE=$R/share
+    SHARE_A=$SHARE SHARE_B=$SHARE
+    LOCK_VIEWS=("$SHARE"); VIEW_NAMES=(-)
+fi
+TWO_MOUNTS=$([ "$SHARE_A" != "$SHARE_B" ] && echo 1 || echo 0)
+# share_of NAME: the directory daemon NAME serves (A, C, E ...: SHARE_A; B, D ...: SHARE_B)
+share_of() { case $1 in A|C|E|G|I) echo "$SHARE_A" ;; *) echo "$SHARE_B" ;; esac; }
 # Unix socket paths must stay short.
 SOCK=$R
 if [ ${#R} -gt 70 ]; then SOCK=$(mktemp -d /tmp/vfsd-mig-sock.XXXXXX); fi
@@ -191,16 +248,16 @@ cleanup() {
 trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT TERM
 
-daemon_cmd() {  # daemon_cmd SOCKET EXTRA -> the command line (words)
+daemon_cmd() {  # daemon_cmd SOCKET EXTRA SHARE -> the command line (words)
     case $DAEMON in
-        vfsd) echo "$DBIN --socket-path=$1 --shared-dir=$SHARE --xattr $DAEMON_ARGS $2" ;;
-        virtiofsd) echo "$DBIN --socket-path=$1 --shared-dir=$SHARE --sandbox none --xattr $DAEMON_ARGS $2" ;;
+        vfsd) echo "$DBIN --socket-path=$1 --shared-dir=$3 --xattr $DAEMON_ARGS $2" ;;
+        virtiofsd) echo "$DBIN --socket-path=$1 --shared-dir=$3 --sandbox none --xattr $DAEMON_ARGS $2" ;;
     esac
 }
 
 start_daemon() {  # start_daemon NAME SOCKET EXTRA: sets DPID_<NAME>
     local name=$1 sock=$2 cmd pid
-    cmd=$(daemon_cmd "$sock" "$3")
+    cmd=$(daemon_cmd "$sock" "$3" "$(share_of "$name")")
     rm -f "$sock"
     echo "\$ $cmd" >> "$R/daemon-$name.log"
     # shellcheck disable=SC2086
@@ -308,6 +365,47 @@ with open(sys.argv[1], 'rb') as f:
 PY
 }
 
+# ring_state NAME: the vhost-user-fs request queue (queue 1) of QEMU NAME as the guest's
+# memory shows it (HMP xp through QMP): avail and used index, the event indexes, and
+# each request made available and not answered yet (its FUSE opcode, unique, nodeid).
+# For a guest that stalls: a request nobody serves.
+ring_state() {
+    python3 - "$SOCK/qmp-$1.sock" <<'PY' 2>&1
+import json, re, socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile('rw'); f.readline()
+def cmd(c, **a):
+    f.write(json.dumps({"execute": c, "arguments": a} if a else {"execute": c}) + "\n"); f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if 'event' not in r:
+            return r
+cmd("qmp_capabilities")
+def mem(addr, n):
+    out = cmd("human-monitor-command", **{"command-line": "xp /%dbx 0x%x" % (n, addr)})["return"]
+    return bytes(int(x, 16) for l in out.splitlines() for x in l.split(':', 1)[1].split())
+path = [d["path"] for d in cmd("x-query-virtio")["return"] if "fs" in d["name"]][0]
+q = cmd("x-query-virtio-vhost-queue-status", path=path, queue=1)["return"]
+num, av, us, de = q["num"], q["avail-phys"], q["used-phys"], q["desc-phys"]
+uflags, uidx = struct.unpack('<HH', mem(us, 4)); aflags, aidx = struct.unpack('<HH', mem(av, 4))  # used first: a snapshot while it runs
+used_event, = struct.unpack('<H', mem(av + 4 + 2 * num, 2)); avail_event, = struct.unpack('<H', mem(us + 4 + 8 * num, 2))
+print("request queue: avail idx %d, used idx %d (%d not answered), avail_event %d, used_event %d, flags avail %#x used %#x"
+      % (aidx, uidx, (aidx - uidx) & 0xffff, avail_event, used_event, aflags, uflags))
+OPS = {1: "LOOKUP", 3: "GETATTR", 4: "SETATTR", 14: "OPEN", 15: "READ", 16: "WRITE", 18: "RELEASE", 20: "FSYNC", 22: "GETXATTR",
+       25: "FLUSH", 31: "GETLK", 32: "SETLK", 33: "SETLKW", 35: "CREATE", 36: "INTERRUPT", 44: "READDIRPLUS", 2: "FORGET", 42: "BATCH_FORGET"}
+i = uidx
+while i != aidx and ((i - uidx) & 0xffff) < 8:
+    head, = struct.unpack('<H', mem(av + 4 + 2 * (i % num), 2))
+    addr, ln, fl, nx = struct.unpack('<QIHH', mem(de + 16 * head, 16))
+    if fl & 4:  # indirect: its first descriptor
+        addr, ln, fl, nx = struct.unpack('<QIHH', mem(addr, 16))
+    h = mem(addr, 40)
+    hl, op, uniq, node, uid, gid, pid = struct.unpack('<IIQQIII', h[:36])
+    print("  avail[%d] head %d: FUSE %s (%d) unique %#x nodeid %d pid %d len %d" % (i, head, OPS.get(op, "?"), op, uniq, node, pid, hl))
+    i = (i + 1) & 0xffff
+PY
+}
+
 wait_gone() {  # wait_gone PID SECS: 0 if it exited in time
     local n
     for n in $(seq 1 $(( $2 * 10 ))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
@@ -343,6 +441,7 @@ summary() {
     {
         echo "daemon: $DAEMON ($BIN), via $VIA, accel $ACCEL, ${MEM_MB} MiB, QEMU $("$QEMU" --version | sed -n '1s/^QEMU emulator version //p')"
         echo "daemon args: common '$DAEMON_ARGS', source '$SRC_ARGS', destinations '$DST_ARGS'; rounds $ROUNDS; extras '${EXTRAS:-none}'$([ "$EXPECT_FAIL" = 1 ] && echo ', expect-fail'); return-path $RETURN_PATH"
+        [ "$TWO_MOUNTS" = 1 ] && echo "two mounts: daemon A serves $SHARE_A, daemon B $SHARE_B"
         for f in "${FIG[@]}"; do echo "  $f"; done
         if [ ${#FAILS[@]} -eq 0 ]; then echo "RESULT: PASS"; else
             echo "RESULT: FAIL"; for f in "${FAILS[@]}"; do echo "  - $f"; done; fi
@@ -353,19 +452,25 @@ summary() {
 
 # host_lock_check WANT WHEN [try]: WANT busy|free; the guest's three locks seen from
 # here. Records a failure for each mismatch, or with "try" just returns 1.
+# With two mounts (--share-a/--share-b, --gluster) through each, "busy/free" = A/B.
 host_lock_check() {
-    local want=$1 when=$2 try=${3:-} rc got m=$SHARE/mig bad=()
-    # flock: -E 99 tells a conflict from an error
-    flock -n -E 99 "$m/flock-file" true 2>>"$R/host-locks.log"; rc=$?
-    case $rc in 99) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
-    HL_FLOCK=$got; [ "$got" = "$want" ] || bad+=("host flock -n on mig/flock-file $when: $got, expected $want")
-    "$HLOCK" -g "$m/posix-file" wr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
-    case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
-    HL_POSIX=$got; [ "$got" = "$want" ] || bad+=("host F_GETLK (POSIX wr) on mig/posix-file $when: $got, expected $want")
-    "$HLOCK" -g "$m/ofd-file" owr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
-    case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
-    HL_OFD=$got; [ "$got" = "$want" ] || bad+=("host F_OFD_GETLK on mig/ofd-file $when: $got, expected $want")
-    echo "$(date +%T) $when: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD (expected $want)" >> "$R/host-locks.log"
+    local want=$1 when=$2 try=${3:-} rc got m bad=() i via fl= po= of=
+    for i in "${!LOCK_VIEWS[@]}"; do
+        m=${LOCK_VIEWS[$i]}/mig via=
+        [ "$TWO_MOUNTS" = 1 ] && via=" via mount ${VIEW_NAMES[$i]}"
+        # flock: -E 99 tells a conflict from an error
+        flock -n -E 99 "$m/flock-file" true 2>>"$R/host-locks.log"; rc=$?
+        case $rc in 99) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+        fl=${fl:+$fl/}$got; [ "$got" = "$want" ] || bad+=("host flock -n on mig/flock-file$via $when: $got, expected $want")
+        "$HLOCK" -g "$m/posix-file" wr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
+        case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+        po=${po:+$po/}$got; [ "$got" = "$want" ] || bad+=("host F_GETLK (POSIX wr) on mig/posix-file$via $when: $got, expected $want")
+        "$HLOCK" -g "$m/ofd-file" owr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
+        case $rc in 1) got=busy ;; 0) got=free ;; *) got="error $rc" ;; esac
+        of=${of:+$of/}$got; [ "$got" = "$want" ] || bad+=("host F_OFD_GETLK on mig/ofd-file$via $when: $got, expected $want")
+    done
+    HL_FLOCK=$fl HL_POSIX=$po HL_OFD=$of
+    echo "$(date +%T) $when: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD (expected $want)$([ "$TWO_MOUNTS" = 1 ] && echo ' (via mount A/B)')" >> "$R/host-locks.log"
     [ ${#bad[@]} -eq 0 ] && { log "host lock check $when: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD, as expected"; return 0; }
     [ -n "$try" ] && return 1
     local b; for b in "${bad[@]}"; do failed "$b"; done
@@ -376,6 +481,36 @@ START=$(date +%s)
 deadline() { [ $(( $(date +%s) - START )) -ge "$TIMEOUT" ]; }
 
 log "results in $R; daemon $DAEMON ($BIN); via $VIA"
+
+# --- 0. Two mounts: one directory, and locks that exclude across them -------------------
+# cross_mount_check: a file written through A shows through B; a flock and a POSIX lock
+# a host process holds through A are refused through B (else the host's lock checks
+# below prove nothing about the other host).
+cross_mount_check() {
+    local p=.vfsd-migrate-probe got rc hp
+    echo "probe $$" > "$SHARE_A/$p" || fail_now "cannot write $SHARE_A/$p"
+    for _ in $(seq 1 50); do [ "$(cat "$SHARE_B/$p" 2>/dev/null)" = "probe $$" ] && break; sleep 0.1; done
+    [ "$(cat "$SHARE_B/$p" 2>/dev/null)" = "probe $$" ] ||
+        fail_now "--share-a/--share-b: $p written through $SHARE_A does not show through $SHARE_B within 5 s: not one directory"
+    rm -f "$R/probe-held" "$R/probe-release"
+    flock "$SHARE_A/$p" bash -c ": > '$R/probe-held'; while [ ! -e '$R/probe-release' ]; do sleep 0.05; done" & hp=$!; PIDS+=("$hp")
+    for _ in $(seq 1 100); do [ -e "$R/probe-held" ] && break; sleep 0.05; done
+    flock -n -E 99 "$SHARE_B/$p" true 2>>"$R/host-locks.log"; rc=$?
+    case $rc in 99) got=refused ;; 0) got=granted ;; *) got="error $rc" ;; esac
+    : > "$R/probe-release"; wait "$hp" 2>/dev/null
+    figure "cross-mount: flock held through A, flock -n through B" "$got"
+    [ "$got" = refused ] || failed "cross-mount: a flock held through mount A does not exclude one through mount B ($got)"
+    rm -f "$R/probe-held" "$R/probe-release"
+    "$HLOCK" -q -m "$R/probe-held" -u "$R/probe-release" "$SHARE_A/$p" wr:0:0 & hp=$!; PIDS+=("$hp")
+    for _ in $(seq 1 100); do [ -e "$R/probe-held" ] && break; sleep 0.05; done
+    "$HLOCK" -g "$SHARE_B/$p" wr:0:0 >> "$R/host-locks.log" 2>&1; rc=$?
+    case $rc in 1) got=refused ;; 0) got=granted ;; *) got="error $rc" ;; esac
+    : > "$R/probe-release"; wait "$hp" 2>/dev/null
+    figure "cross-mount: POSIX wr held through A, F_GETLK through B" "$got"
+    [ "$got" = refused ] || failed "cross-mount: a POSIX lock held through mount A does not exclude one through mount B ($got)"
+    rm -f "$SHARE_A/$p" "$R/probe-held" "$R/probe-release"
+}
+[ "$TWO_MOUNTS" = 1 ] && cross_mount_check
 
 # --- 1. The source: daemon A, QEMU A, the guest writing -------------------------
 WAITER_PIDS=()
@@ -627,6 +762,14 @@ migrate_round() {
         sleep 0.5
     done
     [ "$held" = 1 ] || host_lock_check "$LOCKS_BEFORE" "[$tag] after the migration (5 s on)"
+    local st=$?
+    if [ "$TWO_MOUNTS" = 1 ]; then
+        figure "[$tag] host lock check after the switch (via mount A/B)" "flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD (expected $LOCKS_BEFORE; $([ "$held" = 1 ] && echo "at try $n of 9, 0.5 s apart" || echo "not within 5 s"))"
+        if [ "$DAEMON" = vfsd ]; then
+            figure "[$tag] daemon $D on the handover" "$(grep -ihE 'handover' "$R/daemon-$D.log" | tail -n 2 | sed 's/^\[[^]]*\] //' | tr '\n' '|')"
+        fi
+    fi
+    return $st
 }
 
 # The guest's locks as the host sees them before any migration: vfsd passes guest
@@ -654,8 +797,17 @@ fi
 # --- 4. Locks on the host, the guest on the destination ---------------------------------
 echo "migrated by the host at $(date +%T)" > "$SHARE/mig/host.migrated"
 log "created mig/host.migrated"
+MIGRATED_AT=$(date +%s)
 while [ ! -e "$SHARE/mig/guest.released" ] && [ ! -e "$SHARE/mig/guest.abort" ]; do
     if ! kill -0 "$QPID_L" 2>/dev/null || deadline; then break; fi
+    # --extras fio: the guest's checks take a minute at most (its fio stop waits 60 s);
+    # a guest still busy after 4 minutes waits for a request: show the ring.
+    if [[ ",$EXTRAS," == *,fio,* ]] && [ $(( $(date +%s) - MIGRATED_AT )) -ge 240 ]; then
+        failed "the guest did not finish its checks within 240 s of mig/host.migrated ($(console "$L" | grep '^migrate: ' | grep -v '^migrate: wrote' | tail -n 1))"
+        ring_state "$L" > "$R/ring-state.txt"
+        while read -r l; do log "ring: $l"; done < "$R/ring-state.txt"
+        break
+    fi
     sleep 0.5
 done
 if [ -e "$SHARE/mig/guest.released" ]; then
