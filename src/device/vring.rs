@@ -137,6 +137,17 @@ impl TrackedVring {
         }
     }
 
+    /// A kick of the ring's own: its queue thread runs once the ring is watched. With
+    /// nothing new there, the thread finds the ring as the guest left it.
+    fn kick_self(&self) {
+        if let Some(kick) = self.inner.get_ref().get_kick() {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live array to the kick eventfd the ring owns
+            // (held through the guard); an eventfd's write only adds to its counter.
+            let _ = unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
     /// Stops tracking request `t` without a used entry: it stays in flight for the guest,
     /// suspended (a lock wait the device takes up again when the ring runs).
     pub fn forget(&self, t: Ticket) {
@@ -365,14 +376,10 @@ impl VringT<Mem> for TrackedVring {
         self.inner.set_enabled(enabled);
         if !enabled {
             self.stop();
-        } else if let Some(kick) = self.inner.get_ref().get_kick() {
-            // A kick of its own, so the queue thread runs once the ring is registered and
-            // takes up what a stop suspended (a guest waiting on a lock may send nothing
-            // else). With nothing there, the thread finds the ring as the guest left it.
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a live array to the kick eventfd the ring owns
-            // (held through the guard); an eventfd's write only adds to its counter.
-            let _ = unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        } else {
+            // So the queue thread runs once the ring is registered and takes up what a
+            // stop suspended (a guest waiting on a lock may send nothing else).
+            self.kick_self();
         }
     }
 
@@ -409,10 +416,22 @@ impl VringT<Mem> for TrackedVring {
         if !ready {
             // GET_VRING_BASE: the frontend reads next_avail right after this.
             self.stop();
+        } else {
+            self.kick_self();
         }
     }
 
     fn set_kick(&self, file: Option<File>) {
+        let running = file.is_some() && self.inner.get_ref().get_queue().ready();
+        if running {
+            // A new kick fd for a running ring: vhost-user-backend watches a kick fd only
+            // when a ring becomes ready (or enabled), so the new one would never be
+            // watched and the guest's kicks on it never heard (a guest hung on a FLUSH
+            // after a migration). Not ready for a moment, the handler starts it again
+            // and registers the new fd; `set_queue_ready` kicks once for what came meanwhile.
+            log::info!("a running ring got a new kick fd; watching it");
+            self.inner.set_queue_ready(false);
+        }
         self.inner.set_kick(file)
     }
 

@@ -148,3 +148,22 @@ fn the_base_never_moves_back_over_a_completed_request() {
         "both requests were popped; the GETATTR completed and must not be offered again"
     );
 }
+
+#[test]
+fn a_kick_fd_replaced_on_a_running_ring_is_watched() {
+    // A VMM may hand a running ring a new kick eventfd (SET_VRING_KICK again). The
+    // backend crate watches a kick fd only when a ring starts or is enabled; the guest's
+    // next kick, on the new fd, must still be heard.
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    c.lookup(ROOT, ".").unwrap();
+    {
+        let mut q = c.fe.queues[1].lock().unwrap();
+        q.kick = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        vhost::VhostBackend::set_vring_kick(&c.fe.vu, 1, &q.kick).unwrap();
+    }
+    std::fs::write(d.path("f"), b"x").unwrap();
+    c.lookup(ROOT, "f")
+        .expect("no reply to a request kicked on the new fd");
+}
