@@ -159,7 +159,7 @@ fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
 }
 
 fn write_stats(sink: &StatsFile, server: &FuseServer) {
-    let snap = server.stats.snapshot(server.fs());
+    let snap = server.stats_snapshot();
     if let Err(e) = sink.replace(serde_json::to_string_pretty(&snap).unwrap().as_bytes()) {
         error!("cannot write statistics: {e}");
     }
@@ -452,7 +452,7 @@ fn spawn_signal_thread(
         .spawn(move || {
             for sig in signals.forever() {
                 if sig == SIGUSR1 {
-                    let snap = server.stats.snapshot(server.fs());
+                    let snap = server.stats_snapshot();
                     info!("statistics: {snap}");
                     if let Some(s) = &stats {
                         write_stats(s, &server);

@@ -25,7 +25,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::server::{Deferred, FuseServer, GuestMem, Slot};
+use crate::server::{Deferred, FuseServer, GuestMem, Placement, Slot};
 
 mod route;
 mod state;
@@ -248,7 +248,6 @@ impl FsDevice {
                 Some(pool) => {
                     let alone = self.lone.observe(queue, chains.len(), vring.in_flight());
                     let mut busy_meanwhile = false;
-                    let stats = &self.server.stats;
                     // Everything but READ goes where it runs at once, so workers start on
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
@@ -273,12 +272,12 @@ impl FsDevice {
                                 bytes += len as usize;
                             }
                             None if fallback == Fallback::QueueThread => {
-                                stats.reads_served_alone.fetch_add(1, Ordering::Relaxed);
+                                self.server.count_placement(Placement::ReadServedAlone);
                                 busy_meanwhile =
                                     self.serve_alone(&mem, vring, queue as u16, chain, t);
                             }
                             None => {
-                                stats.reads_handed_off.fetch_add(1, Ordering::Relaxed);
+                                self.server.count_placement(Placement::ReadHandedOff);
                                 pool.send(chain, t, vring, queue as u16)
                             }
                         }
@@ -396,10 +395,7 @@ impl FsDevice {
         t: Ticket,
     ) -> bool {
         let head = chain.head_index();
-        self.server
-            .stats
-            .served_alone
-            .fetch_add(1, Ordering::Relaxed);
+        self.server.count_placement(Placement::ServedAlone);
         let mut later = || Later::boxed(vring, t, head, queue);
         let len = self.server.handle(mem, chain, &mut later);
         let busy = vring.more_available(mem);

@@ -120,9 +120,20 @@ fn no_reply(op: u32) -> bool {
     Opcode::of(op).is_some_and(Opcode::takes_no_reply)
 }
 
+/// Where the device ran a request, beyond the pool (`FuseServer::count_placement`).
+#[derive(Clone, Copy, Debug)]
+pub enum Placement {
+    /// On its queue thread, the guest waiting on one request at a time.
+    ServedAlone,
+    /// A READ that would have blocked, served on its queue thread all the same.
+    ReadServedAlone,
+    /// A READ that would have blocked, handed to the pool.
+    ReadHandedOff,
+}
+
 pub struct FuseServer {
     fs: Arc<PassthroughFs>,
-    pub stats: Stats,
+    stats: Stats,
     /// Fault injection for the tests (`VFSD_TEST_PANIC_NODEID`): requests for this node
     /// panic, so the panic handling is exercised through the real socket.
     panic_nodeid: Option<u64>,
@@ -190,6 +201,21 @@ impl FuseServer {
         };
         self.stats.record(op, start.elapsed(), bad);
         len
+    }
+
+    /// `--stats`: the counters, with the filesystem's, as one JSON value.
+    pub fn stats_snapshot(&self) -> serde_json::Value {
+        self.stats.snapshot(&self.fs)
+    }
+
+    /// Counts where the device ran a request (`device::route`), for `--stats`.
+    pub fn count_placement(&self, p: Placement) {
+        let c = match p {
+            Placement::ServedAlone => &self.stats.served_alone,
+            Placement::ReadServedAlone => &self.stats.reads_served_alone,
+            Placement::ReadHandedOff => &self.stats.reads_handed_off,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether a ring stop left requests suspended (`locks`), for the device to resume.
