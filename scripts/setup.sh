@@ -41,11 +41,12 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
     fi
 fi
 
-echo "== installing packages (busybox, fio, ...)"
+echo "== installing packages (busybox, fio, ..., and what cargo install virtiofsd links against for the comparisons)"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
-    xz-utils zstd kmod strace e2fsprogs mount acl attr bindfs >/dev/null
+    xz-utils zstd kmod strace e2fsprogs mount acl attr bindfs \
+    libseccomp-dev libcap-ng-dev >/dev/null
 echo "== installing QEMU${QEMU_FROM[*]:+ from ${QEMU_FROM[1]}}"
 $SUDO apt-get install -y -qq --no-install-recommends "${QEMU_FROM[@]}" qemu-system-x86 >/dev/null
 qv=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9][0-9.]*\).*/\1/p')
