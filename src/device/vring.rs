@@ -151,17 +151,29 @@ impl TrackedVring {
     /// Stops tracking request `t` without a used entry: it stays in flight for the guest,
     /// suspended (a lock wait the device takes up again when the ring runs).
     pub fn forget(&self, t: Ticket) {
-        let key = (t.generation, t.position);
+        self.untrack(std::iter::once(t), true);
+    }
+
+    /// Takes requests off the in-flight set (and their cancellers with them), noting the
+    /// `suspended` ones for the stop under way, and wakes a stop once none is left.
+    fn untrack(&self, done: impl Iterator<Item = Ticket> + Clone, suspended: bool) {
         let mut pending = self.track.pending.lock().unwrap();
-        if pending.remove(&key) {
-            self.track.forgotten.lock().unwrap().insert(key);
+        for t in done.clone() {
+            let key = (t.generation, t.position);
+            if pending.remove(&key) && suspended {
+                self.track.forgotten.lock().unwrap().insert(key);
+            }
         }
         if self.track.waits.load(Ordering::Acquire) > 0 {
             let mut c = self.track.cancellers.lock().unwrap();
-            if c.0.remove(&key).is_some() {
-                self.track.waits.fetch_sub(1, Ordering::AcqRel);
+            for t in done {
+                if c.0.remove(&(t.generation, t.position)).is_some() {
+                    self.track.waits.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
+        // Only a stop waits on `idle`, and it sets `stopping` under this lock: no
+        // wake-up (a futex call each) for every completion otherwise.
         if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
             self.track.idle.notify_all();
         }
@@ -173,25 +185,7 @@ impl TrackedVring {
             // Forgotten before the used entries appear, so a guest that sends its next
             // request on seeing this reply finds the queue with nothing in flight
             // (`in_flight`). Under the ring's lock, so a stop still sees them in order.
-            {
-                let mut pending = self.track.pending.lock().unwrap();
-                for (t, _, _) in &done {
-                    pending.remove(&(t.generation, t.position));
-                }
-                if self.track.waits.load(Ordering::Acquire) > 0 {
-                    let mut c = self.track.cancellers.lock().unwrap();
-                    for (t, _, _) in &done {
-                        if c.0.remove(&(t.generation, t.position)).is_some() {
-                            self.track.waits.fetch_sub(1, Ordering::AcqRel);
-                        }
-                    }
-                }
-                // Only a stop waits on `idle`, and it sets `stopping` under this lock: no
-                // wake-up (a futex call each) for every completion otherwise.
-                if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
-                    self.track.idle.notify_all();
-                }
-            }
+            self.untrack(done.iter().map(|(t, _, _)| *t), false);
             // Read under the ring's lock: a stop moves the generation under it too.
             let current = self.track.generation.load(Ordering::Acquire);
             let mut added = false;

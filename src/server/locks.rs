@@ -231,6 +231,26 @@ fn lock_out(r: Range, pid: u32) -> Vec<u8> {
     .to_vec()
 }
 
+/// Writes a lock request's whole reply, a bare `fuse_out_header` with `r`'s errno, at
+/// `at` (checked as a reply address when the request came); gives the used length.
+pub fn write_header(mem: &GuestMem, at: GuestAddress, unique: u64, r: &io::Result<()>) -> u32 {
+    let out = OutHeader {
+        len: std::mem::size_of::<OutHeader>() as u32,
+        error: match r {
+            Ok(()) => 0,
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        },
+        unique,
+    };
+    match mem.write_obj(out, at) {
+        Ok(()) => out.len,
+        Err(e) => {
+            warn!("lock reply: {e}");
+            0
+        }
+    }
+}
+
 /// GETLK: the reply's payload.
 pub fn getlk(fs: &PassthroughFs, hdr: &InHeader, args: &[u8]) -> io::Result<Vec<u8>> {
     let a: LkIn = decode(args).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -336,22 +356,7 @@ pub fn spawn_waiter(
                 done.suspend();
                 return;
             }
-            let error = match r {
-                Ok(()) => 0,
-                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-            };
-            let out = OutHeader {
-                len: std::mem::size_of::<OutHeader>() as u32,
-                error,
-                unique: hdr.unique,
-            };
-            done.finish(&mut || match mem.write_obj(out, reply_at) {
-                Ok(()) => out.len,
-                Err(e) => {
-                    warn!("lock reply: {e}");
-                    0
-                }
-            });
+            done.finish(&mut || write_header(&mem, reply_at, hdr.unique, &r));
         })?;
     // Registered before the request's worker returns, so an INTERRUPT finds it.
     let id = ready_rx.recv();

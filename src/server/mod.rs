@@ -78,6 +78,16 @@ pub(crate) enum Outcome {
     Deferred,
 }
 
+impl Outcome {
+    /// A handler that wrote its reply itself (its used length), or failed before.
+    fn written(r: io::Result<u32>) -> Outcome {
+        match r {
+            Ok(len) => Outcome::Written(len),
+            Err(e) => Outcome::Reply(Err(e)),
+        }
+    }
+}
+
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
@@ -266,18 +276,8 @@ impl FuseServer {
         };
         let args = &r.request[hdr_len..];
         let answer = |e: Option<io::Error>| {
-            let out = OutHeader {
-                len: std::mem::size_of::<OutHeader>() as u32,
-                error: e.map_or(0, |e| -e.raw_os_error().unwrap_or(libc::EIO)),
-                unique: hdr.unique,
-            };
-            match mem.write_obj(out, at) {
-                Ok(()) => out.len,
-                Err(e) => {
-                    warn!("reply to a resumed lock wait: {e}");
-                    0
-                }
-            }
+            let r = e.map_or(Ok(()), Err);
+            locks::write_header(mem, at, hdr.unique, &r)
         };
         match locks::setlk(&self.fs, &hdr, args, true) {
             Ok(None) => Some(answer(None)),
@@ -487,11 +487,14 @@ impl FuseServer {
             Opcode::Statx => Reply(newer::statx(fs, &hdr, args)),
             Opcode::Setupmapping | Opcode::Removemapping => Reply(Err(errno(libc::ENOSYS))),
             Opcode::Read => match body(req) {
-                Ok(b) => ops::read(fs, mem, chain, &hdr, b),
+                Ok(b) => Outcome::written(ops::read(fs, mem, chain, &hdr, b)),
                 Err(e) => Malformed(e),
             },
             Opcode::Readdir | Opcode::Readdirplus => match body(req) {
-                Ok(b) => ops::readdir(fs, mem, chain, &hdr, b, op == Opcode::Readdirplus),
+                Ok(b) => {
+                    let plus = op == Opcode::Readdirplus;
+                    Outcome::written(ops::readdir(fs, mem, chain, &hdr, b, plus))
+                }
                 Err(e) => Malformed(e),
             },
             Opcode::Lookup

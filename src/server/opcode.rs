@@ -62,6 +62,8 @@ pub enum Opcode {
 use Opcode::*;
 
 impl Opcode {
+    /// Every opcode, for the tests' checks of the list.
+    #[cfg(test)]
     pub const ALL: [Opcode; 50] = [
         Lookup,
         Forget,

@@ -328,28 +328,9 @@ fn finish(mut w: Writer<'_>, hdr: &InHeader, len: usize) -> io::Result<u32> {
     Ok(out.len)
 }
 
-/// READ (the general path: the queue thread's no-wait READ is `fast_read`).
+/// READ (the general path: the queue thread's no-wait READ is `fast_read`). Ok: the used
+/// length (the reply written); Err: the errno to answer with.
 pub fn read<M>(
-    fs: &PassthroughFs,
-    mem: &GuestMem,
-    chain: &DescriptorChain<M>,
-    hdr: &InHeader,
-    body: &[u8],
-) -> Outcome
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    written(read_into(fs, mem, chain, hdr, body))
-}
-
-fn written(r: io::Result<u32>) -> Outcome {
-    match r {
-        Ok(len) => Outcome::Written(len),
-        Err(e) => Outcome::Reply(Err(e)),
-    }
-}
-
-fn read_into<M>(
     fs: &PassthroughFs,
     mem: &GuestMem,
     chain: &DescriptorChain<M>,
@@ -402,22 +383,9 @@ fn add_dirent(w: &mut Writer<'_>, max: usize, d: DirEntry, e: Option<Entry>) -> 
     Ok(total)
 }
 
-/// READDIR and READDIRPLUS.
+/// READDIR and READDIRPLUS. Ok: the used length (the reply written); Err: the errno to
+/// answer with.
 pub fn readdir<M>(
-    fs: &PassthroughFs,
-    mem: &GuestMem,
-    chain: &DescriptorChain<M>,
-    hdr: &InHeader,
-    body: &[u8],
-    plus: bool,
-) -> Outcome
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    written(readdir_into(fs, mem, chain, hdr, body, plus))
-}
-
-fn readdir_into<M>(
     fs: &PassthroughFs,
     mem: &GuestMem,
     chain: &DescriptorChain<M>,
