@@ -428,8 +428,34 @@ locks_after() {  # locks_after TAG: the same after the restore/migration, then r
     : > "$R/share/lv/release"
 }
 
+# check_resumed TEST WHEN NAME INO0 N0: after a restore (WHEN says which), the guest's
+# locks again, its own result, and data.log as the host sees it: lines 1..N in order, more
+# than the N0 written before, in the same inode INO0; then the logs and figures.
+check_resumed() {
+    local t=$1 after=$2 name=$3 ino0=$4 n0=$5 res ino1 n1 inorder
+    locks_after "$t"
+    : > "$R/share/lv/host.restored"
+    if ! wait_file "$R/share/lv/guest.result" "$TIMEOUT" "$name"; then
+        failed "$t: no guest result $after (console: $R/console-$name.log)"
+    else
+        res=$(cat "$R/share/lv/guest.result")
+        figure "[$t $DAEMON] guest" "$res"
+        case $res in PASS*) passed "$t: guest resumed with its open fd, every line there ($DAEMON)" ;;
+            *) failed "$t: guest: $res; $(grep 'lv: FAIL' "$R/console-$name.log" | tr -d '\r' | tr '\n' ' ')" ;; esac
+    fi
+    ino1=$(stat -c %i "$R/share/lv/data.log" 2>/dev/null)
+    if n1=$(check_lines "$R/share/lv/data.log"); then inorder=yes; else inorder=no; fi
+    if [ "$inorder" = yes ] && [ "$ino0" = "$ino1" ] && [ "$n1" -gt "$n0" ]; then
+        passed "$t: host sees data.log line 1..$n1 in order, same inode ($n0 lines before)"
+    else
+        failed "$t: host: data.log has $n1 lines (line 1..N in order: $inorder), inode $ino0 -> $ino1"
+    fi
+    collect_logs "$name"
+    figure "[$t $DAEMON] daemon log" "$(state_lines "$R/daemon-$name.log")"
+}
+
 test_save() {
-    local name=vfsd-lv-save-$DAEMON-$$ bin xml t0 t1 t2 t3 st ino0 ino1 n0 n1 inorder res
+    local name=vfsd-lv-save-$DAEMON-$$ bin xml t0 t1 t2 t3 st ino0 n0
     if [ "$CAPS_SET" = 1 ]; then bin=$(make_binary "$name" "$CAPS"); else bin=$(make_binary "$name"); fi
     xml=$R/$name.xml
     write_prep
@@ -471,31 +497,13 @@ test_save() {
     t3=$(now)
     figure "[save $DAEMON] virsh restore" "$(elapsed "$t2" "$t3") s"
     figure "[save $DAEMON] daemon argv (restore)" "$(daemon_argv "$name")"
-    locks_after "save"
-    : > "$R/share/lv/host.restored"
-    if ! wait_file "$R/share/lv/guest.result" "$TIMEOUT" "$name"; then
-        failed "save: no guest result after the restore (console: $R/console-$name.log)"
-    else
-        res=$(cat "$R/share/lv/guest.result")
-        figure "[save $DAEMON] guest" "$res"
-        case $res in PASS*) passed "save: guest resumed with its open fd, every line there ($DAEMON)" ;;
-            *) failed "save: guest: $res; $(grep 'lv: FAIL' "$R/console-$name.log" | tr -d '\r' | tr '\n' ' ')" ;; esac
-    fi
-    ino1=$(stat -c %i "$R/share/lv/data.log" 2>/dev/null)
-    if n1=$(check_lines "$R/share/lv/data.log"); then inorder=yes; else inorder=no; fi
-    if [ "$inorder" = yes ] && [ "$ino0" = "$ino1" ] && [ "$n1" -gt "$n0" ]; then
-        passed "save: host sees data.log line 1..$n1 in order, same inode ($n0 lines before the save)"
-    else
-        failed "save: host: data.log has $n1 lines (line 1..N in order: $inorder), inode $ino0 -> $ino1"
-    fi
-    collect_logs "$name"
-    figure "[save $DAEMON] daemon log" "$(state_lines "$R/daemon-$name.log")"
+    check_resumed save "after the restore" "$name" "$ino0" "$n0"
     virsh -c "$URI" destroy "$name" >/dev/null 2>&1
     rm -f "$st"
 }
 
 test_managedsave() {
-    local name=vfsd-lv-msave-$DAEMON-$$ bin xml t0 t1 t2 t3 ino0 ino1 n0 n1 inorder res info
+    local name=vfsd-lv-msave-$DAEMON-$$ bin xml t0 t1 t2 t3 ino0 n0 info
     bin=$(make_binary "$name")
     xml=$R/$name.xml
     write_prep
@@ -529,25 +537,7 @@ test_managedsave() {
     fi
     t3=$(now)
     figure "[managedsave $DAEMON] virsh start (from the managed save)" "$(elapsed "$t2" "$t3") s"
-    locks_after "managedsave"
-    : > "$R/share/lv/host.restored"
-    if ! wait_file "$R/share/lv/guest.result" "$TIMEOUT" "$name"; then
-        failed "managedsave: no guest result after the start (console: $R/console-$name.log)"
-    else
-        res=$(cat "$R/share/lv/guest.result")
-        figure "[managedsave $DAEMON] guest" "$res"
-        case $res in PASS*) passed "managedsave: guest resumed with its open fd, every line there ($DAEMON)" ;;
-            *) failed "managedsave: guest: $res; $(grep 'lv: FAIL' "$R/console-$name.log" | tr -d '\r' | tr '\n' ' ')" ;; esac
-    fi
-    ino1=$(stat -c %i "$R/share/lv/data.log" 2>/dev/null)
-    if n1=$(check_lines "$R/share/lv/data.log"); then inorder=yes; else inorder=no; fi
-    if [ "$inorder" = yes ] && [ "$ino0" = "$ino1" ] && [ "$n1" -gt "$n0" ]; then
-        passed "managedsave: host sees data.log line 1..$n1 in order, same inode ($n0 lines before)"
-    else
-        failed "managedsave: host: data.log has $n1 lines (line 1..N in order: $inorder), inode $ino0 -> $ino1"
-    fi
-    collect_logs "$name"
-    figure "[managedsave $DAEMON] daemon log" "$(state_lines "$R/daemon-$name.log")"
+    check_resumed managedsave "after the start" "$name" "$ino0" "$n0"
     virsh -c "$URI" destroy "$name" >/dev/null 2>&1
     virsh -c "$URI" undefine --managed-save "$name" >/dev/null 2>&1
 }
