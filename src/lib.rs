@@ -9,6 +9,7 @@ pub mod caps;
 pub mod cli;
 pub mod daemon;
 pub mod device;
+pub mod dirty_log;
 pub mod error;
 #[cfg(feature = "test-frontend")]
 pub mod frontend;

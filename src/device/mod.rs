@@ -7,7 +7,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 
 use log::{error, info, warn};
@@ -19,7 +19,10 @@ use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard,
+    GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -154,6 +157,8 @@ pub struct FsDevice {
     server: Arc<FuseServer>,
     cfg: DeviceConfig,
     mem: RwLock<Option<Mem>>,
+    /// The memory map of the last `update_memory`, for its dirty log (`dirty_log`).
+    mapped: Mutex<Option<Arc<GuestMem>>>,
     event_idx: Arc<AtomicBool>,
     pool: Option<Pool>,
     exit: Vec<(EventConsumer, EventNotifier)>,
@@ -192,6 +197,7 @@ impl FsDevice {
             server,
             cfg,
             mem: RwLock::new(None),
+            mapped: Mutex::new(None),
             event_idx,
             pool,
             exit,
@@ -333,10 +339,18 @@ impl FsDevice {
                 return;
             }
             let next = q.next_avail();
-            // One the stop moved the base back over is popped again and waits anew.
+            // One the stop moved the base back over is popped again and waits anew: its
+            // position lies between the base and the guest's avail index, and its avail
+            // slot still names its chain (a wait popped long ago, with more than a ring
+            // of requests since, can alias that window, but its slot names another
+            // chain: the guest can't reuse a head it still waits on).
+            let avail = q
+                .avail_idx(&**mem, Ordering::Acquire)
+                .map(|w| w.0)
+                .unwrap_or(next);
             let (list, popped_again): (Vec<_>, Vec<_>) = list.into_iter().partition(|r| {
-                let behind = next.wrapping_sub(r.position) as usize;
-                behind >= 1 && behind <= q.size() as usize
+                let unpopped = r.position.wrapping_sub(next) < avail.wrapping_sub(next);
+                !(unpopped && avail_slot(mem, q, r.position) == Some(r.head))
             });
             if !popped_again.is_empty() {
                 info!(
@@ -406,8 +420,21 @@ impl FsDevice {
     }
 }
 
+/// The chain head in the avail ring's slot for avail position `position`.
+fn avail_slot(mem: &GuestMem, q: &impl QueueT, position: u16) -> Option<u16> {
+    let size = q.size();
+    if size == 0 {
+        return None;
+    }
+    // struct virtq_avail { le16 flags; le16 idx; le16 ring[size]; ... }
+    let at = q
+        .avail_ring()
+        .checked_add(4 + 2 * u64::from(position % size))?;
+    mem.read_obj::<u16>(GuestAddress(at)).ok().map(u16::from_le)
+}
+
 impl VhostUserBackend for FsDevice {
-    type Bitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
+    type Bitmap = crate::dirty_log::DirtyBitmap;
     type Vring = TrackedVring;
 
     fn num_queues(&self) -> usize {
@@ -451,7 +478,32 @@ impl VhostUserBackend for FsDevice {
         c[start..end].to_vec()
     }
 
+    fn acked_features(&self, features: u64) {
+        if features & VhostUserVirtioFeatures::LOG_ALL.bits() == 0 {
+            // Logging ended (or never began): no page needs marking any more.
+            if let Some(mem) = self.mem.read().unwrap().as_ref() {
+                for r in mem.memory().iter() {
+                    r.bitmap().stop();
+                }
+            }
+        }
+    }
+
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        // A memory map that changes while the VMM logs: its new regions log to the same
+        // map as the regions they replace. (A write that lands in a new region before
+        // this runs, microseconds after the map changed, is not logged.)
+        let mut prev = self.mapped.lock().unwrap();
+        let new = mem.memory().into_inner();
+        let log = prev
+            .as_ref()
+            .and_then(|m| m.iter().find_map(|r| r.bitmap().log()));
+        if let Some(log) = log {
+            for r in new.iter() {
+                r.bitmap().inherit(r, log.clone())?;
+            }
+        }
+        *prev = Some(new);
         *self.mem.write().unwrap() = Some(mem);
         Ok(())
     }

@@ -423,6 +423,24 @@ impl Frontend {
         })
     }
 
+    /// Sends the memory table again, as QEMU does when the guest's memory map changes
+    /// (while it logs, too): the device maps every region anew.
+    pub fn remap_memory(&mut self) -> io::Result<()> {
+        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
+        let base = self.host_base()?;
+        set_mem_table(&mut self.vu, &self._memfd, size, base)
+    }
+
+    /// Ends dirty-page logging as a VMM does after a migration ends or fails:
+    /// SET_FEATURES without VHOST_F_LOG_ALL.
+    pub fn stop_dirty_log(&mut self) -> io::Result<()> {
+        self.features &= !VhostUserVirtioFeatures::LOG_ALL.bits();
+        self.vu.set_features(self.features).map_err(vu_err)?;
+        // SET_FEATURES has no reply here: a round trip orders it before the requests
+        // that follow on the rings (QEMU waits for a reply while it logs).
+        self.vu.get_features().map(drop).map_err(vu_err)
+    }
+
     /// Reads `struct virtio_fs_config` (tag, num_request_queues) from the backend.
     pub fn fs_config(&mut self) -> io::Result<(String, u32)> {
         let len = 40u32;

@@ -51,7 +51,7 @@ pub use opcode::Opcode;
 /// until the VMM migrates (VHOST_F_LOG_ALL, SET_LOG_BASE): then every write vfsd makes into
 /// guest memory sets the bits of its pages, through vm-memory's writes or, where vfsd reads
 /// a host file straight into guest buffers, by hand (`fast_read`).
-pub type GuestMem = vm_memory::GuestMemoryMmap<vhost_user_backend::bitmap::BitmapMmapRegion>;
+pub type GuestMem = vm_memory::GuestMemoryMmap<crate::dirty_log::DirtyBitmap>;
 
 /// Sets the dirty-page log bits of `len` bytes at `addr`, which vfsd wrote without
 /// vm-memory (a host file read straight into guest buffers). A no-op while the VMM is not

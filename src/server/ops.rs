@@ -299,7 +299,7 @@ impl io::Write for DataWriter<'_> {
     }
 }
 
-type Writer<'a> = VirtioFsWriter<'a, vhost_user_backend::bitmap::BitmapMmapRegion>;
+type Writer<'a> = VirtioFsWriter<'a, crate::dirty_log::DirtyBitmap>;
 
 /// The chain's writable buffers for the reply header, a second writer past them for the
 /// data, and how many bytes the chain can take in all.

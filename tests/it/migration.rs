@@ -303,6 +303,43 @@ fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
     );
 }
 
+#[test]
+fn the_dirty_log_goes_on_over_a_memory_map_sent_again_and_ends_with_log_all() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("data"), vec![7u8; 64 * 1024]).unwrap();
+    let cfg = FrontendConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let mut c = FuseClient::new(d.frontend(cfg));
+    c.init().unwrap();
+    let e = c.lookup(ROOT, "data").unwrap();
+    let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    let reply = c.fe.queues[1].lock().unwrap().slot_addrs(0).1;
+    let log = c.fe.start_dirty_log().unwrap();
+    // QEMU sends the table again when the guest's memory map changes, and sends no new
+    // log base when the log is big enough: every region is mapped anew.
+    c.fe.remap_memory().unwrap();
+    log.clear();
+    assert_eq!(c.read(e.nodeid, fh, 0, 32 * 1024).unwrap().len(), 32 * 1024);
+    let dirty: BTreeSet<u64> = log.dirty_pages().into_iter().collect();
+    let want: BTreeSet<u64> = (reply / 4096..=(reply + 16 + 32 * 1024 - 1) / 4096).collect();
+    assert!(
+        want.is_subset(&dirty),
+        "after the memory table came again, the READ's pages are not all marked: {dirty:?}"
+    );
+    // The migration ended: SET_FEATURES without LOG_ALL, and nothing is marked after.
+    c.fe.stop_dirty_log().unwrap();
+    log.clear();
+    c.read(e.nodeid, fh, 0, 32 * 1024).unwrap();
+    c.getattr(e.nodeid).unwrap();
+    assert_eq!(
+        log.dirty_pages(),
+        Vec::<u64>::new(),
+        "marked after logging ended"
+    );
+}
+
 /// A file the host holds an exclusive flock on, and a guest SETLKW flock on it, waiting.
 struct HeldWait {
     host: std::fs::File,
@@ -349,9 +386,25 @@ fn answered(c: &FuseClient, t: vfsd::frontend::fuse::Ticket, within: Duration) -
 
 #[test]
 fn a_lock_wait_in_flight_at_the_switch_is_granted_and_answered_by_the_destination() {
+    a_lock_wait_carried_across_the_switch(0);
+}
+
+#[test]
+fn a_lock_wait_carried_after_more_requests_than_its_ring_holds_is_still_resumed() {
+    // The guest goes on using the ring while one request waits: the avail index runs
+    // more than a ring's size past the wait's position (fio beside a waiter in a guest).
+    a_lock_wait_carried_across_the_switch(600);
+}
+
+/// A guest's flock wait carried across a migration, after `traffic` other requests on
+/// its queue since the wait began.
+fn a_lock_wait_carried_across_the_switch(traffic: usize) {
     let mut src = Daemon::start(&[]);
     let mut c = src.client();
     let w = a_guest_waiting_on_a_host_flock(&src, &c);
+    for _ in 0..traffic {
+        c.getattr(w.node).unwrap();
+    }
     // The VMM stops the rings and saves the state: the stop does not wait on the lock,
     // and the request is neither answered (the guest's program would see EINTR, or
     // ERESTARTSYS) nor lost.
