@@ -419,8 +419,11 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         # minutes each; 168 s for both on 2 busy cores). The variants (rounds, extras,
         # migration modes, --expect-fail): scripts/guest-migrate.sh --help. vfsd also
         # carries a lock wait across (--extras waiter); virtiofsd drops it unanswered.
-        extras=; [ "$daemon" = vfsd ] && extras=waiter
+        # Through the socket, fio with verify runs across the switch too (the dirty log;
+        # about 20 s more).
         for via in unix file; do
+            extras=; [ "$via" = unix ] && extras=fio
+            [ "$daemon" = vfsd ] && extras=waiter${extras:+,$extras}
             host_test "$label" "migrate-$via" guest-migrate.log 'FAIL|error' "$HERE/guest-migrate.sh" \
                 --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} --via "$via" \
                 ${extras:+--extras "$extras"} \
