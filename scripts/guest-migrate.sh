@@ -54,6 +54,18 @@
 #   --gluster         --share-a/--share-b in a new directory vfsd-migrate/NAME (NAME: the
 #                     results directory's name) of scripts/gluster.sh's client mounts A
 #                     and B (brought up first, if they are not: scripts/gluster.sh up)
+#   --probe-locks [strict]  third-party host processes (scripts/lock-probe.py), one
+#                     per mount (A and B with --share-a/--share-b or --gluster; the one
+#                     share otherwise), from just before the first migration until the
+#                     host's lock check after the last one: non-blocking flock, F_SETLK
+#                     and F_OFD_SETLK write attempts in a loop on the guest's three locked
+#                     files, each success logged and released at once (that kind then
+#                     rests 20 ms). FIGURE lines: attempts and successes, each source
+#                     daemon's release (its disconnect log line), and per kind the window
+#                     after it in which a probe got the lock, until the probes saw it busy
+#                     again (the destination took it; for POSIX also when a new holder pid
+#                     showed). Logs: RESULTS/probe-*.log. A success is a finding, not a
+#                     failure, unless strict is given
 #   --expect-fail     the (first) migration is expected to fail (e.g. --extras unlinked
 #                     with --migration-on-error abort): check that the source goes on,
 #                     and finish the guest's checks there
@@ -114,6 +126,7 @@ TIMEOUT=1200
 SHARE_A=
 SHARE_B=
 GLUSTER=0
+PROBE=
 
 say() { printf 'guest-migrate: %s\n' "$*"; }
 die() { printf 'guest-migrate: error: %s\n' "$*" >&2; exit 2; }
@@ -144,6 +157,7 @@ while [ $# -gt 0 ]; do
         --share-a) SHARE_A=${2:?}; shift 2 ;;
         --share-b) SHARE_B=${2:?}; shift 2 ;;
         --gluster) GLUSTER=1; shift ;;
+        --probe-locks) PROBE=report; case ${2:-} in strict|report) PROBE=$2; shift ;; esac; shift ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
@@ -609,6 +623,7 @@ migrate_round() {
         exec) URI="exec:cat > $R/state-$D.bin"; INCOMING="exec:cat $R/state-$D.bin" ;;
     esac
     eval "qs=\$QPID_$S ds=\$DPID_$S"
+    [ -n "$PROBE" ] && echo "$S $ds" >> "$R/probe-watch"
     if [ "$VIA" = unix ]; then
         start_daemon "$D" "$SOCK/$D.sock" "$DST_ARGS"
         start_qemu "$D" "$SOCK/$D.sock" -incoming "$INCOMING"
@@ -779,6 +794,38 @@ if host_lock_check busy "before the migration" try; then LOCKS_BEFORE=busy; else
     [ "$DAEMON" = vfsd ] && failed "the guest's locks are not visible on the host before the migration: flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD"
     log "the guest's locks are not held on the host (daemon $DAEMON; flock $HL_FLOCK, POSIX $HL_POSIX, OFD $HL_OFD): the lock checks below expect free"
 fi
+# --probe-locks: third parties on each mount try the guest's locks through the switch.
+PROBE_PIDS=()
+probe_start() {
+    local i pid
+    rm -f "$R"/probe-*.log "$R/probe-stop"
+    echo "A $DPID_A" > "$R/probe-watch"
+    for i in "${!LOCK_VIEWS[@]}"; do
+        python3 "$HERE/lock-probe.py" probe --name "${VIEW_NAMES[$i]/-/share}" --dir "${LOCK_VIEWS[$i]}/mig" \
+            --stop "$R/probe-stop" --out "$R/probe-${VIEW_NAMES[$i]/-/share}.log" --watch "$R/probe-watch" \
+            2>>"$R/probe-errors.log" &
+        pid=$!; PIDS+=("$pid"); PROBE_PIDS+=("$pid")
+    done
+    for i in "${!LOCK_VIEWS[@]}"; do
+        for _ in $(seq 1 50); do grep -q ' start ' "$R/probe-${VIEW_NAMES[$i]/-/share}.log" 2>/dev/null && break; sleep 0.1; done
+    done
+    log "lock probes running (pids ${PROBE_PIDS[*]}) on ${LOCK_VIEWS[*]}"
+}
+probe_stop() {  # probe_stop SOURCES...: the daemons that released locks to a destination
+    local p n args=() l total
+    : > "$R/probe-stop"
+    for p in "${PROBE_PIDS[@]}"; do wait_gone "$p" 10 || { failed "lock probe $p did not stop"; kill "$p" 2>/dev/null; }; done
+    [ -s "$R/probe-errors.log" ] && failed "lock probe errors: $(head -n 3 "$R/probe-errors.log" | tr '\n' ' ')"
+    for p in "$R"/probe-*.log; do case $p in *probe-errors.log) ;; *) args+=(--log "$p") ;; esac; done
+    for n in "$@"; do args+=(--release "$n=$R/daemon-$n.log"); done
+    while IFS= read -r l; do
+        case $l in "lock probe successes-total: "*) total=${l##*: } ;; esac
+        figure "${l%%: *}" "${l#*: }"
+    done < <(python3 "$HERE/lock-probe.py" report "${args[@]}" 2>&1)
+    log "lock probes stopped: ${total:-?} lock(s) granted to the third parties"
+    [ "$PROBE" = strict ] && [ "${total:-1}" != 0 ] && failed "--probe-locks strict: the third-party probes got the guest's locks ${total:-?} time(s)"
+}
+[ -n "$PROBE" ] && probe_start
 NAMES=(A B C D E F G H I J)
 [ "$ROUNDS" -lt ${#NAMES[@]} ] || die "--rounds: at most $(( ${#NAMES[@]} - 1 ))"
 L=${NAMES[$ROUNDS]}
@@ -786,6 +833,7 @@ for ((r = 0; r < ROUNDS; r++)); do
     migrate_round "${NAMES[$r]}" "${NAMES[$((r + 1))]}" || { L=${NAMES[$r]}; rename_back; break; }
     rename_back
 done
+[ -n "$PROBE" ] && probe_stop "${NAMES[@]:0:$ROUNDS}"
 [ "$EXPECT_FAIL" = 1 ] && [ "$L" != A ] && failed "--expect-fail: the migration did not fail"
 eval "QPID_L=\$QPID_$L DPID_L=\$DPID_$L"
 if [ ${#WAITER_PIDS[@]} -gt 0 ]; then
