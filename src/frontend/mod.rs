@@ -283,6 +283,11 @@ impl Frontend {
         )
     }
 
+    /// The guest memory's size (one region at guest address 0).
+    fn mem_size(&self) -> u64 {
+        vm_memory::Address::raw_value(&self.mem.last_addr()) + 1
+    }
+
     fn host_base(&self) -> io::Result<u64> {
         Ok(self
             .mem
@@ -318,8 +323,7 @@ impl Frontend {
         if features != self.features & !VhostUserVirtioFeatures::LOG_ALL.bits() {
             return Err(io::Error::other("the destination offers other features"));
         }
-        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
-        set_mem_table(&mut vu, &self._memfd, size, self.host_base()?)?;
+        set_mem_table(&mut vu, &self._memfd, self.mem_size(), self.host_base()?)?;
         self.vu = vu;
         self.features = features;
         self.protocol_features = protocol_features;
@@ -390,8 +394,7 @@ impl Frontend {
     /// Starts dirty-page logging as a VMM does when it migrates: VHOST_F_LOG_ALL in
     /// SET_FEATURES, then SET_LOG_BASE with a shared log of one bit per 4 KiB page.
     pub fn start_dirty_log(&mut self) -> io::Result<DirtyLog> {
-        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
-        let pages = size.div_ceil(4096);
+        let pages = self.mem_size().div_ceil(4096);
         let bytes = pages.div_ceil(8).next_multiple_of(4096);
         // SAFETY: memfd_create with a NUL-terminated name; the fd is owned below.
         let fd = unsafe { libc::memfd_create(c"vfsd-dirty-log".as_ptr(), libc::MFD_CLOEXEC) };
@@ -426,8 +429,7 @@ impl Frontend {
     /// Sends the memory table again, as QEMU does when the guest's memory map changes
     /// (while it logs, too): the device maps every region anew.
     pub fn remap_memory(&mut self) -> io::Result<()> {
-        let size = vm_memory::Address::raw_value(&self.mem.last_addr()) + 1;
-        let base = self.host_base()?;
+        let (size, base) = (self.mem_size(), self.host_base()?);
         set_mem_table(&mut self.vu, &self._memfd, size, base)
     }
 

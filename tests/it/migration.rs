@@ -251,18 +251,32 @@ fn verify_handles_refuses_a_different_file_at_the_same_path() {
     let _ = g;
 }
 
-#[test]
-fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
+/// A daemon whose file "data" of `len` bytes a guest with one request slot per queue
+/// (so each reply lands in the same buffer) looked up and opened.
+fn data_open_on_one_slot(
+    len: usize,
+) -> (
+    Daemon,
+    FuseClient,
+    fuse_backend_rs::abi::fuse_abi::EntryOut,
+    u64,
+) {
     let d = Daemon::start(&[]);
-    std::fs::write(d.path("data"), vec![7u8; 256 * 1024]).unwrap();
+    std::fs::write(d.path("data"), vec![7u8; len]).unwrap();
     let cfg = FrontendConfig {
         slots: 1,
         ..Default::default()
     };
-    let mut c = FuseClient::new(d.frontend(cfg));
+    let c = FuseClient::new(d.frontend(cfg));
     c.init().unwrap();
     let e = c.lookup(ROOT, "data").unwrap();
     let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    (d, c, e, fh)
+}
+
+#[test]
+fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
+    let (_d, mut c, e, fh) = data_open_on_one_slot(256 * 1024);
     let log = c.fe.start_dirty_log().unwrap();
     let (used_pages, reply) = {
         let q = c.fe.queues[1].lock().unwrap();
@@ -305,16 +319,7 @@ fn the_dirty_log_marks_exactly_the_pages_the_daemon_wrote() {
 
 #[test]
 fn the_dirty_log_goes_on_over_a_memory_map_sent_again_and_ends_with_log_all() {
-    let d = Daemon::start(&[]);
-    std::fs::write(d.path("data"), vec![7u8; 64 * 1024]).unwrap();
-    let cfg = FrontendConfig {
-        slots: 1,
-        ..Default::default()
-    };
-    let mut c = FuseClient::new(d.frontend(cfg));
-    c.init().unwrap();
-    let e = c.lookup(ROOT, "data").unwrap();
-    let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    let (_d, mut c, e, fh) = data_open_on_one_slot(64 * 1024);
     let reply = c.fe.queues[1].lock().unwrap().slot_addrs(0).1;
     let log = c.fe.start_dirty_log().unwrap();
     // QEMU sends the table again when the guest's memory map changes, and sends no new
