@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::handle::Handle;
+use super::wake::Blocker;
 use super::PassthroughFs;
 use crate::sys::{cvt, errno};
 
@@ -249,9 +250,10 @@ pub struct FileLocks {
     max_waiters: usize,
     /// Host descriptions for owners are opened read-only (`--readonly`).
     readonly: bool,
-    /// Owners a migration left to take again (`migration`): a guest lock call of the
-    /// owner supersedes it, so a grant that comes later is given up.
-    pending: Mutex<std::collections::HashSet<(u64, u64)>>,
+    /// Owners a migration left to take again (`migration`), each with the thread that
+    /// waits for the host to grant them: a guest lock call of the owner calls it off and
+    /// decides instead.
+    pending: Mutex<HashMap<(u64, u64), Arc<Blocker>>>,
     /// The descriptions are shared with another daemon (a migration's lock handover):
     /// a reset closes them without unlocking, the other daemon's copy holds the locks.
     pub shared: std::sync::atomic::AtomicBool,
@@ -486,7 +488,12 @@ impl FileLocks {
         open: impl Fn(bool) -> io::Result<OwnedFd>,
         fh_open: impl Fn() -> bool,
     ) -> io::Result<Option<Wait>> {
-        self.pending.lock().unwrap().remove(&(node, owner));
+        // A migrated owner still being taken again: its retake is over (its ranges, on a
+        // description of its own, gone) before this call places any.
+        let retake = self.pending.lock().unwrap().remove(&(node, owner));
+        if let Some(b) = retake {
+            b.cancel();
+        }
         // An owner found dead was dropped between the table and its state: take a fresh
         // one. Each round needs another request to drop it, so a few rounds settle it.
         for _ in 0..8 {
@@ -704,19 +711,41 @@ impl FileLocks {
         out
     }
 
-    /// Marks owner `key` of `node` as waited for after a migration (`take_pending`).
-    pub fn set_pending(&self, node: u64, key: u64) {
-        self.pending.lock().unwrap().insert((node, key));
+    /// Marks owner `key` of `node` as taken again after a migration, by the thread that
+    /// `retake` calls off (`install_pending`).
+    pub fn set_pending(&self, node: u64, key: u64, retake: Arc<Blocker>) {
+        self.pending.lock().unwrap().insert((node, key), retake);
     }
 
-    /// Whether the owner is still waited for; when `take`, it no longer is.
-    pub fn still_pending(&self, node: u64, key: u64, take: bool) -> bool {
+    /// Ends retake `b` of an owner without installing it.
+    pub fn drop_pending(&self, node: u64, key: u64, b: &Arc<Blocker>) {
         let mut p = self.pending.lock().unwrap();
-        if take {
-            p.remove(&(node, key))
-        } else {
-            p.contains(&(node, key))
+        if p.get(&(node, key)).is_some_and(|x| Arc::ptr_eq(x, b)) {
+            p.remove(&(node, key));
         }
+    }
+
+    /// Installs a migrated owner whose ranges the host granted on `fd` (`restore_owner`),
+    /// if `b` still retakes it and `keep()`; false if not. Under the pending lock, so a
+    /// guest lock call of the owner comes wholly before this (and called `b` off) or
+    /// wholly after (and finds the owner).
+    pub fn install_pending(
+        &self,
+        rec: &OwnerRecord,
+        fd: OwnedFd,
+        b: &Arc<Blocker>,
+        keep: impl FnOnce() -> bool,
+    ) -> io::Result<bool> {
+        let mut p = self.pending.lock().unwrap();
+        let key = (rec.node, rec.owner);
+        if !p.get(&key).is_some_and(|x| Arc::ptr_eq(x, b)) {
+            return Ok(false);
+        }
+        p.remove(&key);
+        if !keep() {
+            return Ok(false);
+        }
+        self.restore_owner(rec, fd).map(|()| true)
     }
 
     /// Installs an owner from the migration state on its host description `fd` (a new
@@ -913,12 +942,13 @@ impl PassthroughFs {
                 return Err(errno(libc::ENOSYS));
             }
             let h = self.lock_handle(nodeid, fh, libc::F_UNLCK)?;
-            let res = {
-                // The guest's own call: a migrated flock still being waited for is dropped.
-                let mut pending = h.flock_pending.lock().unwrap();
-                *pending = false;
-                flock(h.fd.as_raw_fd(), r.typ, false)
-            };
+            // The guest's own call: a migrated flock still being taken again is called
+            // off first (if the host granted it meanwhile, this call converts it).
+            let retake = h.flock_pending.lock().unwrap().take();
+            if let Some(b) = retake {
+                b.cancel();
+            }
+            let res = flock(h.fd.as_raw_fd(), r.typ, false);
             if res.is_ok() {
                 h.flock.store(r.typ, Ordering::Relaxed);
             }
@@ -951,25 +981,20 @@ impl PassthroughFs {
     }
 }
 
-/// Places every range of `ranges` on `fd` without waiting (F_OFD_SETLK); on a refusal,
-/// removes what it placed and gives false.
-pub fn try_all(fd: RawFd, ranges: &[Range]) -> bool {
-    for r in ranges {
-        let f = r.flock();
-        // SAFETY: plain fcntl on an fd the caller owns with a live flock.
-        if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &f) } != 0 {
-            let all = Range {
-                start: 0,
-                end: OFFSET_MAX,
-                typ: libc::F_UNLCK,
-            }
-            .flock();
-            // SAFETY: as above.
-            unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &all) };
-            return false;
-        }
+/// F_OFD_SETLK (F_OFD_SETLKW when `wait`) of `r` on `fd`; a conflict is EAGAIN.
+pub fn ofd_lock(fd: RawFd, r: &Range, wait: bool) -> io::Result<()> {
+    let f = r.flock();
+    let cmd = if wait {
+        libc::F_OFD_SETLKW
+    } else {
+        libc::F_OFD_SETLK
+    };
+    // SAFETY: plain fcntl on an fd the caller owns with a live flock.
+    match cvt(unsafe { libc::fcntl(fd, cmd, &f) }) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(errno(libc::EAGAIN)),
+        Err(e) => Err(e),
     }
-    true
 }
 
 /// flock(2) on a guest handle's host fd; `wait` for LOCK_EX/LOCK_SH without LOCK_NB.

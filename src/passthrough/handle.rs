@@ -32,10 +32,9 @@ pub struct Handle {
     /// The flock the guest holds through this handle (F_RDLCK, F_WRLCK or F_UNLCK), for
     /// the migration state.
     pub flock: AtomicI32,
-    /// A migrated flock not yet granted again (`migration`), and the lock that orders the
-    /// guest's flock calls on this handle against its grant: a guest flock call on the
-    /// handle supersedes it.
-    pub flock_pending: std::sync::Mutex<bool>,
+    /// A migrated flock not yet granted again: the thread that takes it (`migration`),
+    /// which a guest flock call on the handle calls off first.
+    pub flock_pending: std::sync::Mutex<Option<Arc<super::wake::Blocker>>>,
 }
 
 impl Handle {

@@ -18,12 +18,13 @@
 //! destination empty (a fresh session), and with `--migration-on-error abort` reports the
 //! failure to the VMM, which then resumes the source.
 //!
-//! Locks: the destination takes each lock again on its own host descriptions. While the
-//! source still holds them (one host, source not yet quit), a non-blocking take fails,
-//! so the destination waits for each on a thread of its own: the guest keeps its lock the
-//! whole time, held first by the source and then by the destination. What this leaves
-//! (docs/migration.md): between the source's release and the destination's grant, a third
-//! party already blocked on the same lock can be granted it first.
+//! Locks: on one host the destination takes the source's own descriptions (`handover`),
+//! which hold them already. Otherwise (two hosts over a distributed file system) it takes
+//! each again on its own host descriptions; while the source still holds one, it waits for
+//! it on a thread of its own, blocked in the host's lock call (flock, F_OFD_SETLKW), so
+//! the file system queues it and grants it the lock as the source lets go. The guest keeps
+//! its lock the whole time, held first by the source and then by the destination; a third
+//! party already queued before the destination can still come first (docs/migration.md).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -39,6 +40,7 @@ use super::filelocks::{self, OwnerRecord, Range};
 use super::handle::Handle;
 use super::handover::{self, Item};
 use super::inode::{Inode, InodeKey};
+use super::wake::{Blocker, Finish};
 use super::PassthroughFs;
 use crate::sys;
 
@@ -785,11 +787,13 @@ impl PassthroughFs {
                 Ok(None)
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                *handle.flock_pending.lock().unwrap() = true;
+                let retake = Arc::new(Blocker::default());
+                *handle.flock_pending.lock().unwrap() = Some(retake.clone());
                 Ok(Some(LockWait::Flock {
                     fs: self.clone(),
                     handle,
                     typ: h.flock,
+                    retake,
                 }))
             }
             Err(e) => Err(format!("flock: {e}")),
@@ -832,10 +836,12 @@ impl PassthroughFs {
         match self.locks.restore_owner(&rec, fd) {
             Ok(()) => Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                self.locks.set_pending(rec.node, rec.owner);
+                let retake = Arc::new(Blocker::default());
+                self.locks.set_pending(rec.node, rec.owner, retake.clone());
                 Ok(Some(LockWait::Posix {
                     fs: self.clone(),
                     rec,
+                    retake,
                 }))
             }
             Err(e) => Err(e.to_string()),
@@ -892,67 +898,123 @@ fn unlinked_node(
     Ok((fd, st, None))
 }
 
-/// A lock the destination must wait for: the source (or someone) holds it now.
+/// A lock the destination must wait for: the source (or someone) holds it now. `retake`
+/// is the thread's, which a guest lock call for that handle or owner, or the session's
+/// end, calls off.
 enum LockWait {
     Flock {
         fs: Arc<PassthroughFs>,
         handle: Arc<Handle>,
         typ: i32,
+        retake: Arc<Blocker>,
     },
     Posix {
         fs: Arc<PassthroughFs>,
         rec: OwnerRecord,
+        retake: Arc<Blocker>,
     },
 }
 
-/// How often a lock left behind by a migration is tried again.
-const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+/// Retake threads block in the kernel; they need little stack.
+const RETAKE_STACK: usize = 64 * 1024;
+
+/// Runs `lock` (a blocking lock call) until the host grants it (true), it fails, or
+/// `retake` is called off (false).
+fn granted(retake: &Blocker, lock: impl Fn() -> io::Result<()>) -> bool {
+    loop {
+        match lock() {
+            Ok(()) => return true,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                if retake.is_cancelled() {
+                    return false;
+                }
+            }
+            Err(e) => {
+                log::warn!("migration: taking a lock again: {e}");
+                return false;
+            }
+        }
+    }
+}
 
 impl LockWait {
-    /// Tries again on a thread of its own, without blocking, until granted; given up when
-    /// the session ends (a reset, a new INIT, another load) or the guest made its own lock
-    /// call for that handle or owner meanwhile, which then decides.
+    /// Waits on a thread of its own, blocked in the host's lock call, until granted or
+    /// called off (a guest lock call for the handle or owner, which then decides; the
+    /// session's end: a reset, a new INIT, another load).
     fn spawn(self) {
-        let session = match &self {
-            LockWait::Flock { fs, .. } | LockWait::Posix { fs, .. } => fs.session(),
+        let (fs, retake) = match &self {
+            LockWait::Flock { fs, retake, .. } | LockWait::Posix { fs, retake, .. } => {
+                (fs.clone(), retake.clone())
+            }
         };
+        let session = fs.session();
+        fs.register_retake(retake);
         let r = std::thread::Builder::new()
-            .name("vfsd-lock-handover".into())
-            .spawn(move || loop {
+            .name("vfsd-lock-retake".into())
+            .stack_size(RETAKE_STACK)
+            .spawn(move || {
                 let live = |fs: &PassthroughFs| fs.session() == session;
                 match &self {
-                    LockWait::Flock { fs, handle, typ } => {
+                    LockWait::Flock {
+                        fs,
+                        handle,
+                        typ,
+                        retake,
+                    } => {
+                        let _done = Finish(retake);
+                        let fd = handle.fd.as_raw_fd();
+                        let got = retake.start()
+                            && live(fs)
+                            && granted(retake, || filelocks::flock(fd, *typ, true));
                         let mut pending = handle.flock_pending.lock().unwrap();
-                        if !*pending || !live(fs) {
+                        if !pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, retake)) {
+                            // The guest's own flock call took over. It waited for this
+                            // thread, then converts or drops what was granted; unless it
+                            // gave up waiting, and then this grant came after it.
+                            if got && retake.was_abandoned() {
+                                let _ = filelocks::flock(fd, libc::F_UNLCK, false);
+                            }
                             return;
                         }
-                        if filelocks::flock(handle.fd.as_raw_fd(), *typ, false).is_ok() {
-                            *pending = false;
+                        *pending = None;
+                        if got && live(fs) {
                             handle.flock.store(*typ, Ordering::Relaxed);
-                            return;
+                        } else if got {
+                            let _ = filelocks::flock(fd, libc::F_UNLCK, false);
                         }
                     }
-                    LockWait::Posix { fs, rec } => {
-                        if !live(fs) || !fs.locks.still_pending(rec.node, rec.owner, false) {
+                    LockWait::Posix { fs, rec, retake } => {
+                        let _done = Finish(retake);
+                        let (node, owner) = (rec.node, rec.owner);
+                        if !retake.start() || !live(fs) {
+                            fs.locks.drop_pending(node, owner, retake);
                             return;
                         }
-                        // All its ranges on a fresh description, or none (closing it
-                        // drops the ones taken).
-                        if let Ok(fd) = fs.lock_description(rec.node)(fs.cfg.readonly) {
-                            if filelocks::try_all(fd.as_raw_fd(), &rec.ranges)
-                                && live(fs)
-                                && fs.locks.still_pending(rec.node, rec.owner, true)
-                                && fs.handles_open(rec.node, &rec.handles)
-                            {
-                                if let Err(e) = fs.locks.restore_owner(rec, fd) {
-                                    log::warn!("migration: lock owner {:#x}: {e}", rec.owner);
-                                }
+                        let fd = match fs.lock_description(node)(fs.cfg.readonly) {
+                            Ok(fd) => fd,
+                            Err(e) => {
+                                log::warn!("migration: lock owner {owner:#x}: {e}");
+                                fs.locks.drop_pending(node, owner, retake);
                                 return;
                             }
+                        };
+                        // Range by range on a fresh description, each granted as the
+                        // holder lets go of it; called off, closing it drops those taken.
+                        let raw = fd.as_raw_fd();
+                        let got = rec
+                            .ranges
+                            .iter()
+                            .all(|r| granted(retake, || filelocks::ofd_lock(raw, r, true)));
+                        if !got {
+                            fs.locks.drop_pending(node, owner, retake);
+                            return;
+                        }
+                        let keep = || live(fs) && fs.handles_open(node, &rec.handles);
+                        if let Err(e) = fs.locks.install_pending(rec, fd, retake, keep) {
+                            log::warn!("migration: lock owner {owner:#x}: {e}");
                         }
                     }
                 }
-                std::thread::sleep(RETRY);
             });
         if let Err(e) = r {
             log::warn!("migration: no thread to wait for a lock: {e}");
@@ -961,6 +1023,19 @@ impl LockWait {
 }
 
 impl PassthroughFs {
+    /// Lists a lock retake, for the session's end to call off.
+    fn register_retake(&self, retake: Arc<Blocker>) {
+        let mut all = self.retakes.lock().unwrap();
+        all.retain(|b| !b.is_finished());
+        all.push(retake);
+    }
+
+    /// Calls off every lock retake (the session ends) and waits for their threads.
+    pub(super) fn cancel_retakes(&self) {
+        let all = std::mem::take(&mut *self.retakes.lock().unwrap());
+        super::wake::cancel_all(&all);
+    }
+
     /// Whether any of `handles` of `node` is still open.
     fn handles_open(&self, node: u64, handles: &[u64]) -> bool {
         handles.iter().any(|&fh| self.handles.get(fh, node).is_ok())

@@ -22,6 +22,7 @@ mod killpriv;
 pub mod lock;
 pub mod migration;
 pub mod nowait;
+pub mod wake;
 mod xattr;
 pub mod xattrmap;
 
@@ -192,9 +193,11 @@ pub struct PassthroughFs {
     enabled: std::sync::atomic::AtomicU64,
     /// Host filesystems without RWF_NOWAIT (see `nowait`).
     nowait_unsupported: nowait::Unsupported,
-    /// Counts resets: what a migration's lock retries (`migration`) check they still
+    /// Counts resets: what a migration's lock retakes (`migration`) check they still
     /// belong to.
     session: std::sync::atomic::AtomicU64,
+    /// A migration's lock retakes, called off when the session ends.
+    retakes: std::sync::Mutex<Vec<Arc<wake::Blocker>>>,
 }
 
 impl PassthroughFs {
@@ -244,6 +247,7 @@ impl PassthroughFs {
             enabled: Default::default(),
             nowait_unsupported: Default::default(),
             session: Default::default(),
+            retakes: Default::default(),
         })
     }
 
@@ -428,6 +432,8 @@ impl PassthroughFs {
     fn reset(&self) {
         self.session
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // Before the locks go: a retake granted afterwards would outlive them.
+        self.cancel_retakes();
         self.locks.release_all();
         let shared = self.locks.shared.load(std::sync::atomic::Ordering::Acquire);
         for h in self.handles.clear() {

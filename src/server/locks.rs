@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{FileLock, InHeader, InterruptIn, LkIn, LkOut, OutHeader};
 use log::warn;
@@ -26,13 +25,11 @@ use super::request::decode;
 use super::GuestMem;
 use crate::passthrough::filelocks::{Range, Wait};
 use crate::passthrough::migration::InFlight;
+use crate::passthrough::wake::Blocker;
 use crate::passthrough::PassthroughFs;
 
 /// FUSE_LK_FLOCK in `lk_flags`: a whole-file flock rather than a byte range.
 const LK_FLOCK: u32 = 1;
-/// The signal that breaks a waiter out of F_OFD_SETLKW/flock (a handler that does nothing,
-/// installed without SA_RESTART).
-pub const WAKE_SIGNAL: libc::c_int = libc::SIGUSR2;
 /// Waiter threads block in the kernel; they need little stack.
 const WAITER_STACK: usize = 64 * 1024;
 
@@ -66,18 +63,12 @@ struct Waiter {
     /// The guest's `unique` of the request (what an INTERRUPT names). Not a key: a guest
     /// may send two requests under one unique.
     unique: u64,
-    cancelled: AtomicBool,
     /// Cancelled by a ring stop: the request is suspended, not answered...
     suspend: AtomicBool,
     /// ...unless the guest interrupted it too: then it gets its EINTR.
     interrupted: AtomicBool,
-    /// Set once the thread is about to block: before that a cancel needs no signal
-    /// (`Wait::block` looks at `cancelled` first).
-    started: AtomicBool,
-    /// True until the thread stops waiting. Held while the thread is signalled, so that a
-    /// signal never goes to a thread that has moved on, let alone exited.
-    waiting: Mutex<bool>,
-    thread: libc::pthread_t,
+    /// Finished when the thread stops waiting, before it answers.
+    blocker: Blocker,
 }
 
 /// The waiting SETLKWs, by an id vfsd gives each, and the suspended ones.
@@ -88,21 +79,6 @@ pub struct Waiters {
     suspended: Mutex<Vec<InFlight>>,
     /// Whether `suspended` has any (read by every queue pass, written rarely).
     any_suspended: AtomicBool,
-}
-
-extern "C" fn wake(_: libc::c_int) {}
-
-/// Installs the no-op handler for `WAKE_SIGNAL`, without SA_RESTART so a blocked lock
-/// call returns EINTR.
-pub fn install_wake_handler() {
-    // SAFETY: sigaction with a zeroed struct, an empty mask and an async-signal-safe
-    // handler that does nothing.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = wake as *const () as libc::sighandler_t;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(WAKE_SIGNAL, &sa, std::ptr::null_mut());
-    }
 }
 
 impl Waiters {
@@ -118,7 +94,7 @@ impl Waiters {
             .collect();
         for w in hit {
             w.interrupted.store(true, Ordering::SeqCst);
-            cancel(&w);
+            w.blocker.cancel();
         }
     }
 
@@ -127,7 +103,7 @@ impl Waiters {
         let w = self.by_id.lock().unwrap().get(&id).cloned();
         if let Some(w) = w {
             w.suspend.store(true, Ordering::Release);
-            cancel(&w);
+            w.blocker.cancel();
         }
     }
 
@@ -135,7 +111,7 @@ impl Waiters {
     pub fn cancel_all(&self) {
         let all: Vec<Arc<Waiter>> = self.by_id.lock().unwrap().values().cloned().collect();
         for w in all {
-            cancel(&w);
+            w.blocker.cancel();
         }
         self.set_suspended(Vec::new());
     }
@@ -184,37 +160,12 @@ struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        *self.me.waiting.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.me.blocker.finish();
         self.waiters
             .by_id
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.id);
-    }
-}
-
-/// Signals the waiter until it has stopped waiting (a signal that lands just before it
-/// blocks is lost, so one is not enough), for at most a second.
-fn cancel(w: &Waiter) {
-    w.cancelled.store(true, Ordering::SeqCst);
-    // Not blocking yet: it sees `cancelled` before it does (both sides SeqCst, so one of
-    // them sees the other's store). A wait registered while its ring stops is cancelled
-    // this way, from the worker that is still handing it over.
-    if !w.started.load(Ordering::SeqCst) {
-        return;
-    }
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(1) {
-        {
-            let waiting = w.waiting.lock().unwrap();
-            if !*waiting {
-                return;
-            }
-            // SAFETY: the thread is alive: it clears `waiting` under this lock before it
-            // does anything else, and it can't exit while it is held here.
-            unsafe { libc::pthread_kill(w.thread, WAKE_SIGNAL) };
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -316,13 +267,9 @@ pub fn spawn_waiter(
             let id = waiters2.next_id.fetch_add(1, Ordering::Relaxed);
             let me = Arc::new(Waiter {
                 unique: hdr.unique,
-                cancelled: AtomicBool::new(false),
                 suspend: AtomicBool::new(false),
                 interrupted: AtomicBool::new(false),
-                started: AtomicBool::new(false),
-                waiting: Mutex::new(true),
-                // SAFETY: pthread_self has no preconditions.
-                thread: unsafe { libc::pthread_self() },
+                blocker: Blocker::default(),
             });
             waiters2.by_id.lock().unwrap().insert(id, me.clone());
             // Stops the signals and leaves the table when dropped: on every way out of
@@ -336,8 +283,9 @@ pub fn spawn_waiter(
             let Ok(done) = rx.recv() else {
                 return;
             };
-            me.started.store(true, Ordering::SeqCst);
-            let r = wait.block(&me.cancelled);
+            // Cancelled already (its ring stopped as it began): `block` says EINTR.
+            me.blocker.start();
+            let r = wait.block(me.blocker.cancelled());
             // No signal reaches this thread after this: the reply's writes and the
             // guest's notification can't be interrupted.
             drop(registered);

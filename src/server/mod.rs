@@ -42,9 +42,10 @@ mod ops;
 mod request;
 mod write;
 mod xattr;
+pub use crate::passthrough::wake::install_wake_handler;
 use crate::stats::Stats;
 use fast_read::FastRead;
-pub use locks::{install_wake_handler, Deferred, Slot};
+pub use locks::{Deferred, Slot};
 pub use opcode::Opcode;
 
 /// Guest memory as the device maps it. Each region carries a dirty-page log that is off

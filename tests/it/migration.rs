@@ -115,6 +115,169 @@ fn a_second_daemon_serves_the_sources_nodes_handles_and_locks_without_init() {
     assert!(host_can_lock(&f) && host_can_flock(&f));
 }
 
+/// The lock requests the host has queued (blocked, `->` in /proc/locks) on the file with
+/// inode number `ino`: their kinds (FLOCK, OFDLCK, POSIX).
+fn queued_locks(ino: u64) -> Vec<String> {
+    let ino = format!(":{ino}");
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"->") && f.get(6).is_some_and(|d| d.ends_with(&ino)))
+                .then(|| f[2].to_string())
+        })
+        .collect()
+}
+
+fn until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < within, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `set_up`'s guest moved to a second daemon without the handover (as between two hosts
+/// over a distributed file system), while the source still holds the guest's locks.
+struct Retaking {
+    src: Daemon,
+    c: Option<FuseClient>,
+    dst: Daemon,
+    n: FuseClient,
+    g: Guest,
+    ino: u64,
+}
+
+fn retaking() -> Retaking {
+    use std::os::unix::fs::MetadataExt;
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let state = c.fe.save_state().unwrap();
+    for e in std::fs::read_dir(&src.share).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.starts_with(".vfsd-handover-") {
+            std::fs::remove_file(src.path(&name)).unwrap();
+        }
+    }
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    let ino = std::fs::metadata(dst.path("d/f")).unwrap().ino();
+    Retaking {
+        src,
+        c: Some(c),
+        dst,
+        n,
+        g,
+        ino,
+    }
+}
+
+impl Retaking {
+    fn source_quits(&mut self) {
+        drop(self.c.take());
+        assert!(
+            self.src.wait_exit(Duration::from_secs(10)).is_some(),
+            "the source did not exit"
+        );
+    }
+}
+
+#[test]
+fn locks_taken_again_without_the_handover_wait_in_the_hosts_queue_and_pass_straight_on() {
+    let mut r = retaking();
+    // Queued in the host's lock calls, not polled for: the file system grants each to the
+    // destination as the source lets go, and a third party that comes later can't slip
+    // in between (over GlusterFS the lock server grants in that order).
+    until(
+        "the destination is queued for the flock and the range",
+        Duration::from_secs(5),
+        || {
+            let q = queued_locks(r.ino);
+            q.iter().any(|k| k == "FLOCK") && q.iter().any(|k| k == "OFDLCK")
+        },
+    );
+    r.source_quits();
+    until(
+        "the destination holds the POSIX lock",
+        Duration::from_secs(5),
+        || r.dst.stats()["lock_owners"].as_u64() == Some(1),
+    );
+    let f = r.dst.path("d/f");
+    assert!(
+        !host_can_lock(&f),
+        "a host program took the guest's POSIX lock"
+    );
+    assert!(!host_can_flock(&f), "a host program took the guest's flock");
+    let probe =
+        r.n.getlk(r.g.file, r.g.fh, OTHER, Lock::range(0, 9, libc::F_WRLCK, 7));
+    assert_eq!(probe.unwrap().type_, libc::F_WRLCK as u32);
+    r.n.setlk(
+        r.g.file,
+        r.g.fh,
+        OWNER,
+        Lock::range(0, 9, libc::F_UNLCK, 42),
+    )
+    .unwrap();
+    r.n.setlk(
+        r.g.file,
+        r.g.flock_fh,
+        OWNER + 1,
+        Lock::flock(libc::F_UNLCK),
+    )
+    .unwrap();
+    assert!(host_can_lock(&f) && host_can_flock(&f));
+}
+
+#[test]
+fn a_guest_lock_call_or_the_sessions_end_calls_off_a_queued_lock_retake() {
+    for by_the_guest in [true, false] {
+        let mut r = retaking();
+        until("queued", Duration::from_secs(5), || {
+            queued_locks(r.ino).len() == 2
+        });
+        let t = Instant::now();
+        if by_the_guest {
+            // The guest drops both while the source still holds them: its calls decide.
+            r.n.setlk(
+                r.g.file,
+                r.g.flock_fh,
+                OWNER + 1,
+                Lock::flock(libc::F_UNLCK),
+            )
+            .unwrap();
+            r.n.setlk(
+                r.g.file,
+                r.g.fh,
+                OWNER,
+                Lock::range(0, 9, libc::F_UNLCK, 42),
+            )
+            .unwrap();
+        } else {
+            r.n.destroy().unwrap();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the call waited on the retake"
+        );
+        assert!(
+            queued_locks(r.ino).is_empty(),
+            "still queued: {:?}",
+            queued_locks(r.ino)
+        );
+        r.source_quits();
+        std::thread::sleep(Duration::from_millis(100));
+        let f = r.dst.path("d/f");
+        assert!(
+            host_can_lock(&f) && host_can_flock(&f),
+            "the destination took locks the guest had let go (by the guest: {by_the_guest})"
+        );
+        assert_eq!(r.dst.stats()["lock_owners"].as_u64(), Some(0));
+    }
+}
+
 #[test]
 fn a_corrupt_truncated_or_foreign_state_is_refused_and_the_daemon_goes_on() {
     let src = Daemon::start(&[]);
