@@ -110,7 +110,9 @@ status() {
         say "volume $VOL: absent"; ok=1
     fi
     for m in "$MNT_A" "$MNT_B"; do
-        if is_mounted "$m"; then say "client $m: mounted"; else say "client $m: not mounted"; ok=1; fi
+        if ! is_mounted "$m"; then say "client $m: not mounted"; ok=1
+        elif ! stat "$m" >/dev/null 2>&1; then say "client $m: mounted but not answering (scripts/gluster.sh up remounts it)"; ok=1
+        else say "client $m: mounted"; fi
     done
     return $ok
 }
@@ -130,6 +132,14 @@ up() {
         "") die "host name '$host' does not resolve; add '127.0.1.1 $host' to /etc/hosts" ;;
         *) die "host name '$host' resolves to $addr, not loopback; this script keeps Gluster on loopback (add '127.0.1.1 $host' to /etc/hosts)" ;;
     esac
+    # A client whose glusterfs process died (a reboot of glusterd, a killed client)
+    # leaves its mount behind, answering ENOTCONN: unmount it so it is mounted afresh.
+    for m in "$MNT_A" "$MNT_B"; do
+        if is_mounted "$m" && ! stat "$m" >/dev/null 2>&1; then
+            say "client $m: mounted but not answering (its client process is gone); unmounting it"
+            umount -l "$m" || die "could not unmount the dead client mount $m"
+        fi
+    done
     mkdir -p "$STATE" "$BRICKS" "$MNT_A" "$MNT_B"
     if [ -z "$(glusterd_pid)" ]; then
         say "starting glusterd (pid file $PIDFILE, log $STATE/glusterd.log)"

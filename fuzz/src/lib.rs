@@ -421,7 +421,7 @@ where
     // A SETLKW that waits answers on its own thread later: nothing to return now.
     struct Ignore;
     impl vfsd::server::Deferred for Ignore {
-        fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {}
+        fn finish(self: Box<Self>, _write: &mut dyn FnMut(&vfsd::server::GuestMem) -> u32) {}
         fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {}
         fn slot(&self) -> vfsd::server::Slot {
             vfsd::server::Slot {

@@ -78,7 +78,7 @@ impl Later {
 }
 
 impl Deferred for Later {
-    fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32) {
+    fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32) {
         self.vring.complete_with(self.ticket, self.head, write);
     }
 
@@ -147,6 +147,14 @@ impl Pool {
     }
 }
 
+/// What `update_memory` hands on to a new memory map.
+#[derive(Default)]
+struct Mapped {
+    map: Option<Arc<GuestMem>>,
+    /// The dirty log while the VMM logs (none after SET_FEATURES without LOG_ALL).
+    log: Option<Arc<vhost_user_backend::bitmap::MmapLogReg>>,
+}
+
 pub struct DeviceConfig {
     pub request_queues: usize,
     pub tag: Option<String>,
@@ -157,8 +165,8 @@ pub struct FsDevice {
     server: Arc<FuseServer>,
     cfg: DeviceConfig,
     mem: RwLock<Option<Mem>>,
-    /// The memory map of the last `update_memory`, for its dirty log (`dirty_log`).
-    mapped: Mutex<Option<Arc<GuestMem>>>,
+    /// The memory map of the last `update_memory` and the dirty log it had (`dirty_log`).
+    mapped: Mutex<Mapped>,
     event_idx: Arc<AtomicBool>,
     pool: Option<Pool>,
     exit: Vec<(EventConsumer, EventNotifier)>,
@@ -197,7 +205,7 @@ impl FsDevice {
             server,
             cfg,
             mem: RwLock::new(None),
-            mapped: Mutex::new(None),
+            mapped: Default::default(),
             event_idx,
             pool,
             exit,
@@ -481,6 +489,7 @@ impl VhostUserBackend for FsDevice {
     fn acked_features(&self, features: u64) {
         if features & VhostUserVirtioFeatures::LOG_ALL.bits() == 0 {
             // Logging ended (or never began): no page needs marking any more.
+            self.mapped.lock().unwrap().log = None;
             if let Some(mem) = self.mem.read().unwrap().as_ref() {
                 for r in mem.memory().iter() {
                     r.bitmap().stop();
@@ -493,17 +502,24 @@ impl VhostUserBackend for FsDevice {
         // A memory map that changes while the VMM logs: its new regions log to the same
         // map as the regions they replace. (A write that lands in a new region before
         // this runs, microseconds after the map changed, is not logged.)
+        // The log is kept apart from the map as well: QEMU with CONFIGURE_MEM_SLOTS may
+        // remove every region (REM_MEM_REG) before it adds the new ones.
         let mut prev = self.mapped.lock().unwrap();
         let new = mem.memory().into_inner();
         let log = prev
+            .map
             .as_ref()
-            .and_then(|m| m.iter().find_map(|r| r.bitmap().log()));
-        if let Some(log) = log {
+            .and_then(|m| m.iter().find_map(|r| r.bitmap().log()))
+            .or_else(|| prev.log.clone());
+        if let Some(log) = &log {
             for r in new.iter() {
                 r.bitmap().inherit(r, log.clone())?;
             }
         }
-        *prev = Some(new);
+        *prev = Mapped {
+            map: Some(new),
+            log,
+        };
         *self.mem.write().unwrap() = Some(mem);
         Ok(())
     }

@@ -28,7 +28,7 @@ use log::warn;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::server::GuestMem;
 type Mem = GuestMemoryAtomic<GuestMem>;
@@ -52,7 +52,8 @@ impl Ticket {
 /// A reply already in the guest's buffers, or the function that writes it.
 enum Reply<'w> {
     Written(u32),
-    Write(&'w mut dyn FnMut() -> u32),
+    /// Writes through the memory map current when it runs (`TrackedVring::mem`).
+    Write(&'w mut dyn FnMut(&GuestMem) -> u32),
 }
 
 #[derive(Default)]
@@ -82,6 +83,10 @@ type Cancellers = HashMap<(u64, u16), Canceller>;
 pub struct TrackedVring {
     inner: VringRwLock<Mem>,
     track: Arc<Track>,
+    /// The device's guest memory, which the backend updates in place: a reply written
+    /// long after its request came (a lock wait) goes through the map (and the dirty log)
+    /// of when it is written.
+    mem: Mem,
 }
 
 impl TrackedVring {
@@ -115,7 +120,7 @@ impl TrackedVring {
     /// Completes one request whose reply `write` writes (and gives the length of) only if
     /// its ring is still the one it came from: a reply that comes long after (a lock wait)
     /// must not touch memory the guest may have reused since a stop.
-    pub fn complete_with(&self, t: Ticket, head: u16, write: &mut dyn FnMut() -> u32) {
+    pub fn complete_with(&self, t: Ticket, head: u16, write: &mut dyn FnMut(&GuestMem) -> u32) {
         self.complete_each(vec![(t, head, Reply::Write(write))]);
     }
 
@@ -196,7 +201,7 @@ impl TrackedVring {
                 }
                 let len = match reply {
                     Reply::Written(len) => len,
-                    Reply::Write(w) => w(),
+                    Reply::Write(w) => w(&self.mem.memory()),
                 };
                 match state.add_used(head, len) {
                     Ok(()) => added = true,
@@ -333,8 +338,9 @@ impl<'a> VringStateMutGuard<'a, Mem> for TrackedVring {
 impl VringT<Mem> for TrackedVring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
         Ok(TrackedVring {
-            inner: VringRwLock::new(mem, max_queue_size)?,
+            inner: VringRwLock::new(mem.clone(), max_queue_size)?,
             track: Arc::default(),
+            mem,
         })
     }
 

@@ -391,8 +391,9 @@ impl Frontend {
         self.vu.check_device_state().map_err(vu_err)
     }
 
-    /// Starts dirty-page logging as a VMM does when it migrates: VHOST_F_LOG_ALL in
-    /// SET_FEATURES, then SET_LOG_BASE with a shared log of one bit per 4 KiB page.
+    /// Starts dirty-page logging as QEMU does when it migrates (`vhost_migration_log`):
+    /// SET_LOG_BASE with a shared log of one bit per 4 KiB page, then VHOST_F_LOG_ALL in
+    /// SET_FEATURES.
     pub fn start_dirty_log(&mut self) -> io::Result<DirtyLog> {
         let pages = self.mem_size().div_ceil(4096);
         let bytes = pages.div_ceil(8).next_multiple_of(4096);
@@ -407,8 +408,6 @@ impl Frontend {
         let map =
             MmapRegion::<()>::from_file(FileOffset::new(file.try_clone()?, 0), bytes as usize)
                 .map_err(io::Error::other)?;
-        self.features |= VhostUserVirtioFeatures::LOG_ALL.bits();
-        self.vu.set_features(self.features).map_err(vu_err)?;
         self.vu
             .set_log_base(
                 0,
@@ -419,6 +418,9 @@ impl Frontend {
                 }),
             )
             .map_err(vu_err)?;
+        self.features |= VhostUserVirtioFeatures::LOG_ALL.bits();
+        self.vu.set_features(self.features).map_err(vu_err)?;
+        self.vu.get_features().map_err(vu_err)?; // orders it before the rings' requests
         Ok(DirtyLog {
             map,
             pages,
@@ -431,6 +433,24 @@ impl Frontend {
     pub fn remap_memory(&mut self) -> io::Result<()> {
         let (size, base) = (self.mem_size(), self.host_base()?);
         set_mem_table(&mut self.vu, &self._memfd, size, base)
+    }
+
+    /// Takes the memory region out and puts it back (REM_MEM_REG, ADD_MEM_REG), as QEMU
+    /// does with CONFIGURE_MEM_SLOTS when the guest's memory map changes: for a moment
+    /// the device has no memory at all.
+    pub fn replug_memory(&mut self) -> io::Result<()> {
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: self.mem_size(),
+            userspace_addr: self.host_base()?,
+            mmap_offset: 0,
+            mmap_handle: self._memfd.as_raw_fd(),
+        };
+        self.vu.remove_mem_region(&region).map_err(vu_err)?;
+        self.vu.add_mem_region(&region).map_err(vu_err)?;
+        // Neither waits for the device here: a round trip orders them before the requests
+        // that follow on the rings (QEMU waits for each one's REPLY_ACK).
+        self.vu.get_features().map(drop).map_err(vu_err)
     }
 
     /// Ends dirty-page logging as a VMM does after a migration ends or fails:

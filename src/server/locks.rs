@@ -35,9 +35,10 @@ const WAITER_STACK: usize = 64 * 1024;
 
 /// Completes a request answered after its worker moved on (a SETLKW that waited).
 pub trait Deferred: Send {
-    /// Runs `write` (which writes the reply and gives its length) and puts the request on
-    /// the used ring, unless the ring was stopped since; then neither happens.
-    fn finish(self: Box<Self>, write: &mut dyn FnMut() -> u32);
+    /// Runs `write` (which writes the reply into the guest memory it is given, the map of
+    /// now, and gives its length) and puts the request on the used ring, unless the ring
+    /// was stopped since; then neither happens.
+    fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32);
 
     /// Registers what suspends the wait when its ring stops (a VMM's GET_VRING_BASE
     /// before migration, a reset), so the stop does not wait on it.
@@ -237,14 +238,13 @@ pub fn interrupt_target(args: &[u8]) -> Option<u64> {
 
 /// Starts a waiter thread for `wait`; it answers request `hdr` (whose arguments are
 /// `args`) through the `Deferred` that `defer` makes (only once the thread exists),
-/// writing the reply header at `reply_at` in `mem`. An error means no thread: the caller
-/// answers the request.
+/// writing the reply header at `reply_at`. An error means no thread: the caller answers
+/// the request.
 pub fn spawn_waiter(
     waiters: &Arc<Waiters>,
     wait: Wait,
     hdr: InHeader,
     args: &[u8],
-    mem: GuestMem,
     reply_at: GuestAddress,
     defer: &mut dyn FnMut() -> Box<dyn Deferred>,
 ) -> io::Result<()> {
@@ -304,7 +304,7 @@ pub fn spawn_waiter(
                 done.suspend();
                 return;
             }
-            done.finish(&mut || write_header(&mem, reply_at, hdr.unique, &r));
+            done.finish(&mut |mem| write_header(mem, reply_at, hdr.unique, &r));
         })?;
     // Registered before the request's worker returns, so an INTERRUPT finds it.
     let id = ready_rx.recv();

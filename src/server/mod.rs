@@ -283,15 +283,13 @@ impl FuseServer {
         match locks::setlk(&self.fs, &hdr, args, true) {
             Ok(None) => Some(answer(None)),
             Err(e) => Some(answer(Some(e))),
-            Ok(Some(w)) => {
-                match locks::spawn_waiter(&self.waiters, w, hdr, args, mem.clone(), at, defer) {
-                    Ok(()) => None,
-                    Err(e) => {
-                        warn!("no lock waiter thread: {e}");
-                        Some(answer(Some(io::Error::from_raw_os_error(libc::ENOLCK))))
-                    }
+            Ok(Some(w)) => match locks::spawn_waiter(&self.waiters, w, hdr, args, at, defer) {
+                Ok(()) => None,
+                Err(e) => {
+                    warn!("no lock waiter thread: {e}");
+                    Some(answer(Some(io::Error::from_raw_os_error(libc::ENOLCK))))
                 }
-            }
+            },
         }
     }
 
@@ -461,7 +459,7 @@ impl FuseServer {
                 Reply(Ok(Vec::new()))
             }
             Opcode::Getlk => Reply(locks::getlk(fs, &hdr, args)),
-            Opcode::Setlk | Opcode::Setlkw => self.setlk(mem, chain, &hdr, args, op, defer),
+            Opcode::Setlk | Opcode::Setlkw => self.setlk(chain, &hdr, args, op, defer),
             Opcode::Interrupt => {
                 if let Some(u) = locks::interrupt_target(args) {
                     self.waiters.interrupt(u);
@@ -539,7 +537,6 @@ impl FuseServer {
     /// SETLK, and SETLKW, which may wait for its lock on a waiter thread of its own.
     fn setlk<M>(
         &self,
-        mem: &GuestMem,
         chain: &DescriptorChain<M>,
         hdr: &InHeader,
         args: &[u8],
@@ -557,7 +554,7 @@ impl FuseServer {
         let Some(at) = reply_address(chain) else {
             return Outcome::NoReply { malformed: true };
         };
-        match locks::spawn_waiter(&self.waiters, w, *hdr, args, mem.clone(), at, defer) {
+        match locks::spawn_waiter(&self.waiters, w, *hdr, args, at, defer) {
             Ok(()) => Outcome::Deferred,
             Err(e) => {
                 warn!("no lock waiter thread: {e}");

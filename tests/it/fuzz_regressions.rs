@@ -51,7 +51,7 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
     let chain = q.pop_descriptor_chain(&mem).expect("one chain offered");
     struct Never;
     impl vfsd::server::Deferred for Never {
-        fn finish(self: Box<Self>, _write: &mut dyn FnMut() -> u32) {
+        fn finish(self: Box<Self>, _write: &mut dyn FnMut(&vfsd::server::GuestMem) -> u32) {
             unreachable!("no request here waits");
         }
         fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {

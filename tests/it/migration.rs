@@ -485,17 +485,27 @@ fn the_dirty_log_goes_on_over_a_memory_map_sent_again_and_ends_with_log_all() {
     let (_d, mut c, e, fh) = data_open_on_one_slot(64 * 1024);
     let reply = c.fe.queues[1].lock().unwrap().slot_addrs(0).1;
     let log = c.fe.start_dirty_log().unwrap();
-    // QEMU sends the table again when the guest's memory map changes, and sends no new
-    // log base when the log is big enough: every region is mapped anew.
-    c.fe.remap_memory().unwrap();
-    log.clear();
-    assert_eq!(c.read(e.nodeid, fh, 0, 32 * 1024).unwrap().len(), 32 * 1024);
-    let dirty: BTreeSet<u64> = log.dirty_pages().into_iter().collect();
     let want: BTreeSet<u64> = (reply / 4096..=(reply + 16 + 32 * 1024 - 1) / 4096).collect();
-    assert!(
-        want.is_subset(&dirty),
-        "after the memory table came again, the READ's pages are not all marked: {dirty:?}"
-    );
+    // QEMU sends the table again when the guest's memory map changes (or, with
+    // CONFIGURE_MEM_SLOTS, removes the regions and adds them again), and sends no new log
+    // base when the log is big enough: every region is mapped anew.
+    for how in [
+        "the memory table came again",
+        "the region was removed and added",
+    ] {
+        if how.contains("removed") {
+            c.fe.replug_memory().unwrap();
+        } else {
+            c.fe.remap_memory().unwrap();
+        }
+        log.clear();
+        assert_eq!(c.read(e.nodeid, fh, 0, 32 * 1024).unwrap().len(), 32 * 1024);
+        let dirty: BTreeSet<u64> = log.dirty_pages().into_iter().collect();
+        assert!(
+            want.is_subset(&dirty),
+            "after {how}, the READ's pages are not all marked: {dirty:?}"
+        );
+    }
     // The migration ended: SET_FEATURES without LOG_ALL, and nothing is marked after.
     c.fe.stop_dirty_log().unwrap();
     log.clear();
@@ -533,6 +543,31 @@ fn a_guest_waiting_on_a_host_flock(d: &Daemon, c: &FuseClient) -> HeldWait {
         fh,
         t,
     }
+}
+
+#[test]
+fn a_lock_wait_answered_after_the_memory_map_changed_writes_its_reply_into_the_log() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let w = a_guest_waiting_on_a_host_flock(&d, &c);
+    // The map changes while the guest waits, and then the VMM starts logging: the new
+    // log reaches the regions mapped now, not those of when the wait began.
+    c.fe.remap_memory().unwrap();
+    let log = c.fe.start_dirty_log().unwrap();
+    log.clear();
+    drop(w.host);
+    assert!(answered(&c, w.t, Duration::from_secs(5)), "no reply");
+    let reply = c.fe.queues[w.t.queue]
+        .lock()
+        .unwrap()
+        .slot_addrs(w.t.slot)
+        .1;
+    let dirty = log.dirty_pages();
+    assert!(
+        dirty.contains(&(reply / 4096)),
+        "the lock reply's page {} is not marked: {dirty:?}",
+        reply / 4096
+    );
 }
 
 /// Whether request `t` got its reply within `within`.
