@@ -38,6 +38,30 @@ impl PassthroughFs {
         Ok((p, fd))
     }
 
+    /// LOOKUP. A name of a file the guest knows already, whose node holds its fd, is
+    /// found by one statx, with nothing opened and closed again (`lookup_known`); a name
+    /// that is not there costs that one call too.
+    pub(super) fn lookup_name(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
+        if sys::is_dot_or_dotdot(name) {
+            return self.do_lookup(parent, name);
+        }
+        sys::check_name(name)?;
+        let p = self.inode(parent)?;
+        if !p.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let pfd = p.path_fd()?;
+        // As the O_PATH open would: no symlink followed, no automount triggered.
+        let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT;
+        let st = sys::statx(pfd.as_raw_fd(), name, flags)?;
+        match self.inodes.lookup_known(&st, Some((&p, name))) {
+            Some(inode) => Ok(self.entry_in(&p, name, &inode, st)),
+            None => self.do_lookup(parent, name),
+        }
+    }
+
+    /// Looks `name` up by opening it (a name just created, or one `lookup_name` did not
+    /// find among the known nodes).
     pub(super) fn do_lookup(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
         let (p, fd) = self.open_child(parent, name)?;
         let st = sys::statx(
@@ -48,7 +72,12 @@ impl PassthroughFs {
         // `..` and `.` are not names a node can be found by again.
         let seen = (!sys::is_dot_or_dotdot(name)).then_some((&p, name));
         let inode = self.inodes.lookup_insert(fd, &st, seen)?;
-        let mut e = self.entry(&inode, st.st);
+        Ok(self.entry_in(&p, name, &inode, st))
+    }
+
+    /// The entry of `inode`, found as `name` in `p`.
+    fn entry_in(&self, p: &Inode, name: &CStr, inode: &Arc<Inode>, st: sys::StatX) -> Entry {
+        let mut e = self.entry(inode, st.st);
         // A directory on another mount than its parent: with --announce-submounts the guest
         // mounts it separately, with its own st_dev, so inode numbers of different host
         // filesystems never meet in one guest filesystem.
@@ -59,7 +88,7 @@ impl PassthroughFs {
         {
             e.attr_flags |= FUSE_ATTR_SUBMOUNT;
         }
-        Ok(e)
+        e
     }
 
     /// Parent inode for creating `name` in it, after the checks every create shares.

@@ -669,6 +669,34 @@ impl InodeTable {
             .ok_or_else(|| sys::errno(libc::EBADF))
     }
 
+    /// Registers one guest lookup of the file `st` describes (found as `name` in
+    /// `parent`) if it is a known node that holds its fd, the common case; None if not.
+    /// The fd keeps its inode, so the number can't have gone to another file (a birth
+    /// time that differs would say so), and no file handle is needed to tell: a name
+    /// found by a statx alone, with nothing opened, is that node.
+    pub fn lookup_known(
+        &self,
+        st: &sys::StatX,
+        name: Option<(&Arc<Inode>, &CStr)>,
+    ) -> Option<Arc<Inode>> {
+        let key = InodeKey::of(st);
+        let m = self.maps.read().unwrap();
+        let inode = m.by_key.get(&key).and_then(|id| m.by_id.get(id))?;
+        let holds = inode.fd.lock().unwrap().is_some();
+        if !holds || (inode.btime.is_some() && inode.btime != st.btime) {
+            return None;
+        }
+        inode.lookups.fetch_add(1, Ordering::Relaxed);
+        let inode = inode.clone();
+        drop(m);
+        if let Some((p, n)) = name {
+            if !inode.is_at(p, n) {
+                inode.seen_at(p, n);
+            }
+        }
+        Some(inode)
+    }
+
     /// Registers one guest lookup of the file `fd` names, found as `name` in `parent`
     /// (None: a file with no name, O_TMPFILE). If the file is already known the new fd is
     /// dropped, the existing node's count goes up, and its name becomes this one.
@@ -686,21 +714,8 @@ impl InodeTable {
                 }
             }
         };
-        // The common case, a known node that holds its fd: the fd keeps its inode, so the
-        // number can't have gone to another file (a birth time that differs would say so),
-        // and no file handle is needed to tell.
-        {
-            let m = self.maps.read().unwrap();
-            if let Some(inode) = m.by_key.get(&key).and_then(|id| m.by_id.get(id)) {
-                let holds = inode.fd.lock().unwrap().is_some();
-                if holds && (inode.btime.is_none() || inode.btime == st.btime) {
-                    inode.lookups.fetch_add(1, Ordering::Relaxed);
-                    let inode = inode.clone();
-                    drop(m);
-                    seen(&inode);
-                    return Ok(inode);
-                }
-            }
+        if let Some(inode) = self.lookup_known(st, name) {
+            return Ok(inode);
         }
         let handle = self.handle_of(&fd)?;
         // A known node of this file, if any. A node whose fd is gone may name a file since

@@ -585,7 +585,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
-        self.do_lookup(parent, name)
+        self.lookup_name(parent, name)
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {

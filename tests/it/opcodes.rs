@@ -740,3 +740,35 @@ fn a_zero_length_write_writes_nothing_and_succeeds() {
     assert_eq!(c.write(e.nodeid, o.fh, 10, &[]).unwrap(), 0);
     assert_eq!(std::fs::read(d.path("f")).unwrap(), b"abc");
 }
+
+#[test]
+fn lookup_of_a_name_the_host_gave_to_another_file_finds_that_file_not_the_known_one() {
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    std::fs::write(d.path("f"), b"old").unwrap();
+    std::fs::create_dir(d.path("dir")).unwrap();
+    let old = c.lookup(ROOT, "f").unwrap();
+    let dir = c.lookup(ROOT, "dir").unwrap();
+    // Known names, found again: the same nodes.
+    assert_eq!(c.lookup(ROOT, "f").unwrap().nodeid, old.nodeid);
+    assert_eq!(c.lookup(ROOT, "dir").unwrap().nodeid, dir.nodeid);
+    // The host renames another file over "f" and puts a symlink where "dir" was.
+    std::fs::write(d.path("g"), b"new!").unwrap();
+    std::fs::rename(d.path("g"), d.path("f")).unwrap();
+    std::fs::rename(d.path("dir"), d.path("dir2")).unwrap();
+    std::os::unix::fs::symlink("/etc", d.path("dir")).unwrap();
+    let new = c.lookup(ROOT, "f").unwrap();
+    assert_ne!(new.nodeid, old.nodeid);
+    assert_eq!(new.attr.ino, std::fs::metadata(d.path("f")).unwrap().ino());
+    assert_eq!(new.attr.size, 4);
+    let link = c.lookup(ROOT, "dir").unwrap();
+    assert_ne!(link.nodeid, dir.nodeid);
+    assert_eq!(
+        link.attr.mode & libc::S_IFMT,
+        libc::S_IFLNK,
+        "a host symlink was followed"
+    );
+    // The known directory is found under its new name as the node the guest has.
+    assert_eq!(c.lookup(ROOT, "dir2").unwrap().nodeid, dir.nodeid);
+    assert_eq!(errno(c.lookup(ROOT, "gone")), libc::ENOENT);
+}
