@@ -349,9 +349,10 @@ impl FsDevice {
             let next = q.next_avail();
             // One the stop moved the base back over is popped again and waits anew: its
             // position lies between the base and the guest's avail index, and its avail
-            // slot still names its chain (a wait popped long ago, with more than a ring
-            // of requests since, can alias that window, but its slot names another
-            // chain: the guest can't reuse a head it still waits on).
+            // slot still names its chain (positions wrap at 65,536: a wait popped long
+            // ago, with more than 65,536 minus the ring's size requests since, can alias
+            // that window, but its slot names another chain, as the guest can't reuse a
+            // head it still waits on).
             let avail = q
                 .avail_idx(&**mem, Ordering::Acquire)
                 .map(|w| w.0)
