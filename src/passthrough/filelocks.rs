@@ -254,6 +254,8 @@ pub struct FileLocks {
     /// waits for the host to grant them: a guest lock call of the owner calls it off and
     /// decides instead.
     pending: Mutex<HashMap<(u64, u64), Arc<Blocker>>>,
+    /// Whether `pending` ever had any (a migration's load), so the hot paths skip its lock.
+    any_pending: std::sync::atomic::AtomicBool,
     /// The descriptions are shared with another daemon (a migration's lock handover):
     /// a reset closes them without unlocking, the other daemon's copy holds the locks.
     pub shared: std::sync::atomic::AtomicBool,
@@ -315,6 +317,7 @@ impl FileLocks {
             readonly,
             shared: Default::default(),
             pending: Default::default(),
+            any_pending: Default::default(),
             owners: Mutex::new(Owners::default()),
             counters: LockCounters::default(),
         }
@@ -490,10 +493,7 @@ impl FileLocks {
     ) -> io::Result<Option<Wait>> {
         // A migrated owner still being taken again: its retake is over (its ranges, on a
         // description of its own, gone) before this call places any.
-        let retake = self.pending.lock().unwrap().remove(&(node, owner));
-        if let Some(b) = retake {
-            b.cancel();
-        }
+        self.call_off_retake(node, owner);
         // An owner found dead was dropped between the table and its state: take a fresh
         // one. Each round needs another request to drop it, so a few rounds settle it.
         for _ in 0..8 {
@@ -556,6 +556,9 @@ impl FileLocks {
     /// A wait of the owner goes on (Linux keeps a blocked F_SETLKW of a process whose
     /// other thread closes the file), so an owner with waits stays, holding nothing.
     pub fn release_owner(&self, node: u64, owner: u64) {
+        // A migrated owner still being taken again goes too: nothing it is granted later
+        // may outlive the close.
+        self.call_off_retake(node, owner);
         let o = {
             let mut m = self.owners.lock().unwrap();
             match m.get(node, owner) {
@@ -714,7 +717,22 @@ impl FileLocks {
     /// Marks owner `key` of `node` as taken again after a migration, by the thread that
     /// `retake` calls off (`install_pending`).
     pub fn set_pending(&self, node: u64, key: u64, retake: Arc<Blocker>) {
-        self.pending.lock().unwrap().insert((node, key), retake);
+        let mut p = self.pending.lock().unwrap();
+        p.insert((node, key), retake);
+        self.any_pending.store(true, Ordering::Release);
+    }
+
+    /// Ends the retake of owner `key` of `node`, if one is under way, and waits for it:
+    /// a guest lock call or close of the owner decides instead.
+    fn call_off_retake(&self, node: u64, key: u64) {
+        // Read by every SETLK and FLUSH; set only by a migration's load.
+        if !self.any_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let retake = self.pending.lock().unwrap().remove(&(node, key));
+        if let Some(b) = retake {
+            b.cancel();
+        }
     }
 
     /// Ends retake `b` of an owner without installing it.
@@ -948,10 +966,16 @@ impl PassthroughFs {
             if let Some(b) = retake {
                 b.cancel();
             }
-            let res = flock(h.fd.as_raw_fd(), r.typ, false);
-            if res.is_ok() {
-                h.flock.store(r.typ, Ordering::Relaxed);
-            }
+            let res = {
+                // Orders the call and its record against a retake that a cancel gave up
+                // on, which sets the description back to `flock` when it is granted.
+                let _order = h.flock_pending.lock().unwrap();
+                let res = flock(h.fd.as_raw_fd(), r.typ, false);
+                if res.is_ok() {
+                    h.flock.store(r.typ, Ordering::Relaxed);
+                }
+                res
+            };
             return match res {
                 Err(e) if wait && e.raw_os_error() == Some(libc::EAGAIN) => {
                     self.locks.waiter()?;
@@ -979,6 +1003,16 @@ impl PassthroughFs {
             || self.handles.get(fh, nodeid).is_ok(),
         )
     }
+}
+
+/// Removes every OFD lock of description `fd`.
+pub fn ofd_unlock_all(fd: RawFd) {
+    let all = Range {
+        start: 0,
+        end: OFFSET_MAX,
+        typ: libc::F_UNLCK,
+    };
+    let _ = ofd_lock(fd, &all, false);
 }
 
 /// F_OFD_SETLK (F_OFD_SETLKW when `wait`) of `r` on `fd`; a conflict is EAGAIN.

@@ -937,6 +937,34 @@ fn granted(retake: &Blocker, lock: impl Fn() -> io::Result<()>) -> bool {
     }
 }
 
+/// Takes every range of `ranges` on description `fd`: blocked on one until the host grants
+/// it, then the others without waiting. If one is refused, everything goes and it waits on
+/// that one instead. So it never holds a range while it waits, and can't deadlock with a
+/// third party that holds one range and waits for another (OFD locks have no deadlock
+/// detection). The source lets go of them all at once (it exits), so the first grant is
+/// normally the last wait.
+fn take_all(retake: &Blocker, fd: std::os::fd::RawFd, ranges: &[Range]) -> bool {
+    let mut next = 0;
+    loop {
+        let Some(first) = ranges.get(next) else {
+            return true; // no range at all
+        };
+        if !granted(retake, || filelocks::ofd_lock(fd, first, true)) {
+            return false;
+        }
+        match ranges
+            .iter()
+            .position(|r| filelocks::ofd_lock(fd, r, false).is_err())
+        {
+            None => return true,
+            Some(i) => {
+                filelocks::ofd_unlock_all(fd);
+                next = i;
+            }
+        }
+    }
+}
+
 impl LockWait {
     /// Waits on a thread of its own, blocked in the host's lock call, until granted or
     /// called off (a guest lock call for the handle or owner, which then decides; the
@@ -969,10 +997,15 @@ impl LockWait {
                         let mut pending = handle.flock_pending.lock().unwrap();
                         if !pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, retake)) {
                             // The guest's own flock call took over. It waited for this
-                            // thread, then converts or drops what was granted; unless it
-                            // gave up waiting, and then this grant came after it.
+                            // thread, then converted or dropped what was granted; unless it
+                            // gave up waiting (a lock call that ignores the signal), and
+                            // then this grant came after it: the description goes back to
+                            // what the guest holds.
                             if got && retake.was_abandoned() {
-                                let _ = filelocks::flock(fd, libc::F_UNLCK, false);
+                                let held = handle.flock.load(Ordering::Relaxed);
+                                if held != *typ {
+                                    let _ = filelocks::flock(fd, held, false);
+                                }
                             }
                             return;
                         }
@@ -998,13 +1031,8 @@ impl LockWait {
                                 return;
                             }
                         };
-                        // Range by range on a fresh description, each granted as the
-                        // holder lets go of it; called off, closing it drops those taken.
-                        let raw = fd.as_raw_fd();
-                        let got = rec
-                            .ranges
-                            .iter()
-                            .all(|r| granted(retake, || filelocks::ofd_lock(raw, r, true)));
+                        // On a fresh description; called off, closing it drops what it took.
+                        let got = take_all(retake, fd.as_raw_fd(), &rec.ranges);
                         if !got {
                             fs.locks.drop_pending(node, owner, retake);
                             return;
@@ -1072,6 +1100,65 @@ mod tests {
 
     fn fs(dir: &std::path::Path) -> Arc<PassthroughFs> {
         Arc::new(PassthroughFs::new(Config::new(dir)).unwrap())
+    }
+
+    #[test]
+    fn a_retake_holds_no_range_while_it_waits_so_a_third_party_waiting_for_one_goes_on() {
+        use std::os::fd::AsRawFd;
+        crate::passthrough::wake::install_wake_handler();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let open = || {
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let r = |start, end| Range::new(start, end, libc::F_WRLCK as u32).unwrap();
+        let (a, b) = (r(0, 9), r(20, 29));
+        // The source holds A, a third party B.
+        let (source, third) = (open(), open());
+        filelocks::ofd_lock(source.as_raw_fd(), &a, false).unwrap();
+        filelocks::ofd_lock(third.as_raw_fd(), &b, false).unwrap();
+        let retake = Arc::new(Blocker::default());
+        let (mine, rt) = (open(), retake.clone());
+        let t = std::thread::spawn(move || {
+            let _done = Finish(&rt);
+            assert!(rt.start());
+            take_all(&rt, mine.as_raw_fd(), &[a, b]).then_some(mine)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(source);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The third party now waits for A too. A retake holding A while it waits for B
+        // would leave both waiting for ever (OFD locks have no deadlock detection).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t2 = std::thread::spawn(move || {
+            let got = filelocks::ofd_lock(third.as_raw_fd(), &a, true);
+            tx.send(got.is_ok()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(third); // lets go of both
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(3));
+        if got.is_err() {
+            retake.cancel(); // unblock both before failing
+        }
+        assert_eq!(got, Ok(true), "the third party never got A: a deadlock");
+        t2.join().unwrap();
+        let mine = t
+            .join()
+            .unwrap()
+            .expect("the retake was not granted both ranges");
+        let probe = open();
+        for x in [a, b] {
+            assert!(
+                filelocks::ofd_lock(probe.as_raw_fd(), &x, false).is_err(),
+                "the retake does not hold {x:?}"
+            );
+        }
+        drop(mine);
     }
 
     #[test]

@@ -800,6 +800,11 @@ impl FileSystem for PassthroughFs {
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
         let h = self.handles.remove(handle, inode)?;
+        // A migrated flock still being taken again on it ends with the handle.
+        let retake = h.flock_pending.lock().unwrap().take();
+        if let Some(b) = retake {
+            b.cancel();
+        }
         if flock_release {
             // In-flight requests may still hold the handle (and its fd) a moment longer.
             let _ = filelocks::flock(h.fd.as_raw_fd(), libc::F_UNLCK, false);

@@ -232,14 +232,20 @@ fn locks_taken_again_without_the_handover_wait_in_the_hosts_queue_and_pass_strai
 }
 
 #[test]
-fn a_guest_lock_call_or_the_sessions_end_calls_off_a_queued_lock_retake() {
-    for by_the_guest in [true, false] {
+fn a_guest_lock_call_a_close_or_the_sessions_end_calls_off_a_queued_lock_retake() {
+    for how in ["lock calls", "a close", "DESTROY"] {
         let mut r = retaking();
         until("queued", Duration::from_secs(5), || {
             queued_locks(r.ino).len() == 2
         });
         let t = Instant::now();
-        if by_the_guest {
+        if how == "a close" {
+            // The guest's process closes its fds (FLUSH by its lock owner, and the last
+            // close of the flock's file): POSIX drops its locks, the close its flock.
+            r.n.flush_owner(r.g.file, r.g.fh, OWNER).unwrap();
+            r.n.release_flock(r.g.file, r.g.flock_fh, OWNER + 1)
+                .unwrap();
+        } else if how == "lock calls" {
             // The guest drops both while the source still holds them: its calls decide.
             r.n.setlk(
                 r.g.file,
@@ -272,7 +278,7 @@ fn a_guest_lock_call_or_the_sessions_end_calls_off_a_queued_lock_retake() {
         let f = r.dst.path("d/f");
         assert!(
             host_can_lock(&f) && host_can_flock(&f),
-            "the destination took locks the guest had let go (by the guest: {by_the_guest})"
+            "the destination took locks the guest had let go (by {how})"
         );
         assert_eq!(r.dst.stats()["lock_owners"].as_u64(), Some(0));
     }
