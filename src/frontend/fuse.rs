@@ -383,11 +383,20 @@ impl FuseClient {
         decode(&b)
     }
 
+    /// LOOKUP; a negative entry (node id 0) is ENOENT, as the kernel takes it.
     pub fn lookup(&self, parent: u64, name: &str) -> FResult<EntryOut> {
-        exact(self.call(FUSE_LOOKUP, parent, &[&cstr(name)], 4096)?)
+        self.lookup_raw(parent, cstr(name).as_slice())
     }
 
     pub fn lookup_raw(&self, parent: u64, name: &[u8]) -> FResult<EntryOut> {
+        match self.lookup_reply(parent, name)? {
+            e if e.nodeid == 0 => Err(FuseError::Errno(libc::ENOENT)),
+            e => Ok(e),
+        }
+    }
+
+    /// LOOKUP's reply as it came: a negative entry is an entry with node id 0.
+    pub fn lookup_reply(&self, parent: u64, name: &[u8]) -> FResult<EntryOut> {
         exact(self.call(FUSE_LOOKUP, parent, &[name], 4096)?)
     }
 

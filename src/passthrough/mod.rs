@@ -177,6 +177,9 @@ pub struct InodeCounters {
     pub io: lock::IoLockStats,
 }
 
+/// The longest a guest may cache a negative LOOKUP (`negative_timeout`).
+pub const NEGATIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
 pub struct PassthroughFs {
     cfg: Config,
     inodes: InodeTable,
@@ -382,6 +385,13 @@ impl PassthroughFs {
 
     pub(crate) fn attr_timeout(&self) -> Duration {
         self.cfg.timeout()
+    }
+
+    /// How long the guest may cache that a name does not exist: the cache mode's entry
+    /// timeout, at most `NEGATIVE_TIMEOUT` (a name the host creates shows within it, as
+    /// a name it removes does in `auto`); none with `--cache never`.
+    pub fn negative_timeout(&self) -> Duration {
+        self.cfg.timeout().min(NEGATIVE_TIMEOUT)
     }
 
     pub(crate) fn session(&self) -> u64 {

@@ -68,6 +68,18 @@ fn entry(e: Entry) -> Vec<u8> {
     EntryOut::from(e).as_slice().to_vec()
 }
 
+/// A LOOKUP's "no such name" that the guest may cache for `timeout` (node id 0; a bare
+/// ENOENT is never cached, so every lookup of a missing name would come back).
+fn negative_entry(timeout: Duration) -> Vec<u8> {
+    EntryOut {
+        entry_valid: timeout.as_secs(),
+        entry_valid_nsec: timeout.subsec_nanos(),
+        ..Default::default()
+    }
+    .as_slice()
+    .to_vec()
+}
+
 fn attr((st, timeout): (libc::stat64, Duration)) -> Vec<u8> {
     AttrOut {
         attr_valid: timeout.as_secs(),
@@ -91,7 +103,13 @@ pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Out
     let node = hdr.nodeid;
     let r = || -> io::Result<Vec<u8>> {
         Ok(match op {
-            Opcode::Lookup => entry(fs.lookup(ctx, node, name(body)?)?),
+            Opcode::Lookup => match fs.lookup(ctx, node, name(body)?) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => match fs.negative_timeout() {
+                    t if t.is_zero() => return Err(e),
+                    t => negative_entry(t),
+                },
+                r => entry(r?),
+            },
             Opcode::Getattr => {
                 let a: GetattrIn = args(body)?;
                 let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);

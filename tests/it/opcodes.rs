@@ -772,3 +772,31 @@ fn lookup_of_a_name_the_host_gave_to_another_file_finds_that_file_not_the_known_
     assert_eq!(c.lookup(ROOT, "dir2").unwrap().nodeid, dir.nodeid);
     assert_eq!(errno(c.lookup(ROOT, "gone")), libc::ENOENT);
 }
+
+#[test]
+fn a_missing_name_is_a_negative_entry_cached_for_at_most_a_second_and_not_under_cache_never() {
+    for (cache, valid) in [("auto", Some(1)), ("always", Some(1)), ("never", None)] {
+        let d = Daemon::start(&["--cache", cache]);
+        let c = d.client();
+        let r = c.lookup_reply(ROOT, b"missing\0");
+        match valid {
+            Some(secs) => {
+                let e = r.unwrap_or_else(|e| panic!("{cache}: {e}"));
+                assert_eq!(
+                    (e.nodeid, e.entry_valid, e.entry_valid_nsec),
+                    (0, secs, 0),
+                    "{cache}"
+                );
+            }
+            None => assert_eq!(errno(r), libc::ENOENT, "{cache}"),
+        }
+        // Any other error stays an error.
+        std::fs::write(d.path("file"), b"").unwrap();
+        let file = c.lookup(ROOT, "file").unwrap().nodeid;
+        assert_eq!(
+            errno(c.lookup_reply(file, b"x\0")),
+            libc::ENOTDIR,
+            "{cache}"
+        );
+    }
+}
