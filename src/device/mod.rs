@@ -50,9 +50,11 @@ const INLINE_BATCH: usize = 16;
 const INLINE_BATCH_BYTES: usize = 1 << 20;
 
 /// After a pop whose quick metadata requests the queue thread served itself
-/// (`Place::Inline`), it watches the ring this long for the guest's next request before it
-/// sleeps: a guest with several in flight sends it within microseconds, and so neither
-/// kicks nor waits for the queue thread to wake.
+/// (`Place::Inline`), with none of the queue's requests left to the pool, it watches the
+/// ring this long for the guest's next request before it sleeps: a guest with several in
+/// flight sends it within microseconds, and so neither kicks nor waits for the queue
+/// thread to wake. Not while workers serve the queue's other requests: on a small host the
+/// spinning thread would take their CPU.
 const INLINE_POLL: Duration = Duration::from_micros(30);
 
 type Mem = GuestMemoryAtomic<GuestMem>;
@@ -264,9 +266,10 @@ impl FsDevice {
             };
             match &self.pool {
                 Some(pool) => {
+                    let in_flight = vring.in_flight();
                     let here = route::Queue {
-                        alone: self.lone.observe(queue, chains.len(), vring.in_flight()),
-                        inline: self.inline.allowed(queue, chains.len()),
+                        alone: self.lone.observe(queue, chains.len(), in_flight),
+                        inline: self.inline.allowed(queue, chains.len(), in_flight),
                     };
                     let mut busy_meanwhile = false;
                     // Everything but READ goes where it runs at once, so workers start on
@@ -330,7 +333,8 @@ impl FsDevice {
                     }
                 }
             }
-            if served_inline && poll_briefly(vring, &mem) {
+            // Only with nothing of this queue left to the pool: its workers need the CPU.
+            if served_inline && vring.in_flight() == 0 && poll_briefly(vring, &mem) {
                 continue;
             }
             // With EVENT_IDX, re-enabling notifications tells whether more arrived meanwhile.
