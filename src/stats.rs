@@ -34,6 +34,9 @@ pub struct Stats {
     pub served_alone: AtomicU64,
     /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
     pub reads_served_alone: AtomicU64,
+    /// Quick metadata requests a queue thread served itself beside others in flight (a
+    /// small pop; `device::route`).
+    pub served_inline: AtomicU64,
     /// Requests whose handler panicked (answered EIO; the worker lives on).
     pub panics: AtomicU64,
     /// Requests answered EMFILE or ENFILE: the host's fd limits were reached.
@@ -55,6 +58,7 @@ impl Default for Stats {
             reads_direct: AtomicU64::new(0),
             served_alone: AtomicU64::new(0),
             reads_served_alone: AtomicU64::new(0),
+            served_inline: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             fds_exhausted: AtomicU64::new(0),
         }
@@ -128,6 +132,7 @@ impl Stats {
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "served_alone": self.served_alone.load(Ordering::Relaxed),
             "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
+            "served_inline": self.served_inline.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),
             "fds_exhausted": self.fds_exhausted.load(Ordering::Relaxed),

@@ -9,6 +9,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use vhost::vhost_user::message::{
@@ -33,7 +34,7 @@ use crate::server::{Deferred, FuseServer, GuestMem, Placement, Slot};
 mod route;
 mod state;
 mod vring;
-use route::{Fallback, Lone, Place};
+use route::{Fallback, Inline, Lone, Place};
 use vring::Ticket;
 pub use vring::{TrackedVring, STOP_WAIT};
 
@@ -47,6 +48,14 @@ pub const TAG_LEN: usize = 36;
 /// first reply wait for a long batch.
 const INLINE_BATCH: usize = 16;
 const INLINE_BATCH_BYTES: usize = 1 << 20;
+
+/// After a pop whose quick metadata requests the queue thread served itself
+/// (`Place::Inline`), with none of the queue's requests left to the pool, it watches the
+/// ring this long for the guest's next request before it sleeps: a guest with several in
+/// flight sends it within microseconds, and so neither kicks nor waits for the queue
+/// thread to wake. Not while workers serve the queue's other requests: on a small host the
+/// spinning thread would take their CPU.
+const INLINE_POLL: Duration = Duration::from_micros(30);
 
 type Mem = GuestMemoryAtomic<GuestMem>;
 type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
@@ -170,8 +179,10 @@ pub struct FsDevice {
     event_idx: Arc<AtomicBool>,
     pool: Option<Pool>,
     exit: Vec<(EventConsumer, EventNotifier)>,
-    /// Per queue: whether the guest waits on one request at a time (`route`).
+    /// Per queue: whether the guest waits on one request at a time, and how fast the
+    /// requests served inline were (`route`).
     lone: Lone,
+    inline: Inline,
     /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
     transfer: state::Transfer,
 }
@@ -201,6 +212,7 @@ impl FsDevice {
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let lone = Lone::new(cfg.request_queues + 1);
+        let inline = Inline::new(cfg.request_queues + 1);
         Ok(FsDevice {
             server,
             cfg,
@@ -210,6 +222,7 @@ impl FsDevice {
             pool,
             exit,
             lone,
+            inline,
             transfer: Default::default(),
         })
     }
@@ -237,6 +250,7 @@ impl FsDevice {
         }
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         loop {
+            let mut served_inline = false;
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
@@ -260,19 +274,29 @@ impl FsDevice {
             };
             match &self.pool {
                 Some(pool) => {
-                    let alone = self.lone.observe(queue, chains.len(), vring.in_flight());
+                    let in_flight = vring.in_flight();
+                    let here = route::Queue {
+                        alone: self.lone.observe(queue, chains.len(), in_flight),
+                        inline: self.inline.allowed(queue, chains.len(), in_flight),
+                    };
                     let mut busy_meanwhile = false;
                     // Everything but READ goes where it runs at once, so workers start on
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
                     for (chain, t) in chains {
-                        match route::place(&self.server, &mem, &chain, alone) {
+                        match route::place(&self.server, &mem, &chain, here) {
                             Place::NoWaitRead { if_it_would_block } => {
                                 reads.push((chain, t, if_it_would_block))
                             }
                             Place::QueueThread => {
                                 busy_meanwhile =
                                     self.serve_alone(&mem, vring, queue as u16, chain, t)
+                            }
+                            Place::Inline => {
+                                let start = Instant::now();
+                                self.serve_inline(&mem, vring, queue as u16, chain, t);
+                                self.inline.took(queue, start.elapsed());
+                                served_inline = true;
                             }
                             Place::Pool => pool.send(chain, t, vring, queue as u16),
                         }
@@ -316,6 +340,10 @@ impl FsDevice {
                         }
                     }
                 }
+            }
+            // Only with nothing of this queue left to the pool: its workers need the CPU.
+            if served_inline && vring.in_flight() == 0 && poll_briefly(vring, &mem) {
+                continue;
             }
             // With EVENT_IDX, re-enabling notifications tells whether more arrived meanwhile.
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
@@ -426,6 +454,40 @@ impl FsDevice {
             vring.complete(&[(t, head, len)]);
         }
         busy
+    }
+
+    /// Serves a quick metadata request on the queue thread beside others in flight
+    /// (`Place::Inline`).
+    fn serve_inline(
+        &self,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
+        vring: &TrackedVring,
+        queue: u16,
+        chain: Chain,
+        t: Ticket,
+    ) {
+        let head = chain.head_index();
+        self.server.count_placement(Placement::ServedInline);
+        let mut later = || Later::boxed(vring, t, head, queue);
+        if let Some(len) = self.server.handle(mem, chain, &mut later) {
+            vring.complete(&[(t, head, len)]);
+        }
+    }
+}
+
+/// Whether the guest made a request available within `INLINE_POLL` (`process_queue`).
+fn poll_briefly(vring: &TrackedVring, mem: &GuestMem) -> bool {
+    let deadline = Instant::now() + INLINE_POLL;
+    loop {
+        if vring.more_available(mem) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
     }
 }
 

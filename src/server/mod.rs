@@ -140,6 +140,9 @@ pub enum Placement {
     ReadServedAlone,
     /// A READ that would have blocked, handed to the pool.
     ReadHandedOff,
+    /// A quick metadata request served on its queue thread beside others in flight
+    /// (`Opcode::is_quick_metadata`, a small pop).
+    ServedInline,
 }
 
 pub struct FuseServer {
@@ -225,6 +228,7 @@ impl FuseServer {
             Placement::ServedAlone => &self.stats.served_alone,
             Placement::ReadServedAlone => &self.stats.reads_served_alone,
             Placement::ReadHandedOff => &self.stats.reads_handed_off,
+            Placement::ServedInline => &self.stats.served_inline,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -335,18 +339,14 @@ impl FuseServer {
         peek_opcode(mem, chain) == Some(Opcode::Read as u32)
     }
 
-    /// Whether `chain` holds a request that takes one or two quick host calls (the data
-    /// path, lookups, attributes), which a queue thread may serve itself when it is alone
-    /// on its queue. Not the ones that may wait long by design (FSYNC, FALLOCATE, locks,
-    /// COPY_FILE_RANGE, an OPEN breaking a lease, SETATTR's truncate...): they would hold
-    /// up what the guest sends next on that queue. Only a hint, like `is_read`.
-    pub fn is_short<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> bool
+    /// The opcode in `chain`'s header, if vfsd knows it, for `device::route` to sort
+    /// requests by (`Opcode::is_short`, `Opcode::is_quick_metadata`). Only a hint, like
+    /// `is_read`.
+    pub fn opcode_hint<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<Opcode>
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        peek_opcode(mem, chain)
-            .and_then(Opcode::of)
-            .is_some_and(Opcode::is_short)
+        peek_opcode(mem, chain).and_then(Opcode::of)
     }
 
     /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the

@@ -223,6 +223,15 @@ impl Opcode {
                 | Statx
         )
     }
+
+    /// Whether the opcode is a short request that only reads metadata or directories
+    /// (and OPENDIR/RELEASEDIR around them): what a tree walk sends, several at a time
+    /// (git status's parallel lstat, find, ls -lR). A queue thread serves these itself
+    /// even beside other requests in flight (`device::route`): a hand-off costs more
+    /// than they do. Not READ and WRITE: parallel data goes to the pool.
+    pub fn is_quick_metadata(self) -> bool {
+        self.is_short() && !matches!(self, Read | Write | Release)
+    }
 }
 
 /// The opcode's name, or "unknown" for a number vfsd doesn't know.
@@ -260,6 +269,20 @@ mod tests {
             "a lease may hold them"
         );
         assert!(!Setlkw.is_short() && !Fallocate.is_short() && !Setattr.is_short());
+    }
+
+    #[test]
+    fn quick_metadata_is_short_and_leaves_the_data_path_and_release_out() {
+        assert!(Lookup.is_quick_metadata() && Getattr.is_quick_metadata());
+        assert!(Statx.is_quick_metadata() && Readdirplus.is_quick_metadata());
+        assert!(!Read.is_quick_metadata() && !Write.is_quick_metadata());
+        assert!(
+            !Release.is_quick_metadata(),
+            "a close may flush on a network share"
+        );
+        for op in Opcode::ALL {
+            assert!(!op.is_quick_metadata() || op.is_short(), "{op:?}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod migration;
 mod newer_ops;
 mod opcodes;
 mod parallel_writes;
+mod placement;
 mod read_path;
 mod ring_reset;
 mod sandbox;
