@@ -445,15 +445,8 @@ impl FsDevice {
         chain: Chain,
         t: Ticket,
     ) -> bool {
-        let head = chain.head_index();
-        self.server.count_placement(Placement::ServedAlone);
-        let mut later = || Later::boxed(vring, t, head, queue);
-        let len = self.server.handle(mem, chain, &mut later);
-        let busy = vring.more_available(mem);
-        if let Some(len) = len {
-            vring.complete(&[(t, head, len)]);
-        }
-        busy
+        let busy = || vring.more_available(mem);
+        self.serve_here(mem, vring, queue, chain, t, Placement::ServedAlone, busy)
     }
 
     /// Serves a quick metadata request on the queue thread beside others in flight
@@ -466,12 +459,31 @@ impl FsDevice {
         chain: Chain,
         t: Ticket,
     ) {
+        self.serve_here(mem, vring, queue, chain, t, Placement::ServedInline, || ())
+    }
+
+    /// Serves one request on the queue thread, counted as `placement`; `before_reply`
+    /// runs after the handler and before the reply goes on the used ring.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_here<T>(
+        &self,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
+        vring: &TrackedVring,
+        queue: u16,
+        chain: Chain,
+        t: Ticket,
+        placement: Placement,
+        before_reply: impl FnOnce() -> T,
+    ) -> T {
         let head = chain.head_index();
-        self.server.count_placement(Placement::ServedInline);
+        self.server.count_placement(placement);
         let mut later = || Later::boxed(vring, t, head, queue);
-        if let Some(len) = self.server.handle(mem, chain, &mut later) {
+        let len = self.server.handle(mem, chain, &mut later);
+        let out = before_reply();
+        if let Some(len) = len {
             vring.complete(&[(t, head, len)]);
         }
+        out
     }
 }
 

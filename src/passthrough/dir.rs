@@ -6,7 +6,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
@@ -19,22 +19,30 @@ use crate::sys::{self, cvt, errno};
 const FUSE_ATTR_SUBMOUNT: u32 = 1;
 
 impl PassthroughFs {
-    /// Resolves `name` in `parent` to an O_PATH fd without following symlinks.
-    fn open_child(&self, parent: u64, name: &CStr) -> io::Result<(Arc<Inode>, OwnedFd)> {
+    /// The directory `parent`, checked for a lookup of `name` in it.
+    fn parent_dir(&self, parent: u64, name: &CStr) -> io::Result<Arc<Inode>> {
         sys::check_name(name)?;
         let p = self.inode(parent)?;
         if !p.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
+        Ok(p)
+    }
+
+    /// `name` in the directory `pfd` as an O_PATH fd, without following symlinks.
+    fn open_name(&self, pfd: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+        self.with_fd_room(|| sys::openat(pfd, name, libc::O_PATH | libc::O_NOFOLLOW, 0))
+    }
+
+    /// Resolves `name` in `parent` to an O_PATH fd without following symlinks.
+    fn open_child(&self, parent: u64, name: &CStr) -> io::Result<(Arc<Inode>, OwnedFd)> {
+        let p = self.parent_dir(parent, name)?;
         let name = if parent == ROOT_ID && name.to_bytes() == b".." {
             c"."
         } else {
             name
         };
-        let pfd = p.path_fd()?;
-        let fd = self.with_fd_room(|| {
-            sys::openat(pfd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
-        })?;
+        let fd = self.open_name(p.path_fd()?.as_raw_fd(), name)?;
         Ok((p, fd))
     }
 
@@ -45,34 +53,37 @@ impl PassthroughFs {
         if sys::is_dot_or_dotdot(name) {
             return self.do_lookup(parent, name);
         }
-        sys::check_name(name)?;
-        let p = self.inode(parent)?;
-        if !p.is_dir() {
-            return Err(errno(libc::ENOTDIR));
-        }
+        let p = self.parent_dir(parent, name)?;
         let pfd = p.path_fd()?;
         // As the O_PATH open would: no symlink followed, no automount triggered.
         let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT;
         let st = sys::statx(pfd.as_raw_fd(), name, flags)?;
         match self.inodes.lookup_known(&st, Some((&p, name))) {
             Some(inode) => Ok(self.entry_in(&p, name, &inode, st)),
-            None => self.do_lookup(parent, name),
+            None => {
+                let fd = self.open_name(pfd.as_raw_fd(), name)?;
+                self.lookup_opened(&p, name, fd)
+            }
         }
     }
 
-    /// Looks `name` up by opening it (a name just created, or one `lookup_name` did not
-    /// find among the known nodes).
+    /// Looks `name` up by opening it (a name just created, or `.` and `..`).
     pub(super) fn do_lookup(&self, parent: u64, name: &CStr) -> io::Result<Entry> {
         let (p, fd) = self.open_child(parent, name)?;
+        self.lookup_opened(&p, name, fd)
+    }
+
+    /// The entry of `name` in `p`, opened as `fd`: a known node or a new one.
+    fn lookup_opened(&self, p: &Arc<Inode>, name: &CStr, fd: OwnedFd) -> io::Result<Entry> {
         let st = sys::statx(
             fd.as_raw_fd(),
             sys::EMPTY,
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )?;
         // `..` and `.` are not names a node can be found by again.
-        let seen = (!sys::is_dot_or_dotdot(name)).then_some((&p, name));
+        let seen = (!sys::is_dot_or_dotdot(name)).then_some((p, name));
         let inode = self.inodes.lookup_insert(fd, &st, seen)?;
-        Ok(self.entry_in(&p, name, &inode, st))
+        Ok(self.entry_in(p, name, &inode, st))
     }
 
     /// The entry of `inode`, found as `name` in `p`.

@@ -826,25 +826,10 @@ impl FileLocks {
 }
 
 impl Wait {
-    /// Blocks until the lock is granted or the wait is interrupted (EINTR, from a signal
-    /// the canceller sends while `cancelled` says so). Run on a waiter thread, never on a
-    /// request worker.
-    pub fn block(self, cancelled: &std::sync::atomic::AtomicBool) -> io::Result<()> {
-        loop {
-            // Cancelled before it blocked (say while its ring stopped): no signal would
-            // reach a wait that has not begun.
-            if cancelled.load(Ordering::SeqCst) {
-                return Err(io::Error::from_raw_os_error(libc::EINTR));
-            }
-            match self.wait_once() {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
-                    if cancelled.load(Ordering::Acquire) {
-                        return Err(e);
-                    }
-                }
-                r => return r,
-            }
-        }
+    /// Blocks until the lock is granted or `blocker` is called off (EINTR, from the
+    /// signal its canceller sends). Run on a waiter thread, never on a request worker.
+    pub fn block(self, blocker: &Blocker) -> io::Result<()> {
+        blocker.retry(|| self.wait_once())
     }
 
     fn wait_once(&self) -> io::Result<()> {

@@ -689,14 +689,9 @@ impl InodeTable {
         inode.lookups.fetch_add(1, Ordering::Relaxed);
         let inode = inode.clone();
         drop(m);
-        if let Some((p, n)) = name {
-            if !inode.is_at(p, n) {
-                inode.seen_at(p, n);
-            }
-        }
+        found_as(&inode, name);
         Some(inode)
     }
-
     /// Registers one guest lookup of the file `fd` names, found as `name` in `parent`
     /// (None: a file with no name, O_TMPFILE). If the file is already known the new fd is
     /// dropped, the existing node's count goes up, and its name becomes this one.
@@ -707,13 +702,7 @@ impl InodeTable {
         name: Option<(&Arc<Inode>, &CStr)>,
     ) -> io::Result<Arc<Inode>> {
         let key = InodeKey::of(st);
-        let seen = |inode: &Arc<Inode>| {
-            if let Some((p, n)) = name {
-                if !inode.is_at(p, n) {
-                    inode.seen_at(p, n);
-                }
-            }
-        };
+        let seen = |inode: &Arc<Inode>| found_as(inode, name);
         if let Some(inode) = self.lookup_known(st, name) {
             return Ok(inode);
         }
@@ -981,5 +970,14 @@ fn file_id(st: &sys::StatX, handle: Option<sys::FileHandle>) -> FileId {
 impl Default for InodeTable {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// A lookup found `inode` as `name` (parent and name), which becomes its name.
+fn found_as(inode: &Arc<Inode>, name: Option<(&Arc<Inode>, &CStr)>) {
+    if let Some((p, n)) = name {
+        if !inode.is_at(p, n) {
+            inode.seen_at(p, n);
+        }
     }
 }

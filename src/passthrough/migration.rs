@@ -921,18 +921,12 @@ const RETAKE_STACK: usize = 64 * 1024;
 /// Runs `lock` (a blocking lock call) until the host grants it (true), it fails, or
 /// `retake` is called off (false).
 fn granted(retake: &Blocker, lock: impl Fn() -> io::Result<()>) -> bool {
-    loop {
-        match lock() {
-            Ok(()) => return true,
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
-                if retake.is_cancelled() {
-                    return false;
-                }
-            }
-            Err(e) => {
-                log::warn!("migration: taking a lock again: {e}");
-                return false;
-            }
+    match retake.retry(lock) {
+        Ok(()) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => false,
+        Err(e) => {
+            log::warn!("migration: taking a lock again: {e}");
+            false
         }
     }
 }

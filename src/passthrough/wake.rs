@@ -68,9 +68,19 @@ impl Blocker {
         self.cancelled.load(Ordering::SeqCst)
     }
 
-    /// For `filelocks::Wait::block`, which looks at the flag between tries.
-    pub fn cancelled(&self) -> &AtomicBool {
-        &self.cancelled
+    /// Runs `call`, a blocking lock call, again after each EINTR until it is done or the
+    /// work is called off (then EINTR). Looked at before the first call too: a cancel
+    /// that came before the thread blocked sent no signal.
+    pub fn retry<T>(&self, mut call: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+        loop {
+            if self.is_cancelled() {
+                return Err(std::io::Error::from_raw_os_error(libc::EINTR));
+            }
+            match call() {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                r => return r,
+            }
+        }
     }
 
     /// On the blocking thread, when it is done with everything a cancel waits for: no

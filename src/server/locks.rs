@@ -285,7 +285,7 @@ pub fn spawn_waiter(
             };
             // Cancelled already (its ring stopped as it began): `block` says EINTR.
             me.blocker.start();
-            let r = wait.block(me.blocker.cancelled());
+            let r = wait.block(&me.blocker);
             // No signal reaches this thread after this: the reply's writes and the
             // guest's notification can't be interrupted.
             drop(registered);

@@ -53,6 +53,14 @@ fn set_up(c: &FuseClient) -> Guest {
     }
 }
 
+/// The guest lets go of `set_up`'s POSIX lock and flock.
+fn unlock(c: &FuseClient, g: &Guest) {
+    c.setlk(g.file, g.fh, OWNER, Lock::range(0, 9, libc::F_UNLCK, 42))
+        .unwrap();
+    c.setlk(g.file, g.flock_fh, OWNER + 1, Lock::flock(libc::F_UNLCK))
+        .unwrap();
+}
+
 /// A frontend that has not sent INIT: a migration destination's.
 fn destination(d: &Daemon) -> FuseClient {
     FuseClient::new(d.frontend(FrontendConfig::default()))
@@ -108,10 +116,7 @@ fn a_second_daemon_serves_the_sources_nodes_handles_and_locks_without_init() {
     );
     assert!(!host_can_flock(&f), "a host program took the guest's flock");
     // The guest still owns them: it unlocks, and then the host may lock.
-    n.setlk(g.file, g.fh, OWNER, Lock::range(0, 9, libc::F_UNLCK, 42))
-        .unwrap();
-    n.setlk(g.file, g.flock_fh, OWNER + 1, Lock::flock(libc::F_UNLCK))
-        .unwrap();
+    unlock(&n, &g);
     assert!(host_can_lock(&f) && host_can_flock(&f));
 }
 
@@ -214,20 +219,7 @@ fn locks_taken_again_without_the_handover_wait_in_the_hosts_queue_and_pass_strai
     let probe =
         r.n.getlk(r.g.file, r.g.fh, OTHER, Lock::range(0, 9, libc::F_WRLCK, 7));
     assert_eq!(probe.unwrap().type_, libc::F_WRLCK as u32);
-    r.n.setlk(
-        r.g.file,
-        r.g.fh,
-        OWNER,
-        Lock::range(0, 9, libc::F_UNLCK, 42),
-    )
-    .unwrap();
-    r.n.setlk(
-        r.g.file,
-        r.g.flock_fh,
-        OWNER + 1,
-        Lock::flock(libc::F_UNLCK),
-    )
-    .unwrap();
+    unlock(&r.n, &r.g);
     assert!(host_can_lock(&f) && host_can_flock(&f));
 }
 
@@ -247,20 +239,7 @@ fn a_guest_lock_call_a_close_or_the_sessions_end_calls_off_a_queued_lock_retake(
                 .unwrap();
         } else if how == "lock calls" {
             // The guest drops both while the source still holds them: its calls decide.
-            r.n.setlk(
-                r.g.file,
-                r.g.flock_fh,
-                OWNER + 1,
-                Lock::flock(libc::F_UNLCK),
-            )
-            .unwrap();
-            r.n.setlk(
-                r.g.file,
-                r.g.fh,
-                OWNER,
-                Lock::range(0, 9, libc::F_UNLCK, 42),
-            )
-            .unwrap();
+            unlock(&r.n, &r.g);
         } else {
             r.n.destroy().unwrap();
         }
