@@ -37,6 +37,8 @@ pub struct Stats {
     /// Quick metadata requests a queue thread served itself beside others in flight (a
     /// small pop; `device::route`).
     pub served_inline: AtomicU64,
+    /// FORGET, BATCH_FORGET and INTERRUPT (no reply) served on their queue thread.
+    pub no_reply_on_queue_thread: AtomicU64,
     /// Requests whose handler panicked (answered EIO; the worker lives on).
     pub panics: AtomicU64,
     /// Requests answered EMFILE or ENFILE: the host's fd limits were reached.
@@ -59,6 +61,7 @@ impl Default for Stats {
             served_alone: AtomicU64::new(0),
             reads_served_alone: AtomicU64::new(0),
             served_inline: AtomicU64::new(0),
+            no_reply_on_queue_thread: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             fds_exhausted: AtomicU64::new(0),
         }
@@ -133,6 +136,7 @@ impl Stats {
             "served_alone": self.served_alone.load(Ordering::Relaxed),
             "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
             "served_inline": self.served_inline.load(Ordering::Relaxed),
+            "no_reply_on_queue_thread": self.no_reply_on_queue_thread.load(Ordering::Relaxed),
             "reads_direct": self.reads_direct.load(Ordering::Relaxed),
             "panics": self.panics.load(Ordering::Relaxed),
             "fds_exhausted": self.fds_exhausted.load(Ordering::Relaxed),

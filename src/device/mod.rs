@@ -34,7 +34,7 @@ use crate::server::{Deferred, FuseServer, GuestMem, Placement, Slot};
 mod route;
 mod state;
 mod vring;
-use route::{Fallback, Inline, Lone, Place};
+use route::{Fallback, Inline, Lone, Place, RingPoll};
 use vring::Ticket;
 pub use vring::{TrackedVring, STOP_WAIT};
 
@@ -54,7 +54,7 @@ const INLINE_BATCH_BYTES: usize = 1 << 20;
 /// ring this long for the guest's next request before it sleeps: a guest with several in
 /// flight sends it within microseconds, and so neither kicks nor waits for the queue
 /// thread to wake. Not while workers serve the queue's other requests: on a small host the
-/// spinning thread would take their CPU.
+/// spinning thread would take their CPU; nor while polls miss (`route::RingPoll`).
 const INLINE_POLL: Duration = Duration::from_micros(30);
 
 type Mem = GuestMemoryAtomic<GuestMem>;
@@ -183,6 +183,7 @@ pub struct FsDevice {
     /// requests served inline were (`route`).
     lone: Lone,
     inline: Inline,
+    poll: RingPoll,
     /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
     transfer: state::Transfer,
 }
@@ -212,7 +213,9 @@ impl FsDevice {
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
         let lone = Lone::new(cfg.request_queues + 1);
-        let inline = Inline::new(cfg.request_queues + 1);
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        let inline = Inline::new(cfg.request_queues + 1, route::inline_pop_limit(cpus));
+        let poll = RingPoll::new(cfg.request_queues + 1);
         Ok(FsDevice {
             server,
             cfg,
@@ -223,6 +226,7 @@ impl FsDevice {
             exit,
             lone,
             inline,
+            poll,
             transfer: Default::default(),
         })
     }
@@ -298,6 +302,15 @@ impl FsDevice {
                                 self.inline.took(queue, start.elapsed());
                                 served_inline = true;
                             }
+                            Place::NoReply => self.serve_here(
+                                &mem,
+                                vring,
+                                queue as u16,
+                                chain,
+                                t,
+                                Placement::NoReplyOnQueueThread,
+                                || (),
+                            ),
                             Place::Pool => pool.send(chain, t, vring, queue as u16),
                         }
                     }
@@ -342,8 +355,12 @@ impl FsDevice {
                 }
             }
             // Only with nothing of this queue left to the pool: its workers need the CPU.
-            if served_inline && vring.in_flight() == 0 && poll_briefly(vring, &mem) {
-                continue;
+            if served_inline && vring.in_flight() == 0 && self.poll.worth(queue) {
+                let caught = poll_briefly(vring, &mem);
+                self.poll.polled(queue, caught);
+                if caught {
+                    continue;
+                }
             }
             // With EVENT_IDX, re-enabling notifications tells whether more arrived meanwhile.
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {

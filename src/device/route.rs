@@ -11,6 +11,10 @@
 //!   reads) in a pop of at most `SMALL_POP` requests, when none of the queue's earlier
 //!   requests are still with the pool and such requests served there have been fast
 //!   (`Inline`). It costs less than the hand-off to a worker.
+//! - **On the queue thread, always**: FORGET, BATCH_FORGET and INTERRUPT, which take no
+//!   reply and no more than dropping nodes or waking a lock waiter (`Place::NoReply`). A
+//!   hand-off cost more than they do: `git status` under `--cache never` sends a FORGET
+//!   for every fourth request.
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
@@ -19,7 +23,6 @@
 //! docs/design.md ("Lone requests", "The read fast path") gives the figures behind it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-
 use std::time::Duration;
 
 use super::Chain;
@@ -32,10 +35,28 @@ use crate::server::{FuseServer, GuestMem, Opcode};
 /// each reply.
 pub const LONE_POPS: u32 = 16;
 
-/// Pops of at most this many requests have their quick metadata requests served on the
-/// queue thread (`Place::Inline`); a larger pop goes to the pool, which serves it in
-/// parallel.
+/// On a host with more than `SMALL_HOST_CPUS` CPUs, pops of at most this many requests
+/// have their quick metadata requests served on the queue thread (`Place::Inline`); a
+/// larger pop goes to the pool, which serves it in parallel.
 pub const SMALL_POP: usize = 4;
+
+/// On a host with at most this many CPUs, a pop of any size has its quick metadata
+/// requests served on the queue thread. Workers can't serve them in parallel there: the
+/// guest's vCPUs want the same CPUs, and the hand-off costs more than the requests.
+/// Measured on 2 CPUs with the load generator's lookup-getattr at 8 in flight, the pool
+/// took 3 times the daemon CPU per request of serving on the queue thread, at half the
+/// rate; and `git status` in a guest under `--cache never` twice the CPU
+/// (docs/benchmarks.md, "Session 13").
+pub const SMALL_HOST_CPUS: usize = 2;
+
+/// The largest pop whose quick metadata requests run inline on a host with `cpus` CPUs.
+pub fn inline_pop_limit(cpus: usize) -> usize {
+    if cpus <= SMALL_HOST_CPUS {
+        usize::MAX
+    } else {
+        SMALL_POP
+    }
+}
 
 /// Quick metadata requests served on a queue thread that took longer than this on average
 /// (a slow network share) go to the pool again: the queue would wait on each of them.
@@ -66,6 +87,8 @@ pub enum Place {
     /// A quick metadata request served on the queue thread beside others in flight, timed
     /// for `Inline::took`.
     Inline,
+    /// A request without a reply, served on the queue thread.
+    NoReply,
     Pool,
 }
 
@@ -109,46 +132,94 @@ impl Lone {
     }
 }
 
-/// Per queue: how long the quick metadata requests its thread served inline took.
+/// Per queue: how often the quick metadata requests its thread served inline were slow.
 pub struct Inline {
-    /// Moving average, in nanoseconds (each new time weighs an eighth).
-    avg_ns: Vec<AtomicU32>,
-    /// Small pops since the last probe, while the average is above `SLOW_INLINE`.
+    /// The largest pop served inline (`inline_pop_limit`).
+    max_pop: usize,
+    /// Moving share of inline requests slower than `SLOW_INLINE`, out of `SLOW_SCALE`
+    /// (each new request weighs an eighth).
+    slow: Vec<AtomicU32>,
+    /// Small pops since the last probe, while most inline requests are slow.
     pops: Vec<AtomicU32>,
 }
 
+/// `Inline::slow` of a queue whose every request is slow.
+const SLOW_SCALE: u32 = 1 << 16;
+
 impl Inline {
-    pub fn new(queues: usize) -> Inline {
+    pub fn new(queues: usize, max_pop: usize) -> Inline {
         Inline {
-            avg_ns: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+            max_pop,
+            slow: (0..queues).map(|_| AtomicU32::new(0)).collect(),
             pops: (0..queues).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
     /// Whether a pop of `popped` requests, with `in_flight` of the queue not yet answered
-    /// (these included), may serve its quick metadata requests inline: a small pop, with
-    /// none of the queue's earlier requests still with the pool or a lock waiter, on a
-    /// queue whose inline requests have been fast (or a probe is due). Serving a GETATTR
-    /// inline while workers serve the same guest's CREATEs and UNLINKs cost the load
-    /// generator's churn 20-35% at 2 in flight.
+    /// (these included), may serve its quick metadata requests inline: a pop of at most
+    /// `max_pop`, with none of the queue's earlier requests still with the pool or a lock
+    /// waiter, on a queue whose inline requests have mostly been fast (or a probe is
+    /// due). Serving a GETATTR inline while workers serve the same guest's CREATEs and
+    /// UNLINKs cost the load generator's churn 20-35% at 2 in flight.
     pub fn allowed(&self, queue: usize, popped: usize, in_flight: usize) -> bool {
-        if popped > SMALL_POP || in_flight > popped {
+        if popped > self.max_pop || in_flight > popped {
             return false;
         }
-        if self.avg_ns[queue].load(Ordering::Relaxed) < SLOW_INLINE.as_nanos() as u32 {
+        if self.slow[queue].load(Ordering::Relaxed) <= SLOW_SCALE / 2 {
             return true;
         }
         self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
     }
 
-    /// An inline request on `queue` took `took`. A time counts as at most four times
-    /// `SLOW_INLINE`: one request that waited on a page fault or a preempted thread
-    /// doesn't turn inline service off, two in a row (or a slow share) do.
+    /// An inline request on `queue` took `took`. What counts is how many are slow, not
+    /// by how much: on a small host a vCPU thread preempts the queue thread now and then
+    /// in the middle of a request, and under an average those few long times sent a
+    /// tenth of `git status`'s requests to the pool. A slow share makes every request
+    /// slow, and six in a row turn inline service off.
     pub fn took(&self, queue: usize, took: Duration) {
-        let ns = took.min(SLOW_INLINE * 4).as_nanos() as u64;
-        let avg = &self.avg_ns[queue];
-        let old = avg.load(Ordering::Relaxed) as u64;
-        avg.store(((old * 7 + ns) / 8) as u32, Ordering::Relaxed);
+        let sample = if took > SLOW_INLINE { SLOW_SCALE } else { 0 };
+        let slow = &self.slow[queue];
+        let old = slow.load(Ordering::Relaxed);
+        slow.store((old - old / 8) + sample / 8, Ordering::Relaxed);
+    }
+}
+
+/// Per queue: whether to watch the ring for the guest's next request after a pop the
+/// queue thread served inline (`INLINE_POLL` in `device`). It pays when the guest sends
+/// its next request within microseconds, as a load generator on the host does; a TCG
+/// guest mostly takes hundreds, and there the spinning only takes CPU its vCPUs want. So
+/// a queue polls while most of its polls catch a request, and otherwise polls once in
+/// `PROBE_POPS` to see whether they would again.
+pub struct RingPoll {
+    /// Moving share of polls that caught a request, out of `SLOW_SCALE`.
+    hits: Vec<AtomicU32>,
+    /// Chances to poll since the last probe, while polls mostly miss.
+    pops: Vec<AtomicU32>,
+}
+
+impl RingPoll {
+    pub fn new(queues: usize) -> RingPoll {
+        RingPoll {
+            hits: (0..queues).map(|_| AtomicU32::new(SLOW_SCALE)).collect(),
+            pops: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Whether the queue thread should watch the ring now: three polls in four have
+    /// caught a request, or a probe is due.
+    pub fn worth(&self, queue: usize) -> bool {
+        if self.hits[queue].load(Ordering::Relaxed) >= SLOW_SCALE / 4 * 3 {
+            return true;
+        }
+        self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
+    }
+
+    /// A poll caught the guest's next request, or didn't.
+    pub fn polled(&self, queue: usize, caught: bool) {
+        let sample = if caught { SLOW_SCALE } else { 0 };
+        let hits = &self.hits[queue];
+        let old = hits.load(Ordering::Relaxed);
+        hits.store((old - old / 8) + sample / 8, Ordering::Relaxed);
     }
 }
 
@@ -169,6 +240,7 @@ fn decide(op: Option<Opcode>, queue: Queue) -> Place {
                 Fallback::Pool
             },
         },
+        Some(op) if op.takes_no_reply() => Place::NoReply,
         Some(op) if queue.alone && op.is_short() => Place::QueueThread,
         Some(op) if queue.inline && op.is_quick_metadata() => Place::Inline,
         _ => Place::Pool,
@@ -218,6 +290,9 @@ mod tests {
             assert_eq!(decide(Some(op), busy), Place::Pool, "{op:?}");
         }
         assert_eq!(decide(None, busy), Place::Pool, "an unknown opcode");
+        for op in [Opcode::Forget, Opcode::BatchForget, Opcode::Interrupt] {
+            assert_eq!(decide(Some(op), Queue::default()), Place::NoReply, "{op:?}");
+        }
         assert_eq!(
             decide(Some(Opcode::Read), busy),
             Place::NoWaitRead {
@@ -236,20 +311,32 @@ mod tests {
 
     #[test]
     fn inline_is_for_small_pops_alone_with_the_pool_stops_when_slow_and_probes_again() {
-        let inline = Inline::new(2);
+        let inline = Inline::new(2, SMALL_POP);
         assert!(inline.allowed(1, 1, 1) && inline.allowed(1, SMALL_POP, SMALL_POP));
         assert!(
             !inline.allowed(1, SMALL_POP + 1, SMALL_POP + 1),
             "a large pop goes to the pool"
         );
+        let small_host = Inline::new(2, inline_pop_limit(SMALL_HOST_CPUS));
+        assert!(
+            small_host.allowed(1, 64, 64),
+            "a small host serves a large pop inline"
+        );
+        assert!(!small_host.allowed(1, 64, 65), "but not beside the pool");
+        assert_eq!(inline_pop_limit(SMALL_HOST_CPUS + 1), SMALL_POP);
         assert!(
             !inline.allowed(1, 1, 2),
             "not beside a request the pool still serves"
         );
         inline.took(1, Duration::from_secs(1));
         assert!(inline.allowed(1, 1, 1), "one slow request is an outlier");
-        for _ in 0..16 {
-            inline.took(1, SLOW_INLINE * 4);
+        for _ in 0..4 {
+            inline.took(1, Duration::from_micros(2));
+            inline.took(1, Duration::from_secs(1));
+        }
+        assert!(inline.allowed(1, 1, 1), "so is every other one");
+        for _ in 0..6 {
+            inline.took(1, SLOW_INLINE * 2);
         }
         assert!(inline.allowed(0, 1, 1), "queues count apart");
         let probes = (0..PROBE_POPS * 2)
@@ -260,5 +347,27 @@ mod tests {
             inline.took(1, Duration::from_micros(2));
         }
         assert!(inline.allowed(1, 1, 1), "fast again");
+    }
+
+    #[test]
+    fn a_queue_polls_while_most_polls_catch_a_request_and_probes_otherwise() {
+        let poll = RingPoll::new(2);
+        assert!(poll.worth(1), "polls at first");
+        poll.polled(1, false);
+        poll.polled(1, true);
+        assert!(poll.worth(1), "a miss now and then leaves it on");
+        for _ in 0..3 {
+            poll.polled(1, false);
+        }
+        assert!(
+            !poll.worth(1) && poll.worth(0),
+            "misses turn it off, per queue"
+        );
+        let probes = (0..PROBE_POPS * 2).filter(|_| poll.worth(1)).count();
+        assert_eq!(probes, 2, "one chance in PROBE_POPS probes");
+        for _ in 0..16 {
+            poll.polled(1, true);
+        }
+        assert!(poll.worth(1), "catching again turns it on");
     }
 }

@@ -143,6 +143,9 @@ pub enum Placement {
     /// A quick metadata request served on its queue thread beside others in flight
     /// (`Opcode::is_quick_metadata`, a small pop).
     ServedInline,
+    /// A request without a reply (FORGET, BATCH_FORGET, INTERRUPT) served on its queue
+    /// thread.
+    NoReplyOnQueueThread,
 }
 
 pub struct FuseServer {
@@ -229,6 +232,7 @@ impl FuseServer {
             Placement::ReadServedAlone => &self.stats.reads_served_alone,
             Placement::ReadHandedOff => &self.stats.reads_handed_off,
             Placement::ServedInline => &self.stats.served_inline,
+            Placement::NoReplyOnQueueThread => &self.stats.no_reply_on_queue_thread,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }

@@ -202,19 +202,50 @@ impl Opcode {
     }
 
     /// Served with one or two quick host calls: a queue thread may serve it itself when
-    /// nothing else is in flight on its queue (`FuseServer::is_short`). Not OPEN and
-    /// CREATE: a host lease holds an open for up to fs.lease-break-time (45 s), and the
-    /// queue would wait with it; nor what may wait long by design (FSYNC, FALLOCATE,
-    /// locks, COPY_FILE_RANGE, SETATTR's truncate).
+    /// nothing else is in flight on its queue (`device::route`). The namespace and
+    /// attribute changes are here too (untar, `cp -a` and `rm -rf` send one at a time,
+    /// and a quarter of their requests paid the hand-off to a worker): SETATTR's truncate
+    /// waits at most on the file's writes in flight, and a FLUSH on the host's close.
+    /// Not OPEN and CREATE: a host lease holds an open for up to fs.lease-break-time
+    /// (45 s), and the queue would wait with it; nor what may wait long by design (FSYNC,
+    /// FALLOCATE, locks, COPY_FILE_RANGE).
     pub fn is_short(self) -> bool {
+        self.is_quick_metadata()
+            || matches!(
+                self,
+                Read | Write
+                    | Release
+                    | Setattr
+                    | Symlink
+                    | Mknod
+                    | Mkdir
+                    | Unlink
+                    | Rmdir
+                    | Rename
+                    | Rename2
+                    | Link
+                    | Setxattr
+                    | Removexattr
+                    | Flush
+                    | Lseek
+            )
+    }
+
+    /// Whether the opcode is a short request that only reads metadata or directories
+    /// (and OPENDIR/RELEASEDIR around them): what a tree walk sends, several at a time
+    /// (git status's parallel lstat, find, ls -lR). A queue thread serves these itself
+    /// even beside other requests in flight (`device::route`): a hand-off costs more
+    /// than they do. Not READ and WRITE: parallel data goes to the pool; nor what
+    /// changes the tree, which a guest's parallel work may send beside its CREATEs.
+    pub fn is_quick_metadata(self) -> bool {
         matches!(
             self,
             Lookup
                 | Getattr
-                | Read
-                | Write
-                | Release
+                | Readlink
+                | Statfs
                 | Getxattr
+                | Listxattr
                 | Opendir
                 | Readdir
                 | Releasedir
@@ -222,15 +253,6 @@ impl Opcode {
                 | Readdirplus
                 | Statx
         )
-    }
-
-    /// Whether the opcode is a short request that only reads metadata or directories
-    /// (and OPENDIR/RELEASEDIR around them): what a tree walk sends, several at a time
-    /// (git status's parallel lstat, find, ls -lR). A queue thread serves these itself
-    /// even beside other requests in flight (`device::route`): a hand-off costs more
-    /// than they do. Not READ and WRITE: parallel data goes to the pool.
-    pub fn is_quick_metadata(self) -> bool {
-        self.is_short() && !matches!(self, Read | Write | Release)
     }
 }
 
@@ -268,7 +290,8 @@ mod tests {
             !Open.is_short() && !Create.is_short(),
             "a lease may hold them"
         );
-        assert!(!Setlkw.is_short() && !Fallocate.is_short() && !Setattr.is_short());
+        assert!(!Setlkw.is_short() && !Fallocate.is_short() && !CopyFileRange.is_short());
+        assert!(Setattr.is_short() && Unlink.is_short() && Flush.is_short());
     }
 
     #[test]
@@ -276,6 +299,10 @@ mod tests {
         assert!(Lookup.is_quick_metadata() && Getattr.is_quick_metadata());
         assert!(Statx.is_quick_metadata() && Readdirplus.is_quick_metadata());
         assert!(!Read.is_quick_metadata() && !Write.is_quick_metadata());
+        assert!(
+            !Unlink.is_quick_metadata() && !Setattr.is_quick_metadata(),
+            "changes to the tree go to the pool beside others in flight"
+        );
         assert!(
             !Release.is_quick_metadata(),
             "a close may flush on a network share"
