@@ -34,10 +34,11 @@ pub struct Stats {
     pub served_alone: AtomicU64,
     /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
     pub reads_served_alone: AtomicU64,
-    /// Quick metadata requests a queue thread served itself beside others in flight (a
-    /// small pop; `device::route`).
+    /// Quick metadata requests a queue thread served itself beside others in flight (in a
+    /// pop `device::route` allows).
     pub served_inline: AtomicU64,
-    /// FORGET, BATCH_FORGET and INTERRUPT (no reply) served on their queue thread.
+    /// Requests without a reply (FORGET, BATCH_FORGET, INTERRUPT, NOTIFY_REPLY), all served
+    /// on their queue thread.
     pub no_reply_on_queue_thread: AtomicU64,
     /// Requests whose handler panicked (answered EIO; the worker lives on).
     pub panics: AtomicU64,

@@ -288,6 +288,9 @@ impl FsDevice {
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
                     for (chain, t) in chains {
+                        if stopped_since_popped(vring, &chain, t) {
+                            continue;
+                        }
                         match route::place(&self.server, &mem, &chain, here) {
                             Place::NoWaitRead { if_it_would_block } => {
                                 reads.push((chain, t, if_it_would_block))
@@ -295,6 +298,10 @@ impl FsDevice {
                             Place::QueueThread => {
                                 busy_meanwhile =
                                     self.serve_alone(&mem, vring, queue as u16, chain, t)
+                            }
+                            // Its requests turned slow earlier in this pop.
+                            Place::Inline if !self.inline.fast(queue) => {
+                                pool.send(chain, t, vring, queue as u16)
                             }
                             Place::Inline => {
                                 let start = Instant::now();
@@ -317,6 +324,9 @@ impl FsDevice {
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
                     let mut bytes = 0usize;
                     for (chain, t, fallback) in reads {
+                        if stopped_since_popped(vring, &chain, t) {
+                            continue;
+                        }
                         match self.server.try_handle_without_blocking(&mem, &chain) {
                             Some(len) => {
                                 done.push((t, chain.head_index(), len));
@@ -346,6 +356,9 @@ impl FsDevice {
                 }
                 None => {
                     for (chain, t) in chains {
+                        if stopped_since_popped(vring, &chain, t) {
+                            continue;
+                        }
                         let head = chain.head_index();
                         let mut later = || Later::boxed(vring, t, head, queue as u16);
                         if let Some(len) = self.server.handle(&mem, chain, &mut later) {
@@ -502,6 +515,19 @@ impl FsDevice {
         }
         out
     }
+}
+
+/// Whether the ring stopped (GET_VRING_BASE, a reset) after `chain` was popped, while
+/// the queue thread served the requests before it: then it is dropped unserved, as a
+/// worker drops such a job (`Pool`). Served anyway, it would act on the host after the
+/// stop and write its reply into memory the guest may have reused, and after a resume
+/// it is popped again and would run twice (a FORGET applied twice).
+fn stopped_since_popped(vring: &TrackedVring, chain: &Chain, t: Ticket) -> bool {
+    if vring.is_current(t) {
+        return false;
+    }
+    vring.complete(&[(t, chain.head_index(), 0)]);
+    true
 }
 
 /// Whether the guest made a request available within `INLINE_POLL` (`process_queue`).

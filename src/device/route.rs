@@ -7,14 +7,17 @@
 //!   it sends the next (`Lone`) and the opcode is short (`Opcode::is_short`), or a READ
 //!   that would block in that case.
 //! - **On the queue thread, beside others in flight**: a quick metadata request
-//!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, GETXATTR, ACCESS, the directory
-//!   reads) in a pop of at most `SMALL_POP` requests, when none of the queue's earlier
-//!   requests are still with the pool and such requests served there have been fast
-//!   (`Inline`). It costs less than the hand-off to a worker.
-//! - **On the queue thread, always**: FORGET, BATCH_FORGET and INTERRUPT, which take no
-//!   reply and no more than dropping nodes or waking a lock waiter (`Place::NoReply`). A
-//!   hand-off cost more than they do: `git status` under `--cache never` sends a FORGET
-//!   for every fourth request.
+//!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, the xattr and directory reads,
+//!   READLINK, STATFS, ACCESS) in a small pop (`inline_pop_limit`: at most `SMALL_POP`
+//!   requests, or `SMALL_HOST_POP` on a host of at most `SMALL_HOST_CPUS`), when none of
+//!   the queue's earlier requests are still with the pool and such requests served there
+//!   have mostly been fast (`Inline`). It costs less than the hand-off to a worker.
+//! - **On the queue thread, always**: the opcodes without a reply (FORGET, BATCH_FORGET,
+//!   INTERRUPT, NOTIFY_REPLY), which do no more than drop nodes or wake a lock waiter
+//!   (`Place::NoReply`). A hand-off cost more than they do: `git status` under `--cache
+//!   never` sends a FORGET for every fourth request. As everywhere here the opcode is a
+//!   hint read before the copy: a guest that rewrites a FORGET into an OPEN of a leased
+//!   file stalls only its own queue.
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
@@ -49,17 +52,22 @@ pub const SMALL_POP: usize = 4;
 /// (docs/benchmarks.md, "Session 13").
 pub const SMALL_HOST_CPUS: usize = 2;
 
+/// The largest pop served inline on a small host: enough for a guest's parallel tree walk
+/// (git's preload threads keep up to 20 requests in flight), and a bound on how long a pop
+/// holds the queue thread should its requests turn slow.
+pub const SMALL_HOST_POP: usize = 32;
+
 /// The largest pop whose quick metadata requests run inline on a host with `cpus` CPUs.
 pub fn inline_pop_limit(cpus: usize) -> usize {
     if cpus <= SMALL_HOST_CPUS {
-        usize::MAX
+        SMALL_HOST_POP
     } else {
         SMALL_POP
     }
 }
 
-/// Quick metadata requests served on a queue thread that took longer than this on average
-/// (a slow network share) go to the pool again: the queue would wait on each of them.
+/// When most quick metadata requests served on a queue thread take longer than this (a
+/// slow network share), they go to the pool again: the queue would wait on each of them.
 pub const SLOW_INLINE: Duration = Duration::from_micros(50);
 
 /// While a queue's inline requests are slow, one small pop in this many still serves its
@@ -165,10 +173,17 @@ impl Inline {
         if popped > self.max_pop || in_flight > popped {
             return false;
         }
-        if self.slow[queue].load(Ordering::Relaxed) <= SLOW_SCALE / 2 {
+        if self.fast(queue) {
             return true;
         }
         self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
+    }
+
+    /// Whether at most half of the queue's recent inline requests were slow. Checked
+    /// again before each inline request of a pop, so a pop whose requests turn slow
+    /// hands the rest to the pool.
+    pub fn fast(&self, queue: usize) -> bool {
+        self.slow[queue].load(Ordering::Relaxed) <= SLOW_SCALE / 2
     }
 
     /// An inline request on `queue` took `took`. What counts is how many are slow, not
@@ -319,10 +334,11 @@ mod tests {
         );
         let small_host = Inline::new(2, inline_pop_limit(SMALL_HOST_CPUS));
         assert!(
-            small_host.allowed(1, 64, 64),
+            small_host.allowed(1, SMALL_HOST_POP, SMALL_HOST_POP),
             "a small host serves a large pop inline"
         );
-        assert!(!small_host.allowed(1, 64, 65), "but not beside the pool");
+        assert!(!small_host.allowed(1, 32, 33), "but not beside the pool");
+        assert!(!small_host.allowed(1, 33, 33), "nor a pop without bound");
         assert_eq!(inline_pop_limit(SMALL_HOST_CPUS + 1), SMALL_POP);
         assert!(
             !inline.allowed(1, 1, 2),
@@ -330,11 +346,12 @@ mod tests {
         );
         inline.took(1, Duration::from_secs(1));
         assert!(inline.allowed(1, 1, 1), "one slow request is an outlier");
-        for _ in 0..4 {
+        for _ in 0..32 {
+            inline.took(1, Duration::from_micros(2));
             inline.took(1, Duration::from_micros(2));
             inline.took(1, Duration::from_secs(1));
         }
-        assert!(inline.allowed(1, 1, 1), "so is every other one");
+        assert!(inline.allowed(1, 1, 1), "so is every third one");
         for _ in 0..6 {
             inline.took(1, SLOW_INLINE * 2);
         }

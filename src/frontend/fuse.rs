@@ -263,6 +263,36 @@ impl FuseClient {
         }
     }
 
+    /// Places several requests (opcode, node id, argument parts) on `queue` and kicks once,
+    /// so the device pops them together. Fails if the queue lacks free slots for all.
+    pub fn submit_together(
+        &self,
+        queue: usize,
+        reqs: &[(u32, u64, &[&[u8]])],
+        resp_len: usize,
+    ) -> FResult<Vec<Ticket>> {
+        let mut q = self.fe.queues[queue].lock().unwrap();
+        q.reap(&self.fe.mem)?;
+        let mut tickets = Vec::new();
+        for (op, nodeid, parts) in reqs {
+            let (unique, req) = self.build(*op, *nodeid, parts);
+            let slot = q.free_slot().ok_or_else(|| {
+                FuseError::Io(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "too few free slots",
+                ))
+            })?;
+            q.submit(&self.fe.mem, slot, &req, resp_len, self.layout)?;
+            tickets.push(Ticket {
+                queue,
+                slot,
+                unique,
+            });
+        }
+        q.notify()?;
+        Ok(tickets)
+    }
+
     pub fn submit(
         &self,
         queue: usize,

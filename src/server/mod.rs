@@ -141,7 +141,7 @@ pub enum Placement {
     /// A READ that would have blocked, handed to the pool.
     ReadHandedOff,
     /// A quick metadata request served on its queue thread beside others in flight
-    /// (`Opcode::is_quick_metadata`, a small pop).
+    /// (`Opcode::is_quick_metadata`, in a pop `device::route` allows).
     ServedInline,
     /// A request without a reply (FORGET, BATCH_FORGET, INTERRUPT) served on its queue
     /// thread.
