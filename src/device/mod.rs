@@ -284,6 +284,8 @@ impl FsDevice {
                         inline: self.inline.allowed(queue, chains.len(), in_flight),
                     };
                     let mut busy_meanwhile = false;
+                    // A pop allowed inline while the queue is slow probes it.
+                    let mut probe = here.inline && !self.inline.fast(queue);
                     // Everything but READ goes where it runs at once, so workers start on
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
@@ -300,7 +302,7 @@ impl FsDevice {
                                     self.serve_alone(&mem, vring, queue as u16, chain, t)
                             }
                             // Its requests turned slow earlier in this pop.
-                            Place::Inline if !self.inline.fast(queue) => {
+                            Place::Inline if !self.inline.serve_next(queue, &mut probe) => {
                                 pool.send(chain, t, vring, queue as u16)
                             }
                             Place::Inline => {

@@ -179,11 +179,19 @@ impl Inline {
         self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
     }
 
-    /// Whether at most half of the queue's recent inline requests were slow. Checked
-    /// again before each inline request of a pop, so a pop whose requests turn slow
-    /// hands the rest to the pool.
+    /// Whether at most half of the queue's recent inline requests were slow.
     pub fn fast(&self, queue: usize) -> bool {
         self.slow[queue].load(Ordering::Relaxed) <= SLOW_SCALE / 2
+    }
+
+    /// Before each quick metadata request of a pop that `allowed`: whether it runs
+    /// inline. A pop whose requests turn slow hands the rest to the pool; a probe pop
+    /// (`probe`: the pop began while the queue was slow) serves its first such request
+    /// inline all the same, or a slow queue would never be timed again and never get
+    /// inline service back. (141f174 checked only `fast` here: a `git status` after the
+    /// queue had turned slow once in the boot got no request served inline.)
+    pub fn serve_next(&self, queue: usize, probe: &mut bool) -> bool {
+        self.fast(queue) || std::mem::take(probe)
     }
 
     /// An inline request on `queue` took `took`. What counts is how many are slow, not
@@ -364,6 +372,35 @@ mod tests {
             inline.took(1, Duration::from_micros(2));
         }
         assert!(inline.allowed(1, 1, 1), "fast again");
+    }
+
+    #[test]
+    fn a_probe_pop_times_one_request_inline_and_a_slow_queue_gets_inline_back() {
+        let inline = Inline::new(2, SMALL_POP);
+        for _ in 0..8 {
+            inline.took(1, SLOW_INLINE * 2);
+        }
+        let mut probe = !inline.fast(1);
+        assert!(probe, "slow: the next allowed pop is a probe");
+        assert!(
+            inline.serve_next(1, &mut probe),
+            "its first request runs inline"
+        );
+        assert!(!inline.serve_next(1, &mut probe), "the rest go to the pool");
+        let mut probes = 0;
+        while !inline.fast(1) {
+            let mut probe = true;
+            if inline.serve_next(1, &mut probe) {
+                inline.took(1, Duration::from_micros(2));
+            }
+            probes += 1;
+            assert!(
+                probes < 16,
+                "fast requests in probes bring inline service back"
+            );
+        }
+        let mut fast_pop = false;
+        assert!(inline.serve_next(1, &mut fast_pop) && inline.serve_next(1, &mut fast_pop));
     }
 
     #[test]
