@@ -123,12 +123,10 @@ impl Pool {
                 .name(format!("vfsd-worker-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        let head = job.chain.head_index();
-                        if !job.vring.is_current(job.ticket) {
-                            // Popped before a stop: never run it (complete drops it).
-                            job.vring.complete(&[(job.ticket, head, 0)]);
+                        if stopped_since_popped(&job.vring, &job.chain, job.ticket) {
                             continue;
                         }
+                        let head = job.chain.head_index();
                         let mem = job.chain.memory().clone();
                         let (vring, ticket) = (&job.vring, job.ticket);
                         let mut later = || Later::boxed(vring, ticket, head, job.queue);
@@ -307,19 +305,15 @@ impl FsDevice {
                             }
                             Place::Inline => {
                                 let start = Instant::now();
-                                self.serve_inline(&mem, vring, queue as u16, chain, t);
+                                let inline = Placement::ServedInline;
+                                self.serve_as(&mem, vring, queue as u16, chain, t, inline);
                                 self.inline.took(queue, start.elapsed());
                                 served_inline = true;
                             }
-                            Place::NoReply => self.serve_here(
-                                &mem,
-                                vring,
-                                queue as u16,
-                                chain,
-                                t,
-                                Placement::NoReplyOnQueueThread,
-                                || (),
-                            ),
+                            Place::NoReply => {
+                                let no_reply = Placement::NoReplyOnQueueThread;
+                                self.serve_as(&mem, vring, queue as u16, chain, t, no_reply)
+                            }
                             Place::Pool => pool.send(chain, t, vring, queue as u16),
                         }
                     }
@@ -481,17 +475,19 @@ impl FsDevice {
         self.serve_here(mem, vring, queue, chain, t, Placement::ServedAlone, busy)
     }
 
-    /// Serves a quick metadata request on the queue thread beside others in flight
-    /// (`Place::Inline`).
-    fn serve_inline(
+    /// Serves a request on the queue thread without watching the ring meanwhile, counted
+    /// as `placement`: a quick metadata request beside others in flight (`Place::Inline`)
+    /// or one without a reply (`Place::NoReply`).
+    fn serve_as(
         &self,
         mem: &GuestMemoryLoadGuard<GuestMem>,
         vring: &TrackedVring,
         queue: u16,
         chain: Chain,
         t: Ticket,
+        placement: Placement,
     ) {
-        self.serve_here(mem, vring, queue, chain, t, Placement::ServedInline, || ())
+        self.serve_here(mem, vring, queue, chain, t, placement, || ())
     }
 
     /// Serves one request on the queue thread, counted as `placement`; `before_reply`
@@ -520,8 +516,8 @@ impl FsDevice {
 }
 
 /// Whether the ring stopped (GET_VRING_BASE, a reset) after `chain` was popped, while
-/// the queue thread served the requests before it: then it is dropped unserved, as a
-/// worker drops such a job (`Pool`). Served anyway, it would act on the host after the
+/// the queue thread served the requests before it or the job waited for a worker: then
+/// it is dropped unserved (`complete` drops it). Served anyway, it would act on the host after the
 /// stop and write its reply into memory the guest may have reused, and after a resume
 /// it is popped again and would run twice (a FORGET applied twice).
 fn stopped_since_popped(vring: &TrackedVring, chain: &Chain, t: Ticket) -> bool {

@@ -140,26 +140,64 @@ impl Lone {
     }
 }
 
+/// Per queue: the moving share of some events among the last few (each new one weighs an
+/// eighth), and a count of chances for a probe while the share says no.
+struct Share {
+    /// Out of `SHARE_SCALE`.
+    share: Vec<AtomicU32>,
+    /// Chances since the last probe.
+    chances: Vec<AtomicU32>,
+}
+
+/// `Share::share` when every recent event counted.
+const SHARE_SCALE: u32 = 1 << 16;
+
+impl Share {
+    fn new(queues: usize, full: bool) -> Share {
+        let start = if full { SHARE_SCALE } else { 0 };
+        Share {
+            share: (0..queues).map(|_| AtomicU32::new(start)).collect(),
+            chances: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Whether the share is at most `num / den` of the events.
+    fn at_most(&self, queue: usize, num: u32, den: u32) -> bool {
+        self.share[queue].load(Ordering::Relaxed) <= SHARE_SCALE / den * num
+    }
+
+    /// Whether the share is at least `num / den` of the events.
+    fn at_least(&self, queue: usize, num: u32, den: u32) -> bool {
+        self.share[queue].load(Ordering::Relaxed) >= SHARE_SCALE / den * num
+    }
+
+    fn record(&self, queue: usize, counted: bool) {
+        let sample = if counted { SHARE_SCALE } else { 0 };
+        let share = &self.share[queue];
+        let old = share.load(Ordering::Relaxed);
+        share.store((old - old / 8) + sample / 8, Ordering::Relaxed);
+    }
+
+    /// One chance in `PROBE_POPS` is a probe.
+    fn probe_due(&self, queue: usize) -> bool {
+        self.chances[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
+    }
+}
+
 /// Per queue: how often the quick metadata requests its thread served inline were slow.
 pub struct Inline {
     /// The largest pop served inline (`inline_pop_limit`).
     max_pop: usize,
-    /// Moving share of inline requests slower than `SLOW_INLINE`, out of `SLOW_SCALE`
-    /// (each new request weighs an eighth).
-    slow: Vec<AtomicU32>,
-    /// Small pops since the last probe, while most inline requests are slow.
-    pops: Vec<AtomicU32>,
+    /// Inline requests slower than `SLOW_INLINE`; its chances are small pops while most
+    /// are slow.
+    slow: Share,
 }
-
-/// `Inline::slow` of a queue whose every request is slow.
-const SLOW_SCALE: u32 = 1 << 16;
 
 impl Inline {
     pub fn new(queues: usize, max_pop: usize) -> Inline {
         Inline {
             max_pop,
-            slow: (0..queues).map(|_| AtomicU32::new(0)).collect(),
-            pops: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+            slow: Share::new(queues, false),
         }
     }
 
@@ -173,15 +211,12 @@ impl Inline {
         if popped > self.max_pop || in_flight > popped {
             return false;
         }
-        if self.fast(queue) {
-            return true;
-        }
-        self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
+        self.fast(queue) || self.slow.probe_due(queue)
     }
 
     /// Whether at most half of the queue's recent inline requests were slow.
     pub fn fast(&self, queue: usize) -> bool {
-        self.slow[queue].load(Ordering::Relaxed) <= SLOW_SCALE / 2
+        self.slow.at_most(queue, 1, 2)
     }
 
     /// Before each quick metadata request of a pop that `allowed`: whether it runs
@@ -200,10 +235,7 @@ impl Inline {
     /// tenth of `git status`'s requests to the pool. A slow share makes every request
     /// slow, and six in a row turn inline service off.
     pub fn took(&self, queue: usize, took: Duration) {
-        let sample = if took > SLOW_INLINE { SLOW_SCALE } else { 0 };
-        let slow = &self.slow[queue];
-        let old = slow.load(Ordering::Relaxed);
-        slow.store((old - old / 8) + sample / 8, Ordering::Relaxed);
+        self.slow.record(queue, took > SLOW_INLINE);
     }
 }
 
@@ -214,35 +246,27 @@ impl Inline {
 /// a queue polls while most of its polls catch a request, and otherwise polls once in
 /// `PROBE_POPS` to see whether they would again.
 pub struct RingPoll {
-    /// Moving share of polls that caught a request, out of `SLOW_SCALE`.
-    hits: Vec<AtomicU32>,
-    /// Chances to poll since the last probe, while polls mostly miss.
-    pops: Vec<AtomicU32>,
+    /// Polls that caught a request (all, at first); its chances are those to poll while
+    /// polls mostly miss.
+    hits: Share,
 }
 
 impl RingPoll {
     pub fn new(queues: usize) -> RingPoll {
         RingPoll {
-            hits: (0..queues).map(|_| AtomicU32::new(SLOW_SCALE)).collect(),
-            pops: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+            hits: Share::new(queues, true),
         }
     }
 
     /// Whether the queue thread should watch the ring now: three polls in four have
     /// caught a request, or a probe is due.
     pub fn worth(&self, queue: usize) -> bool {
-        if self.hits[queue].load(Ordering::Relaxed) >= SLOW_SCALE / 4 * 3 {
-            return true;
-        }
-        self.pops[queue].fetch_add(1, Ordering::Relaxed) % PROBE_POPS == PROBE_POPS - 1
+        self.hits.at_least(queue, 3, 4) || self.hits.probe_due(queue)
     }
 
     /// A poll caught the guest's next request, or didn't.
     pub fn polled(&self, queue: usize, caught: bool) {
-        let sample = if caught { SLOW_SCALE } else { 0 };
-        let hits = &self.hits[queue];
-        let old = hits.load(Ordering::Relaxed);
-        hits.store((old - old / 8) + sample / 8, Ordering::Relaxed);
+        self.hits.record(queue, caught);
     }
 }
 

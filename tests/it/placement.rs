@@ -5,7 +5,23 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
-use vfsd::frontend::fuse::{FATTR_MODE, FUSE_GETATTR};
+use vfsd::frontend::fuse::{FuseClient, FATTR_MODE, FUSE_GETATTR};
+
+/// `rounds` times, `at_once` GETATTRs of the root submitted one after another, then all
+/// their replies collected (each must succeed).
+fn getattrs_in_rounds(c: &FuseClient, rounds: u64, at_once: u64) {
+    for _ in 0..rounds {
+        let tickets: Vec<_> = (0..at_once)
+            .map(|_| {
+                c.submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 4096)
+                    .unwrap()
+            })
+            .collect();
+        for t in tickets {
+            assert_eq!(c.wait(t).unwrap().error, 0);
+        }
+    }
+}
 
 /// The stats once the daemon has counted `count` requests of `op`.
 fn stats_after(d: &Daemon, op: &str, count: u64) -> serde_json::Value {
@@ -28,17 +44,7 @@ fn getattrs_two_at_a_time_are_served_inline_on_the_queue_thread() {
     let d = Daemon::start(&["--thread-pool-size", "4"]);
     let c = d.client();
     const PAIRS: u64 = 50;
-    for _ in 0..PAIRS {
-        let tickets: Vec<_> = (0..2)
-            .map(|_| {
-                c.submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 4096)
-                    .unwrap()
-            })
-            .collect();
-        for t in tickets {
-            assert_eq!(c.wait(t).unwrap().error, 0);
-        }
-    }
+    getattrs_in_rounds(&c, PAIRS, 2);
     let s = stats_after(&d, "GETATTR", 2 * PAIRS);
     let n = |k: &str| s[k].as_u64().unwrap();
     // A loaded host may slow some past route::SLOW_INLINE, which hands them to the pool;
@@ -101,17 +107,7 @@ fn on_a_small_host_a_large_pop_of_getattrs_is_served_inline() {
     let c = d.client();
     const ROUNDS: u64 = 30;
     const AT_ONCE: u64 = 8;
-    for _ in 0..ROUNDS {
-        let tickets: Vec<_> = (0..AT_ONCE)
-            .map(|_| {
-                c.submit(1, FUSE_GETATTR, ROOT, &[&[0u8; 16]], 4096)
-                    .unwrap()
-            })
-            .collect();
-        for t in tickets {
-            assert_eq!(c.wait(t).unwrap().error, 0);
-        }
-    }
+    getattrs_in_rounds(&c, ROUNDS, AT_ONCE);
     let s = stats_after(&d, "GETATTR", ROUNDS * AT_ONCE);
     let inline = s["served_inline"].as_u64().unwrap();
     // Pops smaller than 8 happen too (the device may pop while the client still
