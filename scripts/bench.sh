@@ -207,6 +207,38 @@ def cpu():
     s, ps = tree()
     return sum(ps[p][1] for p in s) / TCK if s else None
 
+def threads():
+    """Per thread name (comm, digits dropped so a pool's workers add up): CPU seconds and
+    context switches, the wake-ups behind each request."""
+    s, _ = tree()
+    by = {}
+    for p in s:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                st = open(f"/proc/{p}/task/{t}/stat").read()
+                status = open(f"/proc/{p}/task/{t}/status").read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")].rstrip("0123456789-_") or "?"
+            f = st[st.rindex(")") + 2:].split()
+            sw = sum(int(l.split()[1]) for l in status.splitlines() if "ctxt_switches:" in l)
+            c, n = by.get(name, (0.0, 0))
+            by[name] = (c + (int(f[11]) + int(f[12])) / TCK, n + sw)
+    return by
+
+def thread_delta(t0, t1):
+    """Per thread name: [CPU s, switches] spent between two `threads()` readings."""
+    d = {}
+    for k, (c, n) in t1.items():
+        c0, n0 = t0.get(k, (0.0, 0))
+        if round(c - c0, 2) or n - n0:
+            d[k] = [round(c - c0, 2), n - n0]
+    return d
+
 def read_stats():
     try:
         return json.loads(open(a.stats).read())
@@ -261,9 +293,9 @@ while True:
     if w and w[0] == "start":
         d0 = dump()
         ops0, sv0, us0 = counts(d0), served(d0), handler_us(d0)
-        cpu0 = cpu()
+        cpu0, th0 = cpu(), threads()
     elif w and w[0] == "end":
-        cpu1 = cpu()
+        cpu1, th1 = cpu(), threads()
         d1 = dump()
         ops1, sv1, us1 = counts(d1), served(d1), handler_us(d1)
         step, t0, t1 = w[1], float(w[2]), float(w[3])
@@ -280,6 +312,10 @@ while True:
             row.update({"daemon_cpu_s": dcpu, "requests": req, "daemon_requests": dreq,
                         "cpu_us_per_req": round(dcpu * 1e6 / req, 2) if dcpu is not None and req else None,
                         "ops": gops, "daemon_ops": dops})
+            td = thread_delta(th0, th1)
+            sw = sum(n for _, n in td.values())
+            row.update({"daemon_threads": td, "daemon_switches": sw,
+                        "switches_per_req": round(sw / req, 2) if req else None})
             if sv0 is not None and sv1 is not None:
                 row["daemon_served"] = {k: sv1[k] - sv0.get(k, 0) for k in sv1}
             if us0 is not None and us1 is not None:

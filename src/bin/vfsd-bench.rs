@@ -112,6 +112,30 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     )
 }
 
+/// Context switches (voluntary and not) of every thread of `pid` and its descendants: the
+/// wake-ups behind each request, which on a virtual machine's idle CPUs cost more than
+/// the request's own work.
+fn switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut n = 0u64;
+    for t in tasks.flatten() {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        n += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    Some(
+        n + children
+            .split_whitespace()
+            .filter_map(|c| switches(c.parse().ok()?))
+            .sum::<u64>(),
+    )
+}
+
 fn prepare_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
     use std::io::Write;
     if std::fs::metadata(path)
@@ -273,6 +297,7 @@ fn run(a: &Args) -> Result<(), String> {
     barrier.wait();
     std::thread::sleep(Duration::from_millis(500));
     let cpu0 = a.pid.and_then(cpu_ticks);
+    let sw0 = a.pid.and_then(switches);
     let t0 = Instant::now();
     measuring.store(true, Ordering::SeqCst);
     if a.ops.is_some() {
@@ -294,6 +319,7 @@ fn run(a: &Args) -> Result<(), String> {
     measuring.store(false, Ordering::SeqCst);
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu1 = a.pid.and_then(cpu_ticks);
+    let sw1 = a.pid.and_then(switches);
     stop.store(true, Ordering::SeqCst);
     let mut lats: Vec<u32> = Vec::new();
     let mut bytes = 0u64;
@@ -314,6 +340,10 @@ fn run(a: &Args) -> Result<(), String> {
         (Some(x), Some(y)) => serde_json::json!((y - x) as f64 / hz * 1e6 / lats.len() as f64),
         _ => serde_json::Value::Null,
     };
+    let switches_per_op = match (sw0, sw1) {
+        (Some(x), Some(y)) => serde_json::json!(y.saturating_sub(x) as f64 / lats.len() as f64),
+        _ => serde_json::Value::Null,
+    };
     let out = serde_json::json!({
         "workload": format!("{:?}", a.workload),
         "queues": a.queues,
@@ -325,6 +355,7 @@ fn run(a: &Args) -> Result<(), String> {
         "lat_us_p99": pct(0.99),
         "lat_us_p999": pct(0.999),
         "daemon_cpu_us_per_op": cpu_us,
+        "daemon_switches_per_op": switches_per_op,
         "guest_serialised_writes": serialise,
     });
     println!("{out}");
