@@ -72,7 +72,7 @@ def tree_report(records, a):
         return r["daemon"] + (f" {r['args']}" if r.get("args") else "")
     for r in rows:
         key = ("-" if r["daemon"] == "tmpfs" else r["cache"], label(r), r["step"])
-        for m in ("seconds", "daemon_cpu_s", "requests", "daemon_requests"):
+        for m in ("seconds", "daemon_cpu_s", "requests", "daemon_requests", "switches_per_req"):
             if r.get(m) is not None:
                 v[key][m].append(r[m])
         for k, n in (r.get("ops") or {}).items():
@@ -120,7 +120,9 @@ def tree_report(records, a):
            "(tracepoint `fuse:fuse_request_send`, which does not see FORGETs), with vfsd's own "
            "count (`--stats`, FORGET and BATCH_FORGET included) in brackets; the daemon's CPU "
            "time (utime+stime of its process tree, read by the host at the guest's step marks, "
-           "10 ms resolution) and CPU per guest request.", ""]
+           "10 ms resolution) and CPU per guest request; the context switches of the daemon's "
+           "threads per guest request (`/proc/PID/task/*/status`, since session 14): the "
+           "wake-ups, which cost a virtual machine's idle CPUs more than most requests do.", ""]
     md += ["| step | what |", "|---|---|"] + [f"| {s} | {TREE_ABOUT.get(s, '')} |" for s in steps] + [""]
 
     if modes:
@@ -148,8 +150,9 @@ def tree_report(records, a):
                "| step | " + ("tmpfs (s) | " if have_tmpfs else "") + " | ".join(f"{d} (s)" for d in daemons)
                + " | vfsd/virtiofsd | vfsd/tmpfs | virtiofsd/tmpfs | requests: "
                + ", ".join(daemons) + " [vfsd --stats] | "
-               + " | ".join(f"{d} CPU s (µs/req)" for d in daemons) + " | CPU vfsd/virtiofsd |",
-               "|---|" + "---|" * (have_tmpfs + len(daemons) + 4 + len(daemons) + 1)]
+               + " | ".join(f"{d} CPU s (µs/req)" for d in daemons) + " | CPU vfsd/virtiofsd | "
+               + "context switches per request: " + ", ".join(daemons) + " |",
+               "|---|" + "---|" * (have_tmpfs + len(daemons) + 4 + len(daemons) + 2)]
         for s in steps:
             tt = m_("-", "tmpfs", s, "seconds")
             row = [s] + ([secs(tt) + " " + spread(v[("-", "tmpfs", s)]["seconds"])] if have_tmpfs else [])
@@ -168,6 +171,8 @@ def tree_report(records, a):
                 per = f" ({cpus[d] * 1e6 / rq:.1f})" if ok(cpus[d]) and ok(rq) and rq else ""
                 row.append((f"{cpus[d]:.2f}" if ok(cpus[d]) else "") + per)
             row.append(ratio(cpus.get(A), cpus.get(B)))
+            sw = [m_(c, d, s, "switches_per_req") for d in daemons]
+            row.append(", ".join(f"{x:.2f}" for x in sw) if all(ok(x) for x in sw) else "")
             md.append("| " + " | ".join(row) + " |")
             summary["tree"][f"{c}/{s}"] = {
                 d: {m: med(x) for m, x in v[(c, d, s)].items()} for d in daemons}

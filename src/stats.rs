@@ -32,6 +32,9 @@ pub struct Stats {
     /// Requests a queue thread served itself, blocking, because nothing else was in flight
     /// on its queue (`device::FsDevice::process_queue`).
     pub served_alone: AtomicU64,
+    /// Of the OPENs and CREATEs tried on a queue thread, those that would have waited for
+    /// a host lease break there, handed to the pool (`passthrough::nowait`).
+    pub opens_handed_off: AtomicU64,
     /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
     pub reads_served_alone: AtomicU64,
     /// Quick metadata requests a queue thread served itself beside others in flight (in a
@@ -60,6 +63,7 @@ impl Default for Stats {
             reads_handed_off: AtomicU64::new(0),
             reads_direct: AtomicU64::new(0),
             served_alone: AtomicU64::new(0),
+            opens_handed_off: AtomicU64::new(0),
             reads_served_alone: AtomicU64::new(0),
             served_inline: AtomicU64::new(0),
             no_reply_on_queue_thread: AtomicU64::new(0),
@@ -135,6 +139,7 @@ impl Stats {
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "served_alone": self.served_alone.load(Ordering::Relaxed),
+            "opens_handed_off": self.opens_handed_off.load(Ordering::Relaxed),
             "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
             "served_inline": self.served_inline.load(Ordering::Relaxed),
             "no_reply_on_queue_thread": self.no_reply_on_queue_thread.load(Ordering::Relaxed),

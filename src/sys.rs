@@ -31,6 +31,15 @@ pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<Owne
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Takes O_NONBLOCK off an open file's status flags.
+pub fn clear_nonblock(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL and F_SETFL read and set flags of an fd; no memory is passed.
+    let fl = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
 /// The decimal name of `fd` inside `/proc/self/fd`, used to reopen O_PATH fds.
 pub fn fd_name(fd: RawFd) -> std::ffi::CString {
     // An integer's decimal digits never contain NUL.

@@ -299,6 +299,18 @@ impl FsDevice {
                                 busy_meanwhile =
                                     self.serve_alone(&mem, vring, queue as u16, chain, t)
                             }
+                            Place::QueueThreadUnlessItWaits => {
+                                match self.serve_alone_unless_it_waits(
+                                    &mem,
+                                    vring,
+                                    queue as u16,
+                                    chain,
+                                    t,
+                                ) {
+                                    Ok(busy) => busy_meanwhile = busy,
+                                    Err(chain) => pool.send(chain, t, vring, queue as u16),
+                                }
+                            }
                             // Its requests turned slow earlier in this pop.
                             Place::Inline if !self.inline.serve_next(queue, &mut probe) => {
                                 pool.send(chain, t, vring, queue as u16)
@@ -473,6 +485,27 @@ impl FsDevice {
     ) -> bool {
         let busy = || vring.more_available(mem);
         self.serve_here(mem, vring, queue, chain, t, Placement::ServedAlone, busy)
+    }
+
+    /// `serve_alone` for an OPEN or CREATE, unless it would wait for a host lease break:
+    /// then the chain comes back unanswered, for the pool.
+    fn serve_alone_unless_it_waits(
+        &self,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
+        vring: &TrackedVring,
+        queue: u16,
+        chain: Chain,
+        t: Ticket,
+    ) -> Result<bool, Chain> {
+        let head = chain.head_index();
+        let mut later = || Later::boxed(vring, t, head, queue);
+        let len = self.server.handle_unless_it_waits(mem, chain, &mut later)?;
+        self.server.count_placement(Placement::ServedAlone);
+        let busy = vring.more_available(mem);
+        if let Some(len) = len {
+            vring.complete(&[(t, head, len)]);
+        }
+        Ok(busy)
     }
 
     /// Serves a request on the queue thread without watching the ring meanwhile, counted

@@ -5,7 +5,8 @@
 //!   worker hand-off).
 //! - **On the queue thread**: a lone request, when the guest waits for each reply before
 //!   it sends the next (`Lone`) and the opcode is short (`Opcode::is_short`), or a READ
-//!   that would block in that case.
+//!   that would block in that case. A lone OPEN or CREATE too, unless it would wait for a
+//!   host lease break: then it goes to the pool (`Opcode::opens_without_waiting`).
 //! - **On the queue thread, beside others in flight**: a quick metadata request
 //!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, the xattr and directory reads,
 //!   READLINK, STATFS, ACCESS) in a small pop (`inline_pop_limit`: at most `SMALL_POP`
@@ -92,6 +93,9 @@ pub enum Place {
     },
     /// Served on the queue thread, blocking if it must.
     QueueThread,
+    /// An OPEN or CREATE served on the queue thread unless it would wait for a host lease
+    /// break; then in the pool (`FuseServer::handle_unless_it_waits`).
+    QueueThreadUnlessItWaits,
     /// A quick metadata request served on the queue thread beside others in flight, timed
     /// for `Inline::took`.
     Inline,
@@ -289,6 +293,7 @@ fn decide(op: Option<Opcode>, queue: Queue) -> Place {
         },
         Some(op) if op.takes_no_reply() => Place::NoReply,
         Some(op) if queue.alone && op.is_short() => Place::QueueThread,
+        Some(op) if queue.alone && op.opens_without_waiting() => Place::QueueThreadUnlessItWaits,
         Some(op) if queue.inline && op.is_quick_metadata() => Place::Inline,
         _ => Place::Pool,
     }

@@ -16,7 +16,7 @@ use super::handle::Handle;
 use super::inode::Inode;
 use super::killpriv;
 use super::lock::IoGuard;
-use super::nowait;
+use super::nowait::{self, OpenWait};
 use super::{CreateExt, PassthroughFs};
 use crate::sys::{self, cvt, errno};
 
@@ -61,6 +61,7 @@ impl PassthroughFs {
         inode: u64,
         flags: u32,
         kill: Option<u32>,
+        wait: OpenWait,
     ) -> io::Result<(u64, OpenOptions)> {
         let i = self.inode(inode)?;
         let hflags = self.host_flags(flags);
@@ -72,13 +73,13 @@ impl PassthroughFs {
             // O_TRUNC changes the size: exclusive, like a truncating setattr.
             let g = i.io.exclusive();
             let _w = i.io.write_started(&g);
-            let fd = self.reopen(&i, hflags)?;
+            let fd = self.reopen_to_open(&i, hflags, wait)?;
             if let Some(gid) = kill {
                 killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
             }
             fd
         } else {
-            self.reopen(&i, hflags)?
+            self.reopen_to_open(&i, hflags, wait)?
         };
         let nowait = self.nowait_unsupported.worth_trying(i.key.mnt_id);
         let fh = self.handles.insert(Handle {
@@ -91,6 +92,30 @@ impl PassthroughFs {
             flock_pending: Default::default(),
         });
         Ok((fh, self.file_open_options(flags)))
+    }
+
+    /// `reopen` for an OPEN with `hflags`; under `OpenWait::Never` it fails with
+    /// `nowait::would_wait()` rather than wait for a lease break (`nowait`). The
+    /// O_NONBLOCK that asks for that is taken off the fd again: on a regular file it
+    /// changes nothing else on Linux, but a FUSE host filesystem sees the flag in its
+    /// requests, and the guest did not ask for it.
+    fn reopen_to_open(
+        &self,
+        i: &Arc<Inode>,
+        hflags: i32,
+        wait: OpenWait,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        if wait == OpenWait::Allowed || hflags & libc::O_NONBLOCK != 0 {
+            return self.reopen(i, hflags);
+        }
+        match self.reopen(i, hflags | libc::O_NONBLOCK) {
+            Ok(fd) => {
+                sys::clear_nonblock(fd.as_raw_fd())?;
+                Ok(fd)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(nowait::would_wait()),
+            Err(e) => Err(e),
+        }
     }
 
     /// CREATE. The host file is created with O_EXCL, always: an existing name goes through
@@ -106,6 +131,7 @@ impl PassthroughFs {
         mode: u32,
         kill: Option<u32>,
         ext: &CreateExt,
+        wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
         let hflags = self.host_flags(flags) & !libc::O_TRUNC;
@@ -145,7 +171,7 @@ impl PassthroughFs {
                         Err(e) => return Err(e),
                     };
                     // The reply's entry owns the lookup just taken, unless the open fails.
-                    return match self.do_open(entry.inode, flags, kill) {
+                    return match self.do_open(entry.inode, flags, kill, wait) {
                         Ok((fh, opts)) => {
                             // The attributes after any O_TRUNC and privilege drop.
                             if let Ok(st) = self

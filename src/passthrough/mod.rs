@@ -44,6 +44,7 @@ pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
 pub use killpriv::needed as killpriv_needed;
+pub use nowait::OpenWait;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
@@ -529,6 +530,7 @@ impl PassthroughFs {
         name: &CStr,
         args: CreateIn,
         ext: &CreateExt,
+        wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let kill = killpriv::needed(
             ctx.uid,
@@ -536,7 +538,25 @@ impl PassthroughFs {
             args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
         );
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
-        self.do_create(ctx, parent, name, args.flags, mode, kill, ext)
+        self.do_create(ctx, parent, name, args.flags, mode, kill, ext, wait)
+    }
+
+    /// OPEN of a file (OPENDIR is `opendir`); `wait` says whether it may wait for a
+    /// host lease break where it runs (`nowait::OpenWait`).
+    pub fn open_file(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        flags: u32,
+        fuse_flags: u32,
+        wait: OpenWait,
+    ) -> io::Result<(u64, OpenOptions)> {
+        let kill = killpriv::needed(
+            ctx.uid,
+            self.host_gid(ctx),
+            fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+        );
+        self.do_open(inode, flags, kill, wait)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -720,12 +740,7 @@ impl FileSystem for PassthroughFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        let kill = killpriv::needed(
-            ctx.uid,
-            self.host_gid(ctx),
-            fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
-        );
-        let (fh, opts) = self.do_open(inode, flags, kill)?;
+        let (fh, opts) = self.open_file(ctx, inode, flags, fuse_flags, OpenWait::Allowed)?;
         Ok((Some(fh), opts, None))
     }
 
@@ -736,8 +751,15 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let (entry, fh, opts) =
-            PassthroughFs::create(self, ctx, parent, name, args, &CreateExt::default())?;
+        let (entry, fh, opts) = PassthroughFs::create(
+            self,
+            ctx,
+            parent,
+            name,
+            args,
+            &CreateExt::default(),
+            OpenWait::Allowed,
+        )?;
         Ok((entry, Some(fh), opts, None))
     }
 

@@ -1,4 +1,4 @@
-//! Reads that may not block, so a queue thread can serve them itself.
+//! Reads and opens that may not block, so a queue thread can serve them itself.
 //!
 //! Handing a request to the worker pool costs a wake-up and two context switches, more than
 //! a READ answered from the host's page cache costs in all. So the queue thread first tries
@@ -8,6 +8,13 @@
 //! without RWF_NOWAIT) the attempt is abandoned without a reply and the request goes to the
 //! pool. A worker then serves it from the start, overwriting whatever the attempt left in
 //! the guest's buffers; the guest reads them only once the request is on the used ring.
+//!
+//! An OPEN (or a CREATE of an existing name) waits in the host kernel only for a lease
+//! another host process holds on the file (Samba, nfsd's delegations, F_SETLEASE), which
+//! the kernel breaks before the open goes on, for up to /proc/sys/fs/lease-break-time. On
+//! a queue thread (`OpenWait::Never`) the host open is made with O_NONBLOCK, which fails
+//! with EWOULDBLOCK instead of waiting; then nothing has changed on the host but the start
+//! of the break, and a worker serves the request from the start.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -61,4 +68,36 @@ pub(super) unsafe fn preadv2(fd: RawFd, iov: &[libc::iovec], offset: u64) -> io:
     } else {
         Ok(n as usize)
     }
+}
+
+/// Whether an open may wait in the host kernel where it runs (see the module's text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenWait {
+    /// It may: a worker.
+    Allowed,
+    /// It must not: a queue thread. An open that would wait fails with `would_wait()`,
+    /// and is left unanswered for the pool.
+    Never,
+}
+
+/// The error of an open that would have waited under `OpenWait::Never`.
+#[derive(Debug)]
+struct WouldWait;
+
+impl std::fmt::Display for WouldWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the open would wait for a host lease break")
+    }
+}
+
+impl std::error::Error for WouldWait {}
+
+pub(super) fn would_wait() -> io::Error {
+    io::Error::new(io::ErrorKind::WouldBlock, WouldWait)
+}
+
+/// Whether `e` is `would_wait()`'s: never sent to a guest, which did not ask for a
+/// non-blocking open (one that did gets the host's EWOULDBLOCK itself).
+pub fn is_would_wait(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<WouldWait>())
 }

@@ -185,3 +185,29 @@ fn writes_inside_the_known_size_do_not_ask_the_host_again() {
     );
     assert_eq!(stats().exclusive_violations, 0);
 }
+
+#[test]
+fn an_open_that_must_not_wait_keeps_only_the_flags_the_guest_asked_for() {
+    // OpenWait::Never opens with O_NONBLOCK to learn of a lease; the handle must not keep
+    // it (a FUSE host filesystem would see it in every request), unless the guest asked.
+    let (d, fs) = fs();
+    std::fs::write(d.path().join("f"), b"x").unwrap();
+    let ctx = Context::default();
+    let e = fs.lookup(&ctx, ROOT_ID, &name("f")).unwrap();
+    let status = |flags: i32, wait| {
+        let (fh, _) = fs.open_file(&ctx, e.inode, flags as u32, 0, wait).unwrap();
+        let h = fs.handles.get(fh, e.inode).unwrap();
+        // SAFETY: F_GETFL on an fd the handle owns; no memory is passed.
+        let fl = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&h.fd), libc::F_GETFL) };
+        assert!(fl >= 0);
+        fl & (libc::O_NONBLOCK | libc::O_ACCMODE)
+    };
+    for wait in [super::OpenWait::Allowed, super::OpenWait::Never] {
+        assert_eq!(status(libc::O_RDWR, wait), libc::O_RDWR, "{wait:?}");
+        assert_eq!(
+            status(libc::O_RDONLY | libc::O_NONBLOCK, wait),
+            libc::O_NONBLOCK,
+            "{wait:?}"
+        );
+    }
+}

@@ -29,7 +29,7 @@ use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
 
 use crate::passthrough::migration::InFlight;
-use crate::passthrough::{CreateExt, PassthroughFs};
+use crate::passthrough::{nowait, CreateExt, OpenWait, PassthroughFs};
 
 mod create;
 mod ext;
@@ -63,6 +63,23 @@ fn log_guest_write(mem: &GuestMem, addr: vm_memory::GuestAddress, len: usize) {
     if let Ok(s) = mem.get_slice(addr, len) {
         s.bitmap().mark_dirty(0, len);
     }
+}
+
+/// What `FuseServer::handle_with` did with a request.
+enum Handled {
+    /// Answered: the used length.
+    Answered(u32),
+    /// To be answered later, through a `Deferred`.
+    Later,
+    /// Not served: it would wait, and must not (`OpenWait::Never`).
+    WouldWait,
+}
+
+/// What `FuseServer::serve` did: `answer`'s result, or nothing for a request that would
+/// wait and must not.
+enum Served {
+    Answered(Option<(u32, bool)>),
+    WouldWait,
 }
 
 /// What serving a request came to (`FuseServer::outcome`); `answer` writes it.
@@ -189,8 +206,48 @@ impl FuseServer {
     where
         M: Deref<Target = GuestMem> + Clone,
     {
+        match self.handle_with(mem, &chain, defer, OpenWait::Allowed) {
+            Handled::Answered(len) => Some(len),
+            Handled::Later => None,
+            // Only an open under OpenWait::Never says it would wait.
+            Handled::WouldWait => unreachable!("a request that may wait said it would"),
+        }
+    }
+
+    /// `handle`, except that an OPEN or CREATE that would wait for a host lease break
+    /// (`passthrough::nowait`) is not served: the chain comes back unanswered, for a worker
+    /// to serve from the start. For a queue thread, which must not wait that long.
+    pub fn handle_unless_it_waits<M>(
+        &self,
+        mem: &GuestMem,
+        chain: DescriptorChain<M>,
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    ) -> Result<Option<u32>, DescriptorChain<M>>
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
+        match self.handle_with(mem, &chain, defer, OpenWait::Never) {
+            Handled::Answered(len) => Ok(Some(len)),
+            Handled::Later => Ok(None),
+            Handled::WouldWait => {
+                self.stats.opens_handed_off.fetch_add(1, Ordering::Relaxed);
+                Err(chain)
+            }
+        }
+    }
+
+    fn handle_with<M>(
+        &self,
+        mem: &GuestMem,
+        chain: &DescriptorChain<M>,
+        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        wait: OpenWait,
+    ) -> Handled
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
         let start = Instant::now();
-        let (len, op, bad) = match request::copy(mem, &chain) {
+        let (len, op, bad) = match request::copy(mem, chain) {
             Err(request::BadRequest { hdr: None, why }) => {
                 warn!("dropping request: {why}");
                 (Some(0), 0, true)
@@ -198,26 +255,31 @@ impl FuseServer {
             // The header was readable, so the guest learns its request failed.
             Err(request::BadRequest { hdr: Some(h), why }) => {
                 warn!("request {} answered EFAULT: {why}", h.unique);
-                let len = answer_errno(mem, &chain, &h, libc::EFAULT);
+                let len = answer_errno(mem, chain, &h, libc::EFAULT);
                 (Some(len), h.opcode, true)
             }
             Ok(mut req) => {
                 let op = req.hdr.opcode;
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.serve(mem, &chain, &mut req, defer)
+                    self.serve(mem, chain, &mut req, defer, wait)
                 }));
                 match served {
-                    Ok(Some((len, bad))) => {
-                        self.count_fd_exhaustion(mem, &chain, len);
+                    Ok(Served::Answered(Some((len, bad)))) => {
+                        self.count_fd_exhaustion(mem, chain, len);
                         (Some(len), op, bad)
                     }
-                    Ok(None) => (None, op, false),
-                    Err(_) => (Some(self.answer_panic(mem, &chain, &req.hdr)), op, true),
+                    Ok(Served::Answered(None)) => (None, op, false),
+                    // Counted where it is served.
+                    Ok(Served::WouldWait) => return Handled::WouldWait,
+                    Err(_) => (Some(self.answer_panic(mem, chain, &req.hdr)), op, true),
                 }
             }
         };
         self.stats.record(op, start.elapsed(), bad);
-        len
+        match len {
+            Some(len) => Handled::Answered(len),
+            None => Handled::Later,
+        }
     }
 
     /// `--stats`: the counters, with the filesystem's, as one JSON value.
@@ -398,13 +460,19 @@ impl FuseServer {
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
-    ) -> Option<(u32, bool)>
+        wait: OpenWait,
+    ) -> Served
     where
         M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
-        let outcome = self.outcome(mem, chain, req, defer);
-        answer(mem, chain, &hdr, outcome)
+        match self.outcome(mem, chain, req, defer, wait) {
+            // Nothing is written: the guest hears of it from the worker that serves it.
+            Outcome::Reply(Err(e)) if wait == OpenWait::Never && nowait::is_would_wait(&e) => {
+                Served::WouldWait
+            }
+            outcome => Served::Answered(answer(mem, chain, &hdr, outcome)),
+        }
     }
 
     /// What request `req` comes to: the one `match` on its opcode, one handler each.
@@ -414,6 +482,7 @@ impl FuseServer {
         chain: &DescriptorChain<M>,
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        wait: OpenWait,
     ) -> Outcome
     where
         M: Deref<Target = GuestMem> + Clone,
@@ -472,7 +541,11 @@ impl FuseServer {
             }
             // The answer to a retrieve notification, which vfsd never sends.
             Opcode::NotifyReply => NoReply { malformed: false },
-            Opcode::Create => Reply(create::create(fs, &hdr, args, &ext)),
+            Opcode::Create => Reply(create::create(fs, &hdr, args, &ext, wait)),
+            Opcode::Open => match body(req) {
+                Ok(b) => Reply(ops::open(fs, &hdr, b, wait)),
+                Err(e) => Malformed(e),
+            },
             Opcode::Mkdir => Reply(create::mkdir(fs, &hdr, args, &ext)),
             Opcode::Mknod => Reply(create::mknod(fs, &hdr, args, &ext)),
             Opcode::Symlink => Reply(create::symlink(fs, &hdr, args, &ext)),
@@ -509,7 +582,6 @@ impl FuseServer {
             | Opcode::Rmdir
             | Opcode::Rename
             | Opcode::Link
-            | Opcode::Open
             | Opcode::Statfs
             | Opcode::Release
             | Opcode::Fsync

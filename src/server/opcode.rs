@@ -207,8 +207,8 @@ impl Opcode {
     /// and a quarter of their requests paid the hand-off to a worker): SETATTR's truncate
     /// waits at most on the file's writes in flight, and a FLUSH on the host's close.
     /// Not OPEN and CREATE: a host lease holds an open for up to fs.lease-break-time
-    /// (45 s), and the queue would wait with it; nor what may wait long by design (FSYNC,
-    /// FALLOCATE, locks, COPY_FILE_RANGE).
+    /// (45 s), so they are tried without waiting (`opens_without_waiting`); nor what may
+    /// wait long by design (FSYNC, FALLOCATE, locks, COPY_FILE_RANGE).
     pub fn is_short(self) -> bool {
         self.is_quick_metadata()
             || matches!(
@@ -229,6 +229,13 @@ impl Opcode {
                     | Flush
                     | Lseek
             )
+    }
+
+    /// Whether the opcode opens a file, which waits only for a host lease break: a queue
+    /// thread tries it with O_NONBLOCK and hands it to the pool if it would wait
+    /// (`FuseServer::handle_unless_it_waits`).
+    pub fn opens_without_waiting(self) -> bool {
+        matches!(self, Open | Create)
     }
 
     /// Whether the opcode is a short request that only reads metadata or directories

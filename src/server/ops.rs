@@ -29,7 +29,7 @@ use vm_memory::ByteValued;
 
 use super::request::decode;
 use super::{GuestMem, Opcode, Outcome};
-use crate::passthrough::PassthroughFs;
+use crate::passthrough::{OpenWait, PassthroughFs};
 
 fn inval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
@@ -97,6 +97,25 @@ fn xattr_count(size: u32) -> Vec<u8> {
 
 /// Serves `op` (one of those that `handles` says are here but READ, READDIR and
 /// READDIRPLUS) from its header and body.
+/// OPEN, which under `OpenWait::Never` fails with `nowait::would_wait()` rather than wait
+/// for a host lease break.
+pub fn open(
+    fs: &PassthroughFs,
+    hdr: &InHeader,
+    body: &[u8],
+    wait: OpenWait,
+) -> io::Result<Vec<u8>> {
+    let a: OpenIn = args(body)?;
+    let (fh, opts) = fs.open_file(&Context::from(hdr), hdr.nodeid, a.flags, a.fuse_flags, wait)?;
+    Ok(OpenOut {
+        fh,
+        open_flags: opts.bits(),
+        passthrough: 0,
+    }
+    .as_slice()
+    .to_vec())
+}
+
 pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Outcome {
     let ctx = Context::from(hdr);
     let ctx = &ctx;
@@ -147,17 +166,6 @@ pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Out
             Opcode::Link => {
                 let (a, n): (LinkIn, _) = split(body)?;
                 entry(fs.link(ctx, a.oldnodeid, node, name(n)?)?)
-            }
-            Opcode::Open => {
-                let a: OpenIn = args(body)?;
-                let (fh, opts, passthrough) = fs.open(ctx, node, a.flags, a.fuse_flags)?;
-                OpenOut {
-                    fh: fh.unwrap_or(0),
-                    open_flags: opts.bits(),
-                    passthrough: passthrough.unwrap_or_default(),
-                }
-                .as_slice()
-                .to_vec()
             }
             Opcode::Opendir => {
                 let a: OpenIn = args(body)?;

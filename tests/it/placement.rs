@@ -1,6 +1,7 @@
 //! Where the device serves metadata requests when the guest keeps several in flight
 //! (`device::route`, design.md "Quick metadata beside others in flight").
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use crate::common::{Daemon, ROOT};
@@ -137,4 +138,108 @@ fn forgets_are_served_on_the_queue_thread() {
         Some(1),
         "the forgets dropped the nodes: {s}"
     );
+}
+
+/// Makes queue 1 alone (route::LONE_POPS lone pops in a row); the `served_alone` count then.
+fn alone(d: &Daemon, c: &FuseClient) -> u64 {
+    for _ in 0..32 {
+        c.getattr(ROOT).unwrap();
+    }
+    stats_after(d, "GETATTR", 32)["served_alone"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn opens_and_creates_one_at_a_time_are_served_alone_on_the_queue_thread() {
+    // untar and cp -a open every file they write: a hand-off to a worker for each cost
+    // more than the open. With no lease on the file it is served where it arrived.
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let c = d.client();
+    let before = alone(&d, &c);
+    const FILES: u64 = 20;
+    for i in 0..FILES {
+        let (e, o) = c
+            .create(ROOT, &format!("f{i}"), libc::O_WRONLY as u32, 0o644)
+            .unwrap();
+        c.release(e.nodeid, o.fh).unwrap();
+        let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        c.release(e.nodeid, o.fh).unwrap();
+    }
+    let s = stats_after(&d, "RELEASE", 2 * FILES);
+    let alone = s["served_alone"].as_u64().unwrap() - before;
+    // CREATE, RELEASE, OPEN, RELEASE per file; the RELEASEs alone are half of them.
+    assert!(
+        alone >= 4 * FILES * 3 / 4,
+        "{alone} of {} served alone: {s}",
+        4 * FILES
+    );
+}
+
+#[test]
+fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
+    // An open for writing of a file a host process holds a lease on waits for the lease
+    // break (up to the host's lease-break-time). Tried on the queue thread, it must not
+    // wait there: the other requests of the queue go on meanwhile.
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let mut c = d.client();
+    // Well under lease-break-time (45 s by default), when a blocked open would end.
+    c.timeout = Duration::from_secs(5);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let node = c.lookup(ROOT, "f").unwrap().nodeid;
+    alone(&d, &c);
+    let lease = crate::common::HostLease::take(&d.path("f"));
+    let open = fuse_backend_rs::abi::fuse_abi::OpenIn {
+        flags: libc::O_WRONLY as u32,
+        fuse_flags: 0,
+    };
+    let t = c
+        .submit(
+            1,
+            vfsd::frontend::fuse::FUSE_OPEN,
+            node,
+            &[vm_memory::ByteValued::as_slice(&open)],
+            4096,
+        )
+        .unwrap();
+    lease.wait_broken();
+    // Answered while the OPEN still waits (a blocked queue thread would hold it back).
+    for _ in 0..4 {
+        c.getattr(ROOT).unwrap();
+    }
+    assert!(lease.broken(), "the OPEN still waits on the lease");
+    drop(lease);
+    let r = c.wait(t).unwrap();
+    assert_eq!(r.error, 0, "the OPEN succeeds once the lease is gone");
+    let s = stats_after(&d, "OPEN", 1);
+    assert_eq!(s["opens_handed_off"].as_u64(), Some(1), "{s}");
+}
+
+#[test]
+fn an_o_nonblock_open_of_a_leased_file_fails_with_ewouldblock_as_on_the_host() {
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let c = d.client();
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let node = c.lookup(ROOT, "f").unwrap().nodeid;
+    let lease = crate::common::HostLease::take(&d.path("f"));
+    // The host's own answer to the same open.
+    let host = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(d.path("f"))
+        .map(drop)
+        .map_err(|e| e.raw_os_error());
+    assert_eq!(host, Err(Some(libc::EWOULDBLOCK)));
+    for queue_alone in [false, true] {
+        if queue_alone {
+            alone(&d, &c);
+        }
+        let r = c.open(node, (libc::O_WRONLY | libc::O_NONBLOCK) as u32);
+        assert_eq!(
+            crate::common::errno(r),
+            libc::EWOULDBLOCK,
+            "queue alone: {queue_alone}"
+        );
+    }
+    drop(lease);
 }
