@@ -274,7 +274,7 @@ def handler_us(st):  # time spent in vfsd's handlers so far, per opcode (µs; co
     return {k: v["count"] * v["avg_us"] for k, v in st["opcodes"].items()} if st else None
 
 # vfsd's counters of how requests were served (inline on the queue thread or by the pool).
-SERVED = ("served_alone", "served_inline", "no_reply_on_queue_thread", "reads_on_queue_thread", "reads_handed_off", "reads_served_alone", "reads_direct")
+SERVED = ("served_alone", "opens_handed_off", "served_inline", "no_reply_on_queue_thread", "reads_on_queue_thread", "reads_handed_off", "reads_served_alone", "reads_direct")
 def served(st):
     return {k: st[k] for k in SERVED if isinstance(st.get(k), int)} if st else None
 
