@@ -70,14 +70,7 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         }
         let fd = if hflags & libc::O_TRUNC != 0 {
-            // O_TRUNC changes the size: exclusive, like a truncating setattr.
-            let g = i.io.exclusive();
-            let _w = i.io.write_started(&g);
-            let fd = self.reopen_to_open(&i, hflags, wait)?;
-            if let Some(gid) = kill {
-                killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
-            }
-            fd
+            self.open_truncating(&i, hflags, kill, wait)?
         } else {
             self.reopen_to_open(&i, hflags, wait)?
         };
@@ -92,6 +85,53 @@ impl PassthroughFs {
             flock_pending: Default::default(),
         });
         Ok((fh, self.file_open_options(flags)))
+    }
+
+    /// An O_TRUNC open. It changes the size, so it holds the inode's lock exclusively, like
+    /// a truncating SETATTR; but never while it waits for a host lease break, which would
+    /// hold every READ and WRITE of the file (and a queue thread's OPEN of it) for as long.
+    /// So the open under the lock never waits: if it would, a worker waits for the break
+    /// with an open that does not truncate, outside the lock, and tries again.
+    fn open_truncating(
+        &self,
+        i: &Arc<Inode>,
+        hflags: i32,
+        kill: Option<u32>,
+        wait: OpenWait,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        // A host process that takes a new lease each time gets the old behaviour in the
+        // end: the wait under the lock.
+        const ROUNDS: usize = 4;
+        let mut round = 0;
+        loop {
+            let g = match wait {
+                OpenWait::Allowed => i.io.exclusive(),
+                // A worker holds it, maybe for a lease break: this one would wait too.
+                OpenWait::Never => i.io.try_exclusive().ok_or_else(nowait::would_wait)?,
+            };
+            let _w = i.io.write_started(&g);
+            let under_lock = if round < ROUNDS {
+                OpenWait::Never
+            } else {
+                wait
+            };
+            match self.reopen_to_open(i, hflags, under_lock) {
+                Ok(fd) => {
+                    if let Some(gid) = kill {
+                        killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
+                    }
+                    return Ok(fd);
+                }
+                Err(e) if nowait::is_would_wait(&e) && wait == OpenWait::Allowed => {
+                    drop(_w);
+                    drop(g);
+                    // Nothing was truncated: the kernel breaks the lease before it truncates.
+                    drop(self.reopen(i, hflags & !libc::O_TRUNC)?);
+                }
+                Err(e) => return Err(e),
+            }
+            round += 1;
+        }
     }
 
     /// `reopen` for an OPEN with `hflags`; under `OpenWait::Never` it fails with
@@ -110,7 +150,10 @@ impl PassthroughFs {
         }
         match self.reopen(i, hflags | libc::O_NONBLOCK) {
             Ok(fd) => {
-                sys::clear_nonblock(fd.as_raw_fd())?;
+                // An O_TRUNC open has truncated by now: keep the fd whatever F_SETFL says.
+                if let Err(e) = sys::clear_nonblock(fd.as_raw_fd()) {
+                    log::warn!("an open file keeps O_NONBLOCK: {e}");
+                }
                 Ok(fd)
             }
             Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(nowait::would_wait()),

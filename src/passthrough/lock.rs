@@ -168,6 +168,17 @@ impl IoLock {
         IoGuard::Exclusive(g)
     }
 
+    /// The exclusive side if nobody holds either side; never blocks.
+    pub fn try_exclusive(&self) -> Option<IoGuard<'_>> {
+        let g = match self.lock.try_write() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        self.known_size.store(0, Ordering::Relaxed);
+        Some(IoGuard::Exclusive(g))
+    }
+
     /// Whether the file is known to reach `end` (call with the lock held).
     pub fn known_to_reach(&self, end: u64) -> bool {
         end <= self.known_size.load(Ordering::Relaxed)
