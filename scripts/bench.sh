@@ -209,7 +209,8 @@ def cpu():
 
 def threads():
     """Per thread name (comm, digits dropped so a pool's workers add up): CPU seconds and
-    context switches, the wake-ups behind each request."""
+    voluntary and involuntary context switches: the sleeps and wake-ups behind each
+    request, and the preemptions by other threads (the guest's vCPUs)."""
     s, _ = tree()
     by = {}
     for p in s:
@@ -225,18 +226,21 @@ def threads():
                 continue
             name = st[st.index("(") + 1:st.rindex(")")].rstrip("0123456789-_") or "?"
             f = st[st.rindex(")") + 2:].split()
-            sw = sum(int(l.split()[1]) for l in status.splitlines() if "ctxt_switches:" in l)
-            c, n = by.get(name, (0.0, 0))
-            by[name] = (c + (int(f[11]) + int(f[12])) / TCK, n + sw)
+            sw = {l.split(":")[0]: int(l.split()[1]) for l in status.splitlines() if "ctxt_switches:" in l}
+            c, vol, inv = by.get(name, (0.0, 0, 0))
+            by[name] = (c + (int(f[11]) + int(f[12])) / TCK,
+                        vol + sw.get("voluntary_ctxt_switches", 0),
+                        inv + sw.get("nonvoluntary_ctxt_switches", 0))
     return by
 
 def thread_delta(t0, t1):
-    """Per thread name: [CPU s, switches] spent between two `threads()` readings."""
+    """Per thread name: [CPU s, voluntary, involuntary switches] between two `threads()`
+    readings."""
     d = {}
-    for k, (c, n) in t1.items():
-        c0, n0 = t0.get(k, (0.0, 0))
-        if round(c - c0, 2) or n - n0:
-            d[k] = [round(c - c0, 2), n - n0]
+    for k, (c, vol, inv) in t1.items():
+        c0, vol0, inv0 = t0.get(k, (0.0, 0, 0))
+        if round(c - c0, 2) or vol - vol0 or inv - inv0:
+            d[k] = [round(c - c0, 2), vol - vol0, inv - inv0]
     return d
 
 def read_stats():
@@ -313,7 +317,7 @@ while True:
                         "cpu_us_per_req": round(dcpu * 1e6 / req, 2) if dcpu is not None and req else None,
                         "ops": gops, "daemon_ops": dops})
             td = thread_delta(th0, th1)
-            sw = sum(n for _, n in td.values())
+            sw = sum(vol + inv for _, vol, inv in td.values())
             row.update({"daemon_threads": td, "daemon_switches": sw,
                         "switches_per_req": round(sw / req, 2) if req else None})
             if sv0 is not None and sv1 is not None:
