@@ -243,6 +243,15 @@ def thread_delta(t0, t1):
             d[k] = [round(c - c0, 2), vol - vol0, inv - inv0]
     return d
 
+def steal():
+    """The host's steal time so far (s, all CPUs): time its hypervisor ran something else
+    while a thread here was charged for it, which inflates a step's daemon CPU."""
+    try:
+        f = open("/proc/stat").readline().split()
+        return int(f[8]) / TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
 def read_stats():
     try:
         return json.loads(open(a.stats).read())
@@ -297,9 +306,9 @@ while True:
     if w and w[0] == "start":
         d0 = dump()
         ops0, sv0, us0 = counts(d0), served(d0), handler_us(d0)
-        cpu0, th0 = cpu(), threads()
+        cpu0, th0, st0 = cpu(), threads(), steal()
     elif w and w[0] == "end":
-        cpu1, th1 = cpu(), threads()
+        cpu1, th1, st1 = cpu(), threads(), steal()
         d1 = dump()
         ops1, sv1, us1 = counts(d1), served(d1), handler_us(d1)
         step, t0, t1 = w[1], float(w[2]), float(w[3])
@@ -316,6 +325,8 @@ while True:
             row.update({"daemon_cpu_s": dcpu, "requests": req, "daemon_requests": dreq,
                         "cpu_us_per_req": round(dcpu * 1e6 / req, 2) if dcpu is not None and req else None,
                         "ops": gops, "daemon_ops": dops})
+            if st0 is not None and st1 is not None:
+                row["host_steal_s"] = round(st1 - st0, 2)
             td = thread_delta(th0, th1)
             sw = sum(vol + inv for _, vol, inv in td.values())
             row.update({"daemon_threads": td, "daemon_switches": sw,
