@@ -88,10 +88,9 @@ impl PassthroughFs {
     }
 
     /// An O_TRUNC open. It changes the size, so it holds the inode's lock exclusively, like
-    /// a truncating SETATTR; but never while it waits for a host lease break, which would
-    /// hold every READ and WRITE of the file (and a queue thread's OPEN of it) for as long.
-    /// So the open under the lock never waits: if it would, a worker waits for the break
-    /// with an open that does not truncate, outside the lock, and tries again.
+    /// a truncating SETATTR. A worker waits for the lock and, under it, for a host lease
+    /// break (the file's READs and WRITEs wait with it; tests/it/parallel_writes.rs relies
+    /// on that to hold the lock). A queue thread waits for neither: it hands the open on.
     fn open_truncating(
         &self,
         i: &Arc<Inode>,
@@ -99,39 +98,17 @@ impl PassthroughFs {
         kill: Option<u32>,
         wait: OpenWait,
     ) -> io::Result<std::os::fd::OwnedFd> {
-        // A host process that takes a new lease each time gets the old behaviour in the
-        // end: the wait under the lock.
-        const ROUNDS: usize = 4;
-        let mut round = 0;
-        loop {
-            let g = match wait {
-                OpenWait::Allowed => i.io.exclusive(),
-                // A worker holds it, maybe for a lease break: this one would wait too.
-                OpenWait::Never => i.io.try_exclusive().ok_or_else(nowait::would_wait)?,
-            };
-            let _w = i.io.write_started(&g);
-            let under_lock = if round < ROUNDS {
-                OpenWait::Never
-            } else {
-                wait
-            };
-            match self.reopen_to_open(i, hflags, under_lock) {
-                Ok(fd) => {
-                    if let Some(gid) = kill {
-                        killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
-                    }
-                    return Ok(fd);
-                }
-                Err(e) if nowait::is_would_wait(&e) && wait == OpenWait::Allowed => {
-                    drop(_w);
-                    drop(g);
-                    // Nothing was truncated: the kernel breaks the lease before it truncates.
-                    drop(self.reopen(i, hflags & !libc::O_TRUNC)?);
-                }
-                Err(e) => return Err(e),
-            }
-            round += 1;
+        let g = match wait {
+            OpenWait::Allowed => i.io.exclusive(),
+            // A worker holds it, maybe through a lease break: this one would wait too.
+            OpenWait::Never => i.io.try_exclusive().ok_or_else(nowait::would_wait)?,
+        };
+        let _w = i.io.write_started(&g);
+        let fd = self.reopen_to_open(i, hflags, wait)?;
+        if let Some(gid) = kill {
+            killpriv::kill_suidgid(fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
+        Ok(fd)
     }
 
     /// `reopen` for an OPEN with `hflags`; under `OpenWait::Never` it fails with
