@@ -95,45 +95,47 @@ fn main() {
     }
 }
 
-/// CPU time (user + system ticks) of `pid` and its descendants (a sandboxed vfsd serves
-/// from a child process).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let own = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+/// `own(pid)` summed over `pid` and its descendants (a sandboxed vfsd serves from a child
+/// process); None if `pid` itself can't be read.
+fn over_tree(pid: u32, own: fn(u32) -> Option<u64>) -> Option<u64> {
+    let mine = own(pid)?;
     let children =
         std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     Some(
-        own + children
+        mine + children
             .split_whitespace()
-            .filter_map(|c| cpu_ticks(c.parse().ok()?))
+            .filter_map(|c| over_tree(c.parse().ok()?, own))
             .sum::<u64>(),
     )
+}
+
+/// CPU time (user + system ticks) of `pid` and its descendants.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    over_tree(pid, |pid| {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &s[s.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    })
 }
 
 /// Context switches (voluntary and not) of every thread of `pid` and its descendants: the
 /// wake-ups behind each request, which on a virtual machine's idle CPUs cost more than
 /// the request's own work.
 fn switches(pid: u32) -> Option<u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut n = 0u64;
-    for t in tasks.flatten() {
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        n += status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    Some(
-        n + children
-            .split_whitespace()
-            .filter_map(|c| switches(c.parse().ok()?))
-            .sum::<u64>(),
-    )
+    over_tree(pid, |pid| {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let mut n = 0u64;
+        for t in tasks.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            n += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        Some(n)
+    })
 }
 
 fn prepare_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
