@@ -193,15 +193,12 @@ fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
         flags: libc::O_WRONLY as u32,
         fuse_flags: 0,
     };
-    let t = c
-        .submit(
-            1,
-            vfsd::frontend::fuse::FUSE_OPEN,
-            node,
-            &[vm_memory::ByteValued::as_slice(&open)],
-            4096,
-        )
-        .unwrap();
+    let t = submit_open(
+        &c,
+        vfsd::frontend::fuse::FUSE_OPEN,
+        node,
+        &[vm_memory::ByteValued::as_slice(&open)],
+    );
     lease.wait_broken();
     // Answered while the OPEN still waits (a blocked queue thread would hold it back).
     for _ in 0..4 {
