@@ -293,3 +293,39 @@ fn a_create_of_a_leased_name_handed_to_the_pool_takes_one_lookup() {
         "one FORGET drops the node: {s}"
     );
 }
+
+/// The hiprio queue (FORGETs) runs on the first request queue's thread, as in virtiofsd:
+/// a FORGET the guest sends while that thread serves a request then costs no wake-up of a
+/// thread of its own. Each further request queue keeps a thread, and every queue is
+/// served.
+#[test]
+fn the_hiprio_queue_shares_the_first_request_queues_thread() {
+    let d = Daemon::start(&["--request-queues", "3"]);
+    let c = d.client_with(vfsd::frontend::FrontendConfig {
+        request_queues: 3,
+        ..Default::default()
+    });
+    std::fs::write(d.path("f"), b"").unwrap();
+    for q in 1..=3 {
+        let node = c.lookup(ROOT, "f").unwrap().nodeid;
+        let t = c
+            .submit(q, FUSE_GETATTR, node, &[&[0u8; 16]], 4096)
+            .unwrap();
+        assert_eq!(c.wait(t).unwrap().error, 0, "GETATTR on queue {q}");
+        c.forget(node, 1).unwrap();
+    }
+    let s = stats_after(&d, "FORGET", 3);
+    assert_eq!(s["live_inodes"].as_u64(), Some(1), "{s}");
+    let pid = crate::common::serving_pid(d.pid());
+    let queue_threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).unwrap_or_default().trim() == "vring_worker"
+        })
+        .count();
+    assert_eq!(
+        queue_threads, 3,
+        "one thread per request queue, none for hiprio"
+    );
+}
