@@ -1,12 +1,13 @@
 //! The vhost-user-fs device: virtqueues, their workers, features and config space.
 //!
 //! Queue 0 is the high-priority queue (FORGET, INTERRUPT); queues 1..=N carry requests.
-//! Each queue has its own epoll thread (one queue per thread, so queues never wait on each
-//! other). With a thread pool, a queue thread only pops descriptor chains and hands them
+//! Each request queue has its own epoll thread, so request queues never wait on each other;
+//! the hiprio queue shares the first one's thread, as in virtiofsd (`queue_masks`), so
+//! those two wait on each other. With a thread pool, a queue thread only pops descriptor chains and hands them
 //! to the pool, so requests queued together on one queue are also served together.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -184,6 +185,10 @@ pub struct FsDevice {
     poll: RingPoll,
     /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
     transfer: state::Transfer,
+    /// Each queue thread's queues (`queue_masks`), kept for mapping its events.
+    masks: Vec<u64>,
+    /// Rings that failed to serve a kick (a guest's bad avail index, say), for the log.
+    queue_errors: AtomicU64,
 }
 
 impl FsDevice {
@@ -207,7 +212,8 @@ impl FsDevice {
             0 => None,
             n => Some(Pool::new(n, server.clone())?),
         };
-        let exit = queue_masks(cfg.request_queues)
+        let masks = queue_masks(cfg.request_queues);
+        let exit = masks
             .iter()
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
@@ -227,6 +233,8 @@ impl FsDevice {
             inline,
             poll,
             transfer: Default::default(),
+            masks,
+            queue_errors: AtomicU64::new(0),
         })
     }
 
@@ -581,8 +589,8 @@ fn poll_briefly(vring: &TrackedVring, mem: &GuestMem) -> bool {
 /// The queues each queue thread serves, as bit masks: the hiprio queue (0) with the first
 /// request queue, as virtiofsd serves them, and every further request queue on a thread of
 /// its own. A FORGET that the guest sends while that thread serves a request is then
-/// popped in the same round, without a wake-up of a thread of its own: under `--cache
-/// never` a fifth of a tree walk's requests are FORGETs. Nothing served on a queue thread
+/// taken up when the request is done, by a thread already awake rather than by waking a
+/// thread of its own: under `--cache never` a fifth of a tree walk's requests are FORGETs. Nothing served on a queue thread
 /// waits for a FORGET or INTERRUPT (a waiting SETLKW moves to a thread of its own).
 fn queue_masks(request_queues: usize) -> Vec<u64> {
     std::iter::once(0b11)
@@ -717,7 +725,7 @@ impl VhostUserBackend for FsDevice {
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
-        queue_masks(self.cfg.request_queues)
+        self.masks.clone()
     }
 
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -738,7 +746,7 @@ impl VhostUserBackend for FsDevice {
         // `device_event` counts among this thread's queues (`queue_masks`).
         let (Some(vring), Some(queue)) = (
             vrings.get(device_event as usize),
-            queue_masks(self.cfg.request_queues)
+            self.masks
                 .get(thread_id)
                 .and_then(|&mask| nth_queue(mask, device_event as usize)),
         ) else {
@@ -746,6 +754,16 @@ impl VhostUserBackend for FsDevice {
                 "event {device_event} for unknown queue of thread {thread_id}"
             )));
         };
-        self.process_queue(vring, queue)
+        // An error ends the thread's event loop, and the thread serves other queues too
+        // (hiprio beside the first request queue): a ring the guest broke stays broken
+        // until it is set up again, and the others go on. Logged at powers of two, since
+        // the guest kicks as often as it likes.
+        if let Err(e) = self.process_queue(vring, queue) {
+            let n = self.queue_errors.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                warn!("queue {queue}: {e} (ring errors so far: {n})");
+            }
+        }
+        Ok(())
     }
 }

@@ -18,7 +18,8 @@
 //!   (`Place::NoReply`). A hand-off cost more than they do: `git status` under `--cache
 //!   never` sends a FORGET for every fourth request. As everywhere here the opcode is a
 //!   hint read before the copy: a guest that rewrites a FORGET into an OPEN of a leased
-//!   file stalls only its own queue.
+//!   file stalls only its own queue and the one sharing its thread (hiprio and the first
+//!   request queue, `queue_masks`): the guest's own queues.
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
@@ -276,7 +277,8 @@ impl RingPoll {
 
 /// Where `chain` runs, given what its queue thread knows of the queue. The opcode is read
 /// from the guest's buffer, only a hint: what is served is decided on the request's one
-/// copy (a guest that rewrites it in between only slows its own queue).
+/// copy (a guest that rewrites it in between only slows its own queues: this one, and the
+/// one sharing its thread).
 pub fn place(server: &FuseServer, mem: &GuestMem, chain: &Chain, queue: Queue) -> Place {
     decide(server.opcode_hint(mem, chain), queue)
 }
