@@ -132,6 +132,9 @@ pub fn is_dot_or_dotdot(name: &CStr) -> bool {
 /// restoring root's on drop. `setfsuid`/`setfsgid` act on the calling thread only, which is
 /// what a worker serving one request at a time needs.
 pub struct FsCred {
+    /// The daemon runs as root, so it can take the caller's ids and groups.
+    privileged: bool,
+    /// The thread's filesystem ids are the caller's until drop.
     switched: bool,
     /// The thread's supplementary groups before `switch_with_groups` changed them.
     groups: Option<Vec<libc::gid_t>>,
@@ -142,7 +145,8 @@ impl FsCred {
     /// kernel's group-membership checks (e.g. keeping S_ISGID on a new file) see them.
     pub fn switch_with_groups(uid: u32, gid: u32, groups: &[u32]) -> io::Result<FsCred> {
         let mut cred = Self::switch(uid, gid)?;
-        if groups.is_empty() || !cred.switched {
+        // Even for a root caller: with CAP_FSETID dropped (`--modcaps`) the groups matter.
+        if groups.is_empty() || !cred.privileged {
             return Ok(cred);
         }
         let mut old = vec![0 as libc::gid_t; 64];
@@ -164,13 +168,23 @@ impl FsCred {
     }
 
     pub fn switch(uid: u32, gid: u32) -> io::Result<FsCred> {
+        let mut cred = FsCred {
+            privileged: false,
+            switched: false,
+            groups: None,
+        };
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             // An unprivileged daemon creates files as itself, as virtiofsd does.
-            return Ok(FsCred {
-                switched: false,
-                groups: None,
-            });
+            return Ok(cred);
+        }
+        cred.privileged = true;
+        // SAFETY: getegid has no preconditions.
+        if uid == 0 && gid == 0 && unsafe { libc::getegid() } == 0 {
+            // The thread's ids are root's already (they follow euid and egid, and each
+            // switch restores them on drop): a root caller's create costs no setfsuid
+            // and setfsgid round. A daemon started with another group still switches.
+            return Ok(cred);
         }
         // SAFETY: setfsgid/setfsuid only change this thread's credentials.
         unsafe {
@@ -183,10 +197,8 @@ impl FsCred {
                 return Err(errno(libc::EPERM));
             }
         }
-        Ok(FsCred {
-            switched: true,
-            groups: None,
-        })
+        cred.switched = true;
+        Ok(cred)
     }
 }
 
@@ -520,6 +532,48 @@ pub fn nofile_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The thread's filesystem uid, read without changing it.
+    fn fsuid() -> u32 {
+        // SAFETY: setfsuid(-1) changes nothing and reports the current fsuid.
+        unsafe { libc::setfsuid(u32::MAX) as u32 }
+    }
+
+    /// A caller's ids last until drop, a root caller's leave root's in place, and a file
+    /// created meanwhile belongs to the caller (when the test runs as root).
+    #[test]
+    fn fs_cred_switches_to_the_caller_and_back() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let root = FsCred::switch(0, 0).unwrap();
+        // SAFETY: getegid has no preconditions.
+        assert_eq!(root.switched, unsafe { libc::getegid() } != 0);
+        assert_eq!(fsuid(), 0);
+        drop(root);
+        let user = FsCred::switch(4321, 4322).unwrap();
+        assert!(user.privileged && user.switched);
+        assert_eq!(fsuid(), 4321);
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        drop(user);
+        assert_eq!(fsuid(), 0);
+        let st = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!(
+            (
+                std::os::unix::fs::MetadataExt::uid(&st),
+                std::os::unix::fs::MetadataExt::gid(&st)
+            ),
+            (4321, 4322)
+        );
+    }
 
     /// The fallback for kernels without `*xattrat`: path calls on a /proc/self/fd name
     /// from a thread's own working directory, leaving the other threads' alone.
