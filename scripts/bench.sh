@@ -5,7 +5,7 @@
 #   scripts/bench.sh --gluster [--runs N] [--out DIR]
 #   scripts/bench.sh --tree [--modes auto,always,never,metadata] [--daemons vfsd,virtiofsd,tmpfs]
 #                    [--runs N] [--userland host|initramfs] [--tree-source TARBALL] [--steps LIST]
-#                    [--vfsd-args ARGS] [--virtiofsd-args ARGS] [--out DIR]
+#                    [--vfsd-args ARGS] [--virtiofsd-args ARGS] [--same-boot] [--out DIR]
 #
 # 1. Load generator (vfsd-bench plays the guest driver on the vhost-user socket) against
 #    each daemon at its default and best settings, and native fio at the same concurrency
@@ -37,6 +37,10 @@
 #    those steps (what they need still runs, untimed); --vfsd-args and --virtiofsd-args go on
 #    that daemon's command line for the share under test. VFSD_BIN picks the vfsd binary
 #    (default: target/release/vfsd, built). Default DIR: docs/benchmarks/tree.
+#    --same-boot: vfsd and virtiofsd serve one guest each run and mode, a share each, and
+#    the guest runs the steps on one share and then on the other (vfsd first in odd runs,
+#    virtiofsd first in even ones), so what one boot's host gives or takes (the CPU cost
+#    of a wake-up, steal time) falls on both daemons alike.
 # Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
 # drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
 # DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
@@ -47,7 +51,7 @@ REPO=$PWD
 ARGS="$*"
 QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT= GLUSTER=0
 TREE=0 TREE_MODES=auto,always,never,metadata TREE_DAEMONS=vfsd,virtiofsd,tmpfs TREE_USERLAND=host TREE_SOURCE=
-TREE_STEPS=all TREE_VFSD_ARGS= TREE_VIRTIOFSD_ARGS=
+TREE_STEPS=all TREE_VFSD_ARGS= TREE_VIRTIOFSD_ARGS= TREE_SAME_BOOT=0
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=1; shift ;;
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
         --steps) TREE_STEPS=${2:?}; shift 2 ;;
         --vfsd-args) TREE_VFSD_ARGS=${2?}; shift 2 ;;
         --virtiofsd-args) TREE_VIRTIOFSD_ARGS=${2?}; shift 2 ;;
+        --same-boot) TREE_SAME_BOOT=1; shift ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
     esac
@@ -91,6 +96,10 @@ if [ $TREE = 1 ]; then
         case $d in vfsd|virtiofsd|tmpfs) ;; *) die "--daemons: '$d' is none of vfsd, virtiofsd, tmpfs" ;; esac
     done
     case $TREE_USERLAND in host|initramfs) ;; *) die "--userland: host or initramfs" ;; esac
+    if [ "$TREE_SAME_BOOT" = 1 ]; then
+        [[ ",$TREE_DAEMONS," == *,vfsd,* && ",$TREE_DAEMONS," == *,virtiofsd,* ]] ||
+            die "--same-boot: --daemons must name both vfsd and virtiofsd"
+    fi
     [[ $TREE_STEPS =~ ^[a-zA-Z,-]+$ ]] || die "--steps: a comma-separated list of step names"
     if [ -z "${VFSD_BIN:-}" ]; then
         say "building vfsd"
@@ -98,6 +107,7 @@ if [ $TREE = 1 ]; then
         VFSD_BIN=$REPO/target/release/vfsd
     fi
     [ -x "$VFSD_BIN" ] || die "VFSD_BIN=$VFSD_BIN is not executable"
+    VFSD_BIN=$(realpath "$VFSD_BIN")
     export VFSD_BIN
     "$VFSD_BIN" --help | grep -q -- --stats-interval || die "$VFSD_BIN has no --stats-interval"
     if [ "$TREE_USERLAND" = host ]; then
@@ -154,7 +164,8 @@ if [ $TREE = 1 ]; then
     INITRD=$(scripts/build-initramfs.sh --no-tools -o "$CACHE/initramfs-tree.cpio.gz") || die "no initramfs"
     W=$(mktemp -d /var/tmp/vfsd-tree.XXXXXX)
     MON=
-    trap '[ -n "$MON" ] && kill "$MON" 2>/dev/null; rm -rf "$W"' EXIT
+    # shellcheck disable=SC2086  # MON: the monitors' pids, one or more
+    trap '[ -n "$MON" ] && kill $MON 2>/dev/null; rm -rf "$W"' EXIT
     mkdir -p "$OUT"
     RES=$OUT/results.jsonl
     : > "$RES"
@@ -347,79 +358,125 @@ PY
         VIEW=$W/hostroot-view
         mkdir -p "$VIEW"
     fi
-    # tree_boot DAEMON MODE RUN: one guest through DAEMON at --cache MODE (tmpfs: on the
-    # guest's tmpfs, MODE unused), results appended to $RES.
+    # tree_boot MODE RUN DAEMON...: one guest, a share for each DAEMON at --cache MODE (tmpfs,
+    # alone: on the guest's tmpfs, MODE unused), the steps on each share in turn; results
+    # appended to $RES.
     tree_boot() {
-        local d=$1 mode=$2 run=$3 label ctl vm sock= stats= target rd rc t load0 wrap=() shares=() sargs=() script chroot=() extra=
-        label=$d-$mode-$run
-        [ "$d" = tmpfs ] && label=tmpfs-$run
-        ctl=$W/ctl-$label vm=$W/vm-$label
-        mkdir -p "$ctl"
-        cp "$SRC/src.tar" "$SRC/src.bundle" "$ctl/"
-        rd=$d
-        if [ "$d" = tmpfs ]; then
-            rd=vfsd target=/tmp mode=-
-        else
-            mkdir -p "$W/share-$label"
-            shares+=(--share "$W/share-$label:tree")
-            sock=$vm/fs0.sock
-            local a="--cache $mode"
-            if [ "$d" = vfsd ]; then
-                stats=$W/stats-$label.json
-                a="$a --stats $stats --stats-interval 86400${TREE_VFSD_ARGS:+ $TREE_VFSD_ARGS}"
-                extra=$TREE_VFSD_ARGS
-            else
-                a="$a${TREE_VIRTIOFSD_ARGS:+ $TREE_VIRTIOFSD_ARGS}"
-                extra=$TREE_VIRTIOFSD_ARGS
-            fi
-            sargs+=(--share-args tree "$a")
-            target=/mnt/tree
-        fi
-        shares+=(--share "$ctl:ctl")
-        sargs+=(--share-args ctl "--cache never")
+        local mode=$1 run=$2; shift 2
+        local k d sfx label labels=() ctls=() mons=() stats=() cmd=() rd= vm rc t load0 wrap=() shares=() sargs=() script chroot=() extra vt=
+        vm=$W/vm-$run-$mode-$1
         script=/guest-tests/tree-bench.sh
+        [ "$TREE_USERLAND" = host ] && script=/mnt/guest-tests/tree-bench.sh
+        # Shares tree, treeb, ... first, so the k-th daemon's socket is fs$k.sock.
+        k=0
+        for d in "$@"; do
+            sfx=; [ $k -gt 0 ] && sfx=$(printf "\\x$(printf %x $((97 + k)))")
+            label=$d-$mode-$run
+            [ "$d" = tmpfs ] && label=tmpfs-$run
+            labels+=("$label") ctls+=("$W/ctl-$label")
+            mkdir -p "$W/ctl-$label"
+            cp "$SRC/src.tar" "$SRC/src.bundle" "$W/ctl-$label/"
+            if [ "$d" = tmpfs ]; then
+                rd=vfsd stats+=("")
+                cmd+=("sh $script /tmp /mnt/ctl $TREE_STEPS")
+            else
+                mkdir -p "$W/share-$label"
+                shares+=(--share "$W/share-$label:tree$sfx")
+                local a="--cache $mode"
+                if [ "$d" = vfsd ]; then
+                    stats+=("$W/stats-$label.json")
+                    a="$a --stats $W/stats-$label.json --stats-interval 86400${TREE_VFSD_ARGS:+ $TREE_VFSD_ARGS}"
+                else
+                    stats+=("")
+                    a="$a${TREE_VIRTIOFSD_ARGS:+ $TREE_VIRTIOFSD_ARGS}"
+                    vt="$vt tree$sfx"
+                fi
+                sargs+=(--share-args "tree$sfx" "$a")
+                cmd+=("sh $script /mnt/tree$sfx /mnt/ctl$sfx $TREE_STEPS")
+                if [ -z "$rd" ]; then rd=$d; elif [ "$rd" != "$d" ]; then rd=mixed; fi
+            fi
+            k=$((k + 1))
+        done
+        k=0
+        for d in "$@"; do
+            sfx=; [ $k -gt 0 ] && sfx=$(printf "\\x$(printf %x $((97 + k)))")
+            shares+=(--share "${ctls[$k]}:ctl$sfx")
+            sargs+=(--share-args "ctl$sfx" "--cache never")
+            k=$((k + 1))
+        done
+        if [ "$rd" = mixed ]; then
+            # One guest, two daemons: virtiofsd for its tree share, vfsd for the others.
+            rd="$W/daemon-$run-$mode.sh {tag} {socket} {dir}"
+            cat > "$W/daemon-$run-$mode.sh" <<DAEMON
+#!/bin/bash
+tag=\$1 sock=\$2 dir=\$3; shift 3
+case " $vt " in
+    *" \$tag "*) exec $(printf %q "$VIRTIOFSD") --socket-path="\$sock" --shared-dir="\$dir" --sandbox none --xattr "\$@" ;;
+esac
+exec $(printf %q "$VFSD_BIN") --socket-path="\$sock" --shared-dir="\$dir" --xattr "\$@"
+DAEMON
+            chmod +x "$W/daemon-$run-$mode.sh"
+        fi
         if [ "$TREE_USERLAND" = host ]; then
             shares+=(--share "$VIEW:hostroot:ro")
             sargs+=(--share-args hostroot "--cache always")
             chroot=(--chroot hostroot)
-            script=/mnt/guest-tests/tree-bench.sh
             # A view of the host's root file system alone (a non-recursive bind in a mount
             # namespace of this boot's own), as scripts/run-xfstests.sh makes it.
             wrap=(unshare --mount --propagation private -- bash -c 'mount --bind / "$0" && exec "$@"' "$VIEW")
         fi
-        say "tree: $label"
-        python3 "$W/monitor.py" --ctl "$ctl" --sock "$sock" --stats "$stats" --daemon "$d" --cache "$mode" \
-            --run "$run" --out "$RES" --userland "$TREE_USERLAND" --args "$extra" &
-        MON=$!
+        say "tree: ${labels[*]}"
+        k=0
+        for d in "$@"; do
+            extra=$TREE_VFSD_ARGS; [ "$d" = virtiofsd ] && extra=$TREE_VIRTIOFSD_ARGS; [ "$d" = tmpfs ] && extra=
+            local sock=; [ "$d" != tmpfs ] && sock=$vm/fs$k.sock
+            python3 "$W/monitor.py" --ctl "${ctls[$k]}" --sock "$sock" --stats "${stats[$k]}" --daemon "$d" --cache "$mode" \
+                --run "$run" --out "$RES" --userland "$TREE_USERLAND" --args "$extra" &
+            mons+=($!)
+            k=$((k + 1))
+        done
+        MON="${mons[*]}"
         t=$(date +%s)
         load0=$(cut -d' ' -f1 /proc/loadavg)
         rc=0
+        # Every share's steps run, and the guest's status is the first failure's.
+        local gcmd="rc=0" c
+        for c in "${cmd[@]}"; do gcmd="$gcmd; $c || rc=\$?"; done
         "${wrap[@]}" scripts/run-vm.sh --daemon "$rd" --kernel "$KERNEL" --initrd "$INITRD" --mem 1G --cpus 2 \
-            --timeout 3600 --quiet --workdir "$vm" --log "$W/console-$label.log" "${shares[@]}" "${sargs[@]}" \
-            "${chroot[@]}" -- "sh $script $target /mnt/ctl $TREE_STEPS" > "$W/run-vm-$label.log" 2>&1 || rc=$?
-        touch "$ctl/.stop"
-        wait "$MON" || true
+            --timeout 3600 --quiet --workdir "$vm" --log "$W/console-$run-$mode.log" "${shares[@]}" "${sargs[@]}" \
+            "${chroot[@]}" -- "$gcmd; exit \$rc" > "$W/run-vm-$run-$mode.log" 2>&1 || rc=$?
+        for c in "${ctls[@]}"; do touch "$c/.stop"; done
+        for c in "${mons[@]}"; do wait "$c" || true; done
         MON=
         t=$(( $(date +%s) - t ))
-        { echo "== $label (run-vm.sh exit status $rc, ${t}s)"; tr -d '\r' < "$W/console-$label.log" 2>/dev/null | grep '^tree-bench:'; } >> "$OUT/guest.txt"
-        echo "{\"kind\":\"tree-boot\",\"daemon\":\"$d\",\"cache\":\"$mode\",\"run\":$run,\"status\":$rc,\"wall_s\":$t,\"load\":[$load0,$(cut -d' ' -f1 /proc/loadavg)],\"args\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$extra")}" >> "$RES"
+        { echo "== ${labels[*]} (run-vm.sh exit status $rc, ${t}s)"; tr -d '\r' < "$W/console-$run-$mode.log" 2>/dev/null | grep '^tree-bench:'; } >> "$OUT/guest.txt"
+        k=0
+        for d in "$@"; do
+            extra=$TREE_VFSD_ARGS; [ "$d" = virtiofsd ] && extra=$TREE_VIRTIOFSD_ARGS; [ "$d" = tmpfs ] && extra=
+            echo "{\"kind\":\"tree-boot\",\"daemon\":\"$d\",\"cache\":\"$mode\",\"run\":$run,\"status\":$rc,\"wall_s\":$t,\"load\":[$load0,$(cut -d' ' -f1 /proc/loadavg)],\"args\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$extra")}" >> "$RES"
+            k=$((k + 1))
+        done
         if [ "$rc" != 0 ]; then
-            say "tree: $label failed (status $rc); its rows are missing. run-vm.sh said:"
-            grep -E 'run-vm: (error|FAILED|TIMEOUT)' "$W/run-vm-$label.log" | head -n 5 >&2 || true
-            tr -d '\r' < "$W/console-$label.log" 2>/dev/null | tail -n 15 >&2 || true
+            say "tree: ${labels[*]} failed (status $rc); its rows are missing. run-vm.sh said:"
+            grep -E 'run-vm: (error|FAILED|TIMEOUT)' "$W/run-vm-$run-$mode.log" | head -n 5 >&2 || true
+            tr -d '\r' < "$W/console-$run-$mode.log" 2>/dev/null | tail -n 15 >&2 || true
         fi
-        rm -rf "$ctl" "$W/share-$label" "$vm"
-        [ -n "$stats" ] && rm -f "$stats"
+        for label in "${labels[@]}"; do rm -rf "$W/ctl-$label" "$W/share-$label" "$W/stats-$label.json"; done
+        rm -rf "$vm" "$W/daemon-$run-$mode.sh"
         return 0
     }
     T0=$(date +%s)
     for run in $(seq "$RUNS"); do
         for d in "${TDAEMONS[@]}"; do
-            if [ "$d" = tmpfs ]; then tree_boot tmpfs - "$run"; fi
+            if [ "$d" = tmpfs ]; then tree_boot - "$run" tmpfs; fi
         done
         for mode in "${TMODES[@]}"; do
+            if [ "$TREE_SAME_BOOT" = 1 ]; then
+                if [ $((run % 2)) = 1 ]; then tree_boot "$mode" "$run" vfsd virtiofsd; else tree_boot "$mode" "$run" virtiofsd vfsd; fi
+                continue
+            fi
             for d in "${TDAEMONS[@]}"; do
-                if [ "$d" != tmpfs ]; then tree_boot "$d" "$mode" "$run"; fi
+                if [ "$d" != tmpfs ]; then tree_boot "$mode" "$run" "$d"; fi
             done
         done
     done

@@ -116,6 +116,10 @@ def tree_report(records, a):
            "virtiofsd 1.14: `--sandbox none --xattr`) plus `--cache MODE`. tmpfs: the same steps on "
            "the guest's own tmpfs, the guest's ceiling; the cache mode does not apply to it, so its "
            "figures repeat in every mode's table.", ""]
+    if "--same-boot" in a.command.split():
+        md += ["`--same-boot`: vfsd and virtiofsd served one guest per run and mode, a share each, "
+               "and the guest ran the steps on one share and then on the other (vfsd first in odd "
+               "runs), so the boot's host conditions fall on both alike.", ""]
     md += ["Per step: the guest's time (s); the FUSE requests the guest sent to the share "
            "(tracepoint `fuse:fuse_request_send`, which does not see FORGETs), with vfsd's own "
            "count (`--stats`, FORGET and BATCH_FORGET included) in brackets; the daemon's CPU "
