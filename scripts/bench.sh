@@ -358,19 +358,23 @@ PY
         VIEW=$W/hostroot-view
         mkdir -p "$VIEW"
     fi
+    # daemon_args DAEMON: what --vfsd-args or --virtiofsd-args add for it (the rows' "args").
+    daemon_args() { case $1 in vfsd) echo "$TREE_VFSD_ARGS" ;; virtiofsd) echo "$TREE_VIRTIOFSD_ARGS" ;; esac; }
     # tree_boot MODE RUN DAEMON...: one guest, a share for each DAEMON at --cache MODE (tmpfs,
     # alone: on the guest's tmpfs, MODE unused), the steps on each share in turn; results
     # appended to $RES.
     tree_boot() {
         local mode=$1 run=$2; shift 2
-        local k d sfx label labels=() ctls=() mons=() stats=() cmd=() rd= vm rc t load0 wrap=() shares=() sargs=() script chroot=() extra vt=
+        local k d sfx label labels=() ctls=() mons=() stats=() cmd=() rd= vm rc t load0 wrap=() shares=() sargs=() script chroot=() vt=
+        # The k-th daemon's shares: tree and ctl, then treeb and ctlb.
+        local sfxs=("" b)
         vm=$W/vm-$run-$mode-$1
         script=/guest-tests/tree-bench.sh
         [ "$TREE_USERLAND" = host ] && script=/mnt/guest-tests/tree-bench.sh
         # Shares tree, treeb, ... first, so the k-th daemon's socket is fs$k.sock.
         k=0
         for d in "$@"; do
-            sfx=; [ $k -gt 0 ] && sfx=$(printf "\\x$(printf %x $((97 + k)))")
+            sfx=${sfxs[$k]}
             label=$d-$mode-$run
             [ "$d" = tmpfs ] && label=tmpfs-$run
             labels+=("$label") ctls+=("$W/ctl-$label")
@@ -385,24 +389,22 @@ PY
                 local a="--cache $mode"
                 if [ "$d" = vfsd ]; then
                     stats+=("$W/stats-$label.json")
-                    a="$a --stats $W/stats-$label.json --stats-interval 86400${TREE_VFSD_ARGS:+ $TREE_VFSD_ARGS}"
+                    a="$a --stats $W/stats-$label.json --stats-interval 86400"
                 else
                     stats+=("")
-                    a="$a${TREE_VIRTIOFSD_ARGS:+ $TREE_VIRTIOFSD_ARGS}"
                     vt="$vt tree$sfx"
                 fi
+                local more; more=$(daemon_args "$d")
+                a="$a${more:+ $more}"
                 sargs+=(--share-args "tree$sfx" "$a")
                 cmd+=("sh $script /mnt/tree$sfx /mnt/ctl$sfx $TREE_STEPS")
                 if [ -z "$rd" ]; then rd=$d; elif [ "$rd" != "$d" ]; then rd=mixed; fi
             fi
             k=$((k + 1))
         done
-        k=0
-        for d in "$@"; do
-            sfx=; [ $k -gt 0 ] && sfx=$(printf "\\x$(printf %x $((97 + k)))")
-            shares+=(--share "${ctls[$k]}:ctl$sfx")
-            sargs+=(--share-args "ctl$sfx" "--cache never")
-            k=$((k + 1))
+        for k in "${!ctls[@]}"; do
+            shares+=(--share "${ctls[$k]}:ctl${sfxs[$k]}")
+            sargs+=(--share-args "ctl${sfxs[$k]}" "--cache never")
         done
         if [ "$rd" = mixed ]; then
             # One guest, two daemons: virtiofsd for its tree share, vfsd for the others.
@@ -428,10 +430,9 @@ DAEMON
         say "tree: ${labels[*]}"
         k=0
         for d in "$@"; do
-            extra=$TREE_VFSD_ARGS; [ "$d" = virtiofsd ] && extra=$TREE_VIRTIOFSD_ARGS; [ "$d" = tmpfs ] && extra=
             local sock=; [ "$d" != tmpfs ] && sock=$vm/fs$k.sock
             python3 "$W/monitor.py" --ctl "${ctls[$k]}" --sock "$sock" --stats "${stats[$k]}" --daemon "$d" --cache "$mode" \
-                --run "$run" --out "$RES" --userland "$TREE_USERLAND" --args "$extra" &
+                --run "$run" --out "$RES" --userland "$TREE_USERLAND" --args "$(daemon_args "$d")" &
             mons+=($!)
             k=$((k + 1))
         done
@@ -450,11 +451,8 @@ DAEMON
         MON=
         t=$(( $(date +%s) - t ))
         { echo "== ${labels[*]} (run-vm.sh exit status $rc, ${t}s)"; tr -d '\r' < "$W/console-$run-$mode.log" 2>/dev/null | grep '^tree-bench:'; } >> "$OUT/guest.txt"
-        k=0
         for d in "$@"; do
-            extra=$TREE_VFSD_ARGS; [ "$d" = virtiofsd ] && extra=$TREE_VIRTIOFSD_ARGS; [ "$d" = tmpfs ] && extra=
-            echo "{\"kind\":\"tree-boot\",\"daemon\":\"$d\",\"cache\":\"$mode\",\"run\":$run,\"status\":$rc,\"wall_s\":$t,\"load\":[$load0,$(cut -d' ' -f1 /proc/loadavg)],\"args\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$extra")}" >> "$RES"
-            k=$((k + 1))
+            echo "{\"kind\":\"tree-boot\",\"daemon\":\"$d\",\"cache\":\"$mode\",\"run\":$run,\"status\":$rc,\"wall_s\":$t,\"load\":[$load0,$(cut -d' ' -f1 /proc/loadavg)],\"args\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$(daemon_args "$d")")}" >> "$RES"
         done
         if [ "$rc" != 0 ]; then
             say "tree: ${labels[*]} failed (status $rc); its rows are missing. run-vm.sh said:"

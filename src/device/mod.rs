@@ -3,8 +3,9 @@
 //! Queue 0 is the high-priority queue (FORGET, INTERRUPT); queues 1..=N carry requests.
 //! Each request queue has its own epoll thread, so request queues never wait on each other;
 //! the hiprio queue shares the first one's thread, as in virtiofsd (`queue_masks`), so
-//! those two wait on each other. With a thread pool, a queue thread only pops descriptor chains and hands them
-//! to the pool, so requests queued together on one queue are also served together.
+//! those two wait on each other. With a thread pool, a queue thread only pops descriptor
+//! chains and hands them to the pool, so requests queued together on one queue are also
+//! served together.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -590,8 +591,9 @@ fn poll_briefly(vring: &TrackedVring, mem: &GuestMem) -> bool {
 /// request queue, as virtiofsd serves them, and every further request queue on a thread of
 /// its own. A FORGET that the guest sends while that thread serves a request is then
 /// taken up when the request is done, by a thread already awake rather than by waking a
-/// thread of its own: under `--cache never` a fifth of a tree walk's requests are FORGETs. Nothing served on a queue thread
-/// waits for a FORGET or INTERRUPT (a waiting SETLKW moves to a thread of its own).
+/// thread of its own: under `--cache never` a fifth of a tree walk's requests are FORGETs.
+/// Nothing served on a queue thread waits for a FORGET or INTERRUPT (a waiting SETLKW moves
+/// to a thread of its own).
 fn queue_masks(request_queues: usize) -> Vec<u64> {
     std::iter::once(0b11)
         .chain((2..=request_queues).map(|q| 1u64 << q))
