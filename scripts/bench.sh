@@ -5,7 +5,8 @@
 #   scripts/bench.sh --gluster [--runs N] [--out DIR]
 #   scripts/bench.sh --tree [--modes auto,always,never,metadata] [--daemons vfsd,virtiofsd,tmpfs]
 #                    [--runs N] [--userland host|initramfs] [--tree-source TARBALL] [--steps LIST]
-#                    [--vfsd-args ARGS] [--virtiofsd-args ARGS] [--same-boot] [--out DIR]
+#                    [--vfsd-args ARGS] [--virtiofsd-args ARGS] [--same-boot]
+#                    [--share-fs ext4|tmpfs|host] [--out DIR]
 #
 # 1. Load generator (vfsd-bench plays the guest driver on the vhost-user socket) against
 #    each daemon at its default and best settings, and native fio at the same concurrency
@@ -41,6 +42,12 @@
 #    the guest runs the steps on one share and then on the other (vfsd first in odd runs,
 #    virtiofsd first in even ones), so what one boot's host gives or takes (the CPU cost
 #    of a wake-up, steal time) falls on both daemons alike.
+#   --share-fs: what each tree share is on. ext4 (default): a fresh ext4 with a journal,
+#    as mkfs.ext4 makes it, on a loop device over a file in /dev/shm, one per share and
+#    boot, so one daemon's deletions never slow the other's creates. tmpfs: a fresh tmpfs
+#    per share. host: a directory under /var/tmp on the host's own file system (before
+#    session 17); on a host whose ext4 has no journal, a create there scans the inodes
+#    deleted in the last 30 s, and costs up to 15 times as much after a rm -rf.
 # Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
 # drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
 # DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
@@ -51,7 +58,7 @@ REPO=$PWD
 ARGS="$*"
 QUICK=0 RUNS=3 LOADGEN=1 NATIVE=1 GUEST=1 OUT= GLUSTER=0
 TREE=0 TREE_MODES=auto,always,never,metadata TREE_DAEMONS=vfsd,virtiofsd,tmpfs TREE_USERLAND=host TREE_SOURCE=
-TREE_STEPS=all TREE_VFSD_ARGS= TREE_VIRTIOFSD_ARGS= TREE_SAME_BOOT=0
+TREE_STEPS=all TREE_VFSD_ARGS= TREE_VIRTIOFSD_ARGS= TREE_SAME_BOOT=0 TREE_SHARE_FS=ext4
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=1; shift ;;
@@ -70,6 +77,7 @@ while [ $# -gt 0 ]; do
         --vfsd-args) TREE_VFSD_ARGS=${2?}; shift 2 ;;
         --virtiofsd-args) TREE_VIRTIOFSD_ARGS=${2?}; shift 2 ;;
         --same-boot) TREE_SAME_BOOT=1; shift ;;
+        --share-fs) TREE_SHARE_FS=${2:?}; shift 2 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
     esac
@@ -96,6 +104,11 @@ if [ $TREE = 1 ]; then
         case $d in vfsd|virtiofsd|tmpfs) ;; *) die "--daemons: '$d' is none of vfsd, virtiofsd, tmpfs" ;; esac
     done
     case $TREE_USERLAND in host|initramfs) ;; *) die "--userland: host or initramfs" ;; esac
+    case $TREE_SHARE_FS in ext4|tmpfs|host) ;; *) die "--share-fs: ext4, tmpfs or host" ;; esac
+    if [ "$TREE_SHARE_FS" = ext4 ]; then
+        command -v mkfs.ext4 >/dev/null || die "--share-fs ext4: no mkfs.ext4 (apt-get install e2fsprogs, or use --share-fs tmpfs)"
+        [ -e /dev/loop-control ] || die "--share-fs ext4: no loop devices here (/dev/loop-control); use --share-fs tmpfs or host"
+    fi
     if [ "$TREE_SAME_BOOT" = 1 ]; then
         [[ ",$TREE_DAEMONS," == *,vfsd,* && ",$TREE_DAEMONS," == *,virtiofsd,* ]] ||
             die "--same-boot: --daemons must name both vfsd and virtiofsd"
@@ -164,8 +177,31 @@ if [ $TREE = 1 ]; then
     INITRD=$(scripts/build-initramfs.sh --no-tools -o "$CACHE/initramfs-tree.cpio.gz") || die "no initramfs"
     W=$(mktemp -d /var/tmp/vfsd-tree.XXXXXX)
     MON=
+    # share_up DIR: a tree share at DIR on a file system of its own (--share-fs); share_down
+    # DIR: gone again. The ext4 images live in /dev/shm, so their I/O stays in memory.
+    share_up() {
+        mkdir -p "$1"
+        case $TREE_SHARE_FS in
+            host) ;;
+            tmpfs) mount -t tmpfs -o size=2g,mode=0755 vfsd-tree "$1" || die "--share-fs tmpfs: mounting a tmpfs at $1 failed" ;;
+            ext4)
+                local img; img=/dev/shm/vfsd-tree-$(basename "$W")-$(basename "$1").img
+                truncate -s 2G "$img"
+                mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$img" ||
+                    die "--share-fs ext4: mkfs.ext4 $img failed"
+                mount -o loop "$img" "$1" ||
+                    die "--share-fs ext4: mounting $img at $1 failed (no free loop device?); use --share-fs tmpfs or host"
+                rmdir "$1/lost+found"  # so the share holds what the steps make, as on tmpfs
+                ;;
+        esac
+    }
+    share_down() {
+        if mountpoint -q "$1"; then umount "$1" || umount -l "$1"; fi
+        rm -rf "$1"
+        rm -f "/dev/shm/vfsd-tree-$(basename "$W")-$(basename "$1").img"
+    }
     # shellcheck disable=SC2086  # MON: the monitors' pids, one or more
-    trap '[ -n "$MON" ] && kill $MON 2>/dev/null; rm -rf "$W"' EXIT
+    trap '[ -n "$MON" ] && kill $MON 2>/dev/null; for s in "$W"/share-*; do [ -e "$s" ] && share_down "$s"; done; rm -rf "$W"' EXIT
     mkdir -p "$OUT"
     RES=$OUT/results.jsonl
     : > "$RES"
@@ -384,7 +420,7 @@ PY
                 rd=vfsd stats+=("")
                 cmd+=("sh $script /tmp /mnt/ctl $TREE_STEPS")
             else
-                mkdir -p "$W/share-$label"
+                share_up "$W/share-$label"
                 shares+=(--share "$W/share-$label:tree$sfx")
                 local a="--cache $mode"
                 if [ "$d" = vfsd ]; then
@@ -459,7 +495,10 @@ DAEMON
             grep -E 'run-vm: (error|FAILED|TIMEOUT)' "$W/run-vm-$run-$mode.log" | head -n 5 >&2 || true
             tr -d '\r' < "$W/console-$run-$mode.log" 2>/dev/null | tail -n 15 >&2 || true
         fi
-        for label in "${labels[@]}"; do rm -rf "$W/ctl-$label" "$W/share-$label" "$W/stats-$label.json"; done
+        for label in "${labels[@]}"; do
+            rm -rf "$W/ctl-$label" "$W/stats-$label.json"
+            [ -e "$W/share-$label" ] && share_down "$W/share-$label"
+        done
         rm -rf "$vm" "$W/daemon-$run-$mode.sh"
         return 0
     }
@@ -481,7 +520,8 @@ DAEMON
     say "tree: all boots in $(( $(date +%s) - T0 ))s; writing the report"
     python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib || true
     python3 scripts/bench_report.py "$RES" "$OUT" --tree 1 --command "scripts/bench.sh $ARGS" --runs "$RUNS" \
-        --tree-source "$(basename "${TREE_SOURCE:-crates}") ($ENTRIES entries)" --vfsd-bin "$VFSD_BIN"
+        --tree-source "$(basename "${TREE_SOURCE:-crates}") ($ENTRIES entries)" --vfsd-bin "$VFSD_BIN" \
+        --share-fs "$TREE_SHARE_FS"
     say "done: $OUT/report.md"
     exit 0
 fi

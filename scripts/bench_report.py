@@ -116,6 +116,11 @@ def tree_report(records, a):
            "virtiofsd 1.14: `--sandbox none --xattr`) plus `--cache MODE`. tmpfs: the same steps on "
            "the guest's own tmpfs, the guest's ceiling; the cache mode does not apply to it, so its "
            "figures repeat in every mode's table.", ""]
+    md += [{"ext4": "Each tree share is a fresh ext4 with a journal (mkfs.ext4's defaults) on a loop "
+                    "device over a file in /dev/shm, one per share and boot (`--share-fs ext4`).",
+            "tmpfs": "Each tree share is a fresh tmpfs of its own (`--share-fs tmpfs`).",
+            "host": "The tree shares are directories under /var/tmp on the host's own file system "
+                    "(`--share-fs host`)."}.get(a.share_fs, ""), ""]
     if "--same-boot" in a.command.split():
         md += ["`--same-boot`: vfsd and virtiofsd served one guest per run and mode, a share each, "
                "and the guest ran the steps on one share and then on the other (vfsd first in odd "
@@ -267,6 +272,7 @@ def main():
     ap.add_argument("--tree", default="0")
     ap.add_argument("--tree-source", default="")
     ap.add_argument("--vfsd-bin", default="target/release/vfsd")
+    ap.add_argument("--share-fs", default="host")
     a = ap.parse_args()
     gluster = a.gluster == "1"
     native_name = "native (Gluster mount)" if gluster else "native"
