@@ -5,7 +5,8 @@
 //!   worker hand-off).
 //! - **On the queue thread**: a lone request, when the guest waits for each reply before
 //!   it sends the next (`Lone`) and the opcode is short (`Opcode::is_short`), or a READ
-//!   that would block in that case. A lone OPEN or CREATE too, unless it would wait for a
+//!   that would block in that case, or a COPY_FILE_RANGE of at most `SHORT_COPY` bytes
+//!   (its length read as a hint, like the opcode). A lone OPEN or CREATE too, unless it would wait for a
 //!   host lease break: then it goes to the pool (`Opcode::opens_without_waiting`).
 //! - **On the queue thread, beside others in flight**: a quick metadata request
 //!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, the xattr and directory reads,
@@ -67,6 +68,12 @@ pub fn inline_pop_limit(cpus: usize) -> usize {
         SMALL_POP
     }
 }
+
+/// The largest COPY_FILE_RANGE a lone queue serves itself: no more than the largest
+/// WRITE (`max_pages`, 256 pages), which it serves too. `cp -a` copies each small file
+/// with one, and a hand-off to a worker for each cost more than the copy (4,650 of them
+/// in the tree benchmark's `cp -a`). A larger copy may take seconds, and goes to the pool.
+pub const SHORT_COPY: u64 = 1 << 20;
 
 /// When most quick metadata requests served on a queue thread take longer than this (a
 /// slow network share), they go to the pool again: the queue would wait on each of them.
@@ -280,11 +287,17 @@ impl RingPoll {
 /// copy (a guest that rewrites it in between only slows its own queues: this one, and the
 /// one sharing its thread).
 pub fn place(server: &FuseServer, mem: &GuestMem, chain: &Chain, queue: Queue) -> Place {
-    decide(server.opcode_hint(mem, chain), queue)
+    let op = server.opcode_hint(mem, chain);
+    let short_copy = op == Some(Opcode::CopyFileRange)
+        && server
+            .copy_len_hint(mem, chain)
+            .is_some_and(|len| len <= SHORT_COPY);
+    decide(op, short_copy, queue)
 }
 
-/// `place`, from the opcode (None: one vfsd doesn't know, or no readable header).
-fn decide(op: Option<Opcode>, queue: Queue) -> Place {
+/// `place`, from the opcode (None: one vfsd doesn't know, or no readable header) and
+/// whether it is a COPY_FILE_RANGE of at most `SHORT_COPY` bytes.
+fn decide(op: Option<Opcode>, short_copy: bool, queue: Queue) -> Place {
     match op {
         Some(Opcode::Read) => Place::NoWaitRead {
             if_it_would_block: if queue.alone {
@@ -295,6 +308,7 @@ fn decide(op: Option<Opcode>, queue: Queue) -> Place {
         },
         Some(op) if op.takes_no_reply() => Place::NoReply,
         Some(op) if queue.alone && op.is_short() => Place::QueueThread,
+        Some(Opcode::CopyFileRange) if queue.alone && short_copy => Place::QueueThread,
         Some(op) if queue.alone && op.opens_without_waiting() => Place::QueueThreadUnlessItWaits,
         Some(op) if queue.inline && op.is_quick_metadata() => Place::Inline,
         _ => Place::Pool,
@@ -338,29 +352,54 @@ mod tests {
             Opcode::Statx,
             Opcode::Readdirplus,
         ] {
-            assert_eq!(decide(Some(op), busy), Place::Inline, "{op:?}");
+            assert_eq!(decide(Some(op), false, busy), Place::Inline, "{op:?}");
         }
         for op in [Opcode::Write, Opcode::Release, Opcode::Open, Opcode::Fsync] {
-            assert_eq!(decide(Some(op), busy), Place::Pool, "{op:?}");
+            assert_eq!(decide(Some(op), false, busy), Place::Pool, "{op:?}");
         }
-        assert_eq!(decide(None, busy), Place::Pool, "an unknown opcode");
+        assert_eq!(decide(None, false, busy), Place::Pool, "an unknown opcode");
         for op in [Opcode::Forget, Opcode::BatchForget, Opcode::Interrupt] {
-            assert_eq!(decide(Some(op), Queue::default()), Place::NoReply, "{op:?}");
+            assert_eq!(
+                decide(Some(op), false, Queue::default()),
+                Place::NoReply,
+                "{op:?}"
+            );
         }
         assert_eq!(
-            decide(Some(Opcode::Read), busy),
+            decide(Some(Opcode::Read), false, busy),
             Place::NoWaitRead {
                 if_it_would_block: Fallback::Pool
             }
         );
         let large_or_slow = Queue::default();
-        assert_eq!(decide(Some(Opcode::Lookup), large_or_slow), Place::Pool);
+        assert_eq!(
+            decide(Some(Opcode::Lookup), false, large_or_slow),
+            Place::Pool
+        );
         let alone = Queue {
             alone: true,
             inline: false,
         };
-        assert_eq!(decide(Some(Opcode::Write), alone), Place::QueueThread);
-        assert_eq!(decide(Some(Opcode::Lookup), alone), Place::QueueThread);
+        assert_eq!(
+            decide(Some(Opcode::Write), false, alone),
+            Place::QueueThread
+        );
+        assert_eq!(
+            decide(Some(Opcode::Lookup), false, alone),
+            Place::QueueThread
+        );
+        let copy = Some(Opcode::CopyFileRange);
+        assert_eq!(
+            decide(copy, true, alone),
+            Place::QueueThread,
+            "a short copy"
+        );
+        assert_eq!(decide(copy, false, alone), Place::Pool, "a long copy");
+        assert_eq!(
+            decide(copy, true, busy),
+            Place::Pool,
+            "beside others in flight"
+        );
     }
 
     #[test]

@@ -418,6 +418,17 @@ impl FuseServer {
         peek_opcode(mem, chain).and_then(Opcode::of)
     }
 
+    /// A COPY_FILE_RANGE's `len`, read from the guest's buffer before the copy like
+    /// `opcode_hint`: only a hint for where it runs. None unless the field lies within one
+    /// readable descriptor.
+    pub fn copy_len_hint<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<u64>
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
+        let at = size_of::<InHeader>() + std::mem::offset_of!(CopyFileRangeIn, len);
+        peek_u64(mem, chain, at)
+    }
+
     /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
     /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
     /// None leaves it unanswered for `handle`. This is the one no-wait entry point: only
@@ -746,6 +757,27 @@ where
     }
     let addr = d.addr().checked_add(4)?;
     mem.read_obj::<u32>(addr).ok()
+}
+
+/// The u64 at byte `at` of the request, if a readable descriptor holds all of it.
+fn peek_u64<M>(mem: &GuestMem, chain: &DescriptorChain<M>, at: usize) -> Option<u64>
+where
+    M: Deref<Target = GuestMem> + Clone,
+{
+    let mut start = 0usize;
+    for d in chain.clone().take_while(|d| !d.is_write_only()) {
+        let len = d.len() as usize;
+        if at < start + len {
+            let off = at - start;
+            if off + 8 > len {
+                return None;
+            }
+            let addr = d.addr().checked_add(off as u64)?;
+            return mem.read_obj::<u64>(addr).ok();
+        }
+        start += len;
+    }
+    None
 }
 
 /// Where a reply header goes: the first writable descriptor, if it has room for one.

@@ -208,7 +208,8 @@ impl Opcode {
     /// waits at most on the file's writes in flight, and a FLUSH on the host's close.
     /// Not OPEN and CREATE: a host lease holds an open for up to fs.lease-break-time
     /// (45 s), so they are tried without waiting (`opens_without_waiting`); nor what may
-    /// wait long by design (FSYNC, FALLOCATE, locks, COPY_FILE_RANGE).
+    /// wait long by design (FSYNC, FALLOCATE, locks, COPY_FILE_RANGE: `device::route` serves
+    /// a lone one of at most `SHORT_COPY` bytes on the queue thread, by its length).
     pub fn is_short(self) -> bool {
         self.is_quick_metadata()
             || matches!(

@@ -177,6 +177,43 @@ fn opens_and_creates_one_at_a_time_are_served_alone_on_the_queue_thread() {
 }
 
 #[test]
+fn a_lone_small_copy_file_range_is_served_alone_and_a_large_one_in_the_pool() {
+    // cp -a copies each small file with one COPY_FILE_RANGE, one request in flight: a
+    // hand-off to a worker for each cost more than the copy. A copy as large as the
+    // largest WRITE is as bounded as that WRITE; a larger one may take seconds, and goes
+    // to the pool so that the queue goes on should the guest send more meanwhile.
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let c = d.client();
+    let (src, sfh) = c.create(ROOT, "src", libc::O_RDWR as u32, 0o644).unwrap();
+    let (dst, dfh) = c.create(ROOT, "dst", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(src.nodeid, sfh.fh, 0, &[7u8; 4096]).unwrap();
+    const COPIES: u64 = 20;
+    let copy = |len: u64| {
+        c.copy_file_range(src.nodeid, sfh.fh, 0, dst.nodeid, dfh.fh, 0, len)
+            .unwrap()
+    };
+    let before = alone(&d, &c);
+    for _ in 0..COPIES {
+        assert_eq!(copy(4096), 4096);
+    }
+    let s = stats_after(&d, "COPY_FILE_RANGE", COPIES);
+    let small = s["served_alone"].as_u64().unwrap() - before;
+    assert!(
+        small >= COPIES - 2,
+        "{small} of {COPIES} small copies served alone: {s}"
+    );
+    let before = alone(&d, &c);
+    // The source holds 4 KiB, so the copy is short; what places it is the length asked.
+    assert_eq!(copy(64 << 20), 4096);
+    let s = stats_after(&d, "COPY_FILE_RANGE", COPIES + 1);
+    assert_eq!(
+        s["served_alone"].as_u64().unwrap(),
+        before,
+        "a 64 MiB copy was served on the queue thread: {s}"
+    );
+}
+
+#[test]
 fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
     // An open for writing of a file a host process holds a lease on waits for the lease
     // break (up to the host's lease-break-time). Tried on the queue thread, it must not
