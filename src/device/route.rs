@@ -69,11 +69,11 @@ pub fn inline_pop_limit(cpus: usize) -> usize {
     }
 }
 
-/// The largest COPY_FILE_RANGE a lone queue serves itself: no more than the largest
-/// WRITE (`max_pages`, 256 pages), which it serves too. `cp -a` copies each small file
+/// The largest COPY_FILE_RANGE a lone queue serves itself: the largest WRITE
+/// (`max_write`), which it serves too. `cp -a` copies each small file
 /// with one, and a hand-off to a worker for each cost more than the copy (4,650 of them
 /// in the tree benchmark's `cp -a`). A larger copy may take seconds, and goes to the pool.
-pub const SHORT_COPY: u64 = 1 << 20;
+pub const SHORT_COPY: u64 = crate::server::init::MAX_PAGES as u64 * 4096;
 
 /// When most quick metadata requests served on a queue thread take longer than this (a
 /// slow network share), they go to the pool again: the queue would wait on each of them.
@@ -289,6 +289,7 @@ impl RingPoll {
 pub fn place(server: &FuseServer, mem: &GuestMem, chain: &Chain, queue: Queue) -> Place {
     let op = server.opcode_hint(mem, chain);
     let short_copy = op == Some(Opcode::CopyFileRange)
+        && queue.alone
         && server
             .copy_len_hint(mem, chain)
             .is_some_and(|len| len <= SHORT_COPY);

@@ -764,15 +764,16 @@ fn peek_u64<M>(mem: &GuestMem, chain: &DescriptorChain<M>, at: usize) -> Option<
 where
     M: Deref<Target = GuestMem> + Clone,
 {
-    let mut start = 0usize;
+    // In u64: a chain's lengths may sum past a 32-bit usize.
+    let (at, mut start) = (at as u64, 0u64);
     for d in chain.clone().take_while(|d| !d.is_write_only()) {
-        let len = d.len() as usize;
+        let len = u64::from(d.len());
         if at < start + len {
             let off = at - start;
             if off + 8 > len {
                 return None;
             }
-            let addr = d.addr().checked_add(off as u64)?;
+            let addr = d.addr().checked_add(off)?;
             return mem.read_obj::<u64>(addr).ok();
         }
         start += len;

@@ -211,6 +211,10 @@ fn a_lone_small_copy_file_range_is_served_alone_and_a_large_one_in_the_pool() {
         before,
         "a 64 MiB copy was served on the queue thread: {s}"
     );
+    // The queue was still alone: the length alone kept that copy off its thread.
+    assert_eq!(copy(4096), 4096);
+    let s = stats_after(&d, "COPY_FILE_RANGE", COPIES + 2);
+    assert_eq!(s["served_alone"].as_u64().unwrap(), before + 1, "{s}");
 }
 
 #[test]
