@@ -47,7 +47,7 @@
 #    boot, so one daemon's deletions never slow the other's creates. tmpfs: a fresh tmpfs
 #    per share. host: a directory under /var/tmp on the host's own file system (before
 #    session 17); on a host whose ext4 has no journal, a create there scans the inodes
-#    deleted in the last 30 s, and costs up to 15 times as much after a rm -rf.
+#    deleted in the last 30 s, and costs 10 to 25 times as much after a rm -rf.
 # Each figure is the median of --runs runs (default 3), runs interleaved across daemons so
 # drift hits all alike. Results: DIR/results.jsonl, then scripts/bench_report.py writes
 # DIR/report.md and DIR/*.png (default DIR: docs/benchmarks).
