@@ -305,12 +305,14 @@ def read_stats():
     except (OSError, ValueError):
         return None
 
-last_uptime = None
 def dump():
-    """A fresh --stats dump: SIGUSR1 to the daemon's top process, then wait for the file."""
-    global last_uptime
+    """A fresh --stats dump: SIGUSR1 to the daemon's top process, then wait for a file
+    written after it (a later uptime than the file had before the signal: a dump written
+    for another reason, such as vfsd's first one at start, is not taken for it)."""
     if not a.stats:
         return None
+    before = read_stats()
+    u0 = before.get("uptime_s", -1.0) if before else -1.0
     s, ps = tree()
     for p in s:
         if ps[p][0] not in s:
@@ -318,10 +320,9 @@ def dump():
     end = time.time() + 10
     while time.time() < end:
         st = read_stats()
-        if st is not None and st.get("uptime_s") != last_uptime:
+        if st is not None and st.get("uptime_s", -1.0) > u0:
             time.sleep(0.02)
             if read_stats() == st:
-                last_uptime = st.get("uptime_s")
                 return st
         time.sleep(0.02)
     print(f"bench.sh --tree: no fresh --stats dump from {a.stats}", file=sys.stderr)
@@ -338,8 +339,6 @@ SERVED = ("served_alone", "opens_handed_off", "served_inline", "no_reply_on_queu
 def served(st):
     return {k: st[k] for k in SERVED if isinstance(st.get(k), int)} if st else None
 
-st0 = read_stats()
-last_uptime = st0.get("uptime_s") if st0 else None
 n, cpu0, ops0 = 1, None, None
 out = open(a.out, "a")
 while True:
