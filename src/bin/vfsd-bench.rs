@@ -8,8 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::{Frontend, FrontendConfig};
+use vm_memory::ByteValued;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
@@ -33,7 +35,26 @@ enum Workload {
     /// CREATE + GETATTR + RELEASE + UNLINK + FORGET: the guest's whole life cycle of a
     /// file, for memory and fd churn checks
     Churn,
+    /// What untar asks per file: LOOKUP (a miss), CREATE, GETXATTR of
+    /// security.capability, WRITE(4k), FLUSH, RELEASE, SETATTR (mode), SETATTR
+    /// (times), then UNLINK + FORGET to keep the directory small. Run the daemons with
+    /// --xattr for the GETXATTR to reach the host.
+    Untar,
 }
+
+/// The opcode of `Workload::Untar`'s step, in order.
+const UNTAR_STEPS: [u32; 10] = [
+    FUSE_LOOKUP,
+    FUSE_CREATE,
+    FUSE_GETXATTR,
+    FUSE_WRITE,
+    FUSE_FLUSH,
+    FUSE_RELEASE,
+    FUSE_SETATTR,
+    FUSE_SETATTR,
+    FUSE_UNLINK,
+    FUSE_FORGET,
+];
 
 #[derive(Parser, Debug)]
 #[command(
@@ -449,6 +470,41 @@ fn worker(
                     (u, r, 256)
                 }
             }
+            Workload::Untar => {
+                let name = format!("u{queue}-{job}\0");
+                let op = UNTAR_STEPS[step as usize];
+                let le =
+                    |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+                let (u, r) = match step {
+                    0 | 8 => c.build(op, dir, &[name.as_bytes()]),
+                    1 => {
+                        let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL) as u32;
+                        let ci: Vec<u8> = [flags, 0o600, 0o022, 0]
+                            .iter()
+                            .flat_map(|x| x.to_ne_bytes())
+                            .collect();
+                        c.build(op, dir, &[&ci, name.as_bytes()])
+                    }
+                    2 => c.build(op, nodeid, &[&[0u8; 8], b"security.capability\0"]),
+                    3 => c.write_req(nodeid, fh, 0, &payload[..4096.min(payload.len())]),
+                    // FlushIn and ReleaseIn: fh, then zeros.
+                    4 | 5 => c.build(op, nodeid, &[&le(&[fh, 0, 0])]),
+                    6 | 7 => {
+                        let mut s = SetattrIn::default();
+                        if step == 6 {
+                            s.valid = 1; // FATTR_MODE
+                            s.mode = libc::S_IFREG | 0o644;
+                        } else {
+                            s.valid = (1 << 4) | (1 << 5); // FATTR_ATIME | FATTR_MTIME
+                            s.atime = 1_000_000_000;
+                            s.mtime = 1_000_000_000;
+                        }
+                        c.build(op, nodeid, &[s.as_slice()])
+                    }
+                    _ => c.build(op, nodeid, &[&1u64.to_ne_bytes()]),
+                };
+                (u, r, 256)
+            }
             Workload::CreateUnlink | Workload::Churn => {
                 let name = format!("c{queue}-{job}\0");
                 let step = match (wl, step) {
@@ -493,7 +549,23 @@ fn worker(
     let steps: u8 = match wl {
         Workload::LookupGetattr => 2,
         Workload::CreateUnlink | Workload::Churn => 5,
+        Workload::Untar => UNTAR_STEPS.len() as u8,
         _ => 1,
+    };
+    // FORGET has no reply: the device returns the buffers empty.
+    let no_reply = |step: u8| match wl {
+        Workload::Churn | Workload::CreateUnlink => step == 4,
+        Workload::Untar => UNTAR_STEPS[step as usize] == FUSE_FORGET,
+        _ => false,
+    };
+    // The errnos a step expects: untar's LOOKUP misses, and a file has no capability.
+    let expected = |step: u8, errno: i32| {
+        wl == Workload::Untar
+            && match UNTAR_STEPS[step as usize] {
+                FUSE_LOOKUP => errno == libc::ENOENT,
+                FUSE_GETXATTR => [libc::ENODATA, libc::ENOSYS, libc::EOPNOTSUPP].contains(&errno),
+                _ => false,
+            }
     };
 
     barrier.wait();
@@ -550,8 +622,7 @@ fn worker(
             let f = inflight
                 .remove(&slot)
                 .ok_or("completion for an unknown slot")?;
-            // FORGET has no reply: the device returns the buffers empty.
-            let reply = if matches!(wl, Workload::Churn | Workload::CreateUnlink) && f.step == 4 {
+            let reply = if no_reply(f.step) {
                 if !raw.is_empty() {
                     return Err("FORGET got a reply".into());
                 }
@@ -563,11 +634,14 @@ fn worker(
             } else {
                 parse_reply(&raw, f.unique).map_err(err)?
             };
-            if reply.error != 0 {
+            if reply.error != 0 && !expected(f.step, -reply.error) {
                 return Err(format!("{wl:?} step {}: errno {}", f.step, -reply.error));
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
-            if f.step == 0
+            if wl == Workload::Untar && f.step == 1 {
+                nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
+                fh = u64::from_ne_bytes(reply.data[128..136].try_into().unwrap());
+            } else if f.step == 0
                 && matches!(
                     wl,
                     Workload::LookupGetattr | Workload::CreateUnlink | Workload::Churn

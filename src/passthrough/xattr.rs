@@ -4,11 +4,13 @@
 //! Guest names go through the xattr map (`Config::xattrmap`, see `xattrmap`) on the way in,
 //! and listxattr replies on the way out.
 //!
-//! Regular files and directories are opened through /proc/self/fd and use the f*xattr
-//! calls. Symlinks, FIFOs, sockets and devices are never opened (a FIFO open blocks, a
-//! device open reaches hardware): their O_PATH fd is named as `N` inside the
-//! /proc/self/fd directory fd, and the path-following xattr calls resolve that magic link
-//! to the inode itself. The host kernel then applies its own rules (no `user.*` on them).
+//! No file is opened for an xattr request: a node's O_PATH fd is named as `N` inside the
+//! /proc/self/fd directory fd, and the path-following xattr calls (`getxattrat` and the
+//! rest, or the old path calls from that directory) resolve that magic link to the inode
+//! itself. An open would cost an open and a close per request, break a host lease, show
+//! the host's watchers an open, and need read permission the xattr calls don't; for a
+//! FIFO it would block, for a device reach hardware. The host kernel then applies its own
+//! rules (no `user.*` on a symlink or device).
 
 use std::ffi::CStr;
 use std::io;
@@ -22,6 +24,9 @@ use crate::sys::{self, cvt, errno};
 
 /// Largest value or list the VFS allows (XATTR_SIZE_MAX / XATTR_LIST_MAX).
 const XATTR_MAX: usize = 65536;
+/// Values and lists up to this size are read into a stack buffer; most files have a few
+/// short xattrs or none, and a zeroed 64 KiB heap buffer per request costs page faults.
+const SMALL: usize = 4096;
 
 /// Where an xattr call goes.
 pub(super) enum Target<'a> {
@@ -87,44 +92,27 @@ impl PassthroughFs {
         Ok(())
     }
 
-    /// Runs `f` on the node's file, reached without opening anything but a regular file
-    /// or directory.
+    /// Runs `f` on the node's file, named through /proc/self/fd, never opened.
     pub(super) fn with_xattr_target<R>(
         &self,
         inode: u64,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
-        let i = self.inode(inode)?;
-        if i.is_reg() || i.is_dir() {
-            let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
-            return f(&Target::Fd(fd.as_raw_fd()));
-        }
         // Held while its /proc name is in use.
-        let pfd = i.path_fd()?;
-        self.with_path_target(pfd.as_raw_fd(), i.file_type, f)
+        let pfd = self.inode(inode)?.path_fd()?;
+        self.with_path_target(pfd.as_raw_fd(), f)
     }
 
-    /// Runs `f` on the file behind O_PATH fd `path` of type `kind` (`S_IFMT` bits): a
-    /// regular file or directory is opened through /proc/self/fd, anything else is only
-    /// named there.
+    /// Runs `f` on the file behind O_PATH fd `path`, named as `N` in /proc/self/fd.
     pub(super) fn with_path_target<R>(
         &self,
         path: RawFd,
-        kind: u32,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
-        let name = sys::fd_name(path);
-        if kind == libc::S_IFREG || kind == libc::S_IFDIR {
-            // Opening a regular file or directory can't block or reach a device.
-            let fd = sys::openat(
-                self.proc_self_fd.as_raw_fd(),
-                &name,
-                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
-                0,
-            )?;
-            return f(&Target::Fd(fd.as_raw_fd()));
-        }
-        f(&Target::Proc(self.proc_self_fd.as_raw_fd(), &name))
+        f(&Target::Proc(
+            self.proc_self_fd.as_raw_fd(),
+            &sys::fd_name(path),
+        ))
     }
 
     pub(super) fn do_setxattr(
@@ -150,23 +138,40 @@ impl PassthroughFs {
         self.xattr_checks(false)?;
         self.refuse_acl(name)?;
         let host = self.cfg.xattrmap.to_host(name).or_errno(true)?;
-        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        let n = self.with_xattr_target(inode, |t| t.get(&host, &mut buf))?;
+        let want = (size as usize).min(XATTR_MAX);
+        let (mut small, mut big) = ([0u8; SMALL], Vec::new());
+        let buf = if want <= SMALL {
+            &mut small[..want]
+        } else {
+            big.resize(want, 0);
+            &mut big[..]
+        };
+        let n = self.with_xattr_target(inode, |t| t.get(&host, buf))?;
         if size == 0 {
             return Ok(GetxattrReply::Count(n as u32));
         }
-        buf.truncate(n);
-        let buf = self.acl_ids(name, &buf, Direction::ToGuest)?.into_owned();
-        Ok(GetxattrReply::Value(buf))
+        let value = self
+            .acl_ids(name, &buf[..n], Direction::ToGuest)?
+            .into_owned();
+        Ok(GetxattrReply::Value(value))
     }
 
     pub(super) fn do_listxattr(&self, inode: u64, size: u32) -> io::Result<ListxattrReply> {
         self.xattr_checks(false)?;
         // The whole host list, whatever the guest's size: mapping can hide and shorten
         // names, so only the mapped list tells the size the guest needs.
-        let mut buf = vec![0u8; XATTR_MAX];
-        let n = self.with_xattr_target(inode, |t| t.list(&mut buf))?;
-        let names = self.cfg.xattrmap.list_to_guest(&buf[..n]);
+        let map = &self.cfg.xattrmap;
+        let names = self.with_xattr_target(inode, |t| {
+            let mut small = [0u8; SMALL];
+            match t.list(&mut small) {
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => {
+                    let mut buf = vec![0u8; XATTR_MAX];
+                    let n = t.list(&mut buf)?;
+                    Ok(map.list_to_guest(&buf[..n]))
+                }
+                r => r.map(|n| map.list_to_guest(&small[..n])),
+            }
+        })?;
         if size == 0 {
             return Ok(ListxattrReply::Count(names.len() as u32));
         }

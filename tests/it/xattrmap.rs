@@ -378,3 +378,27 @@ fn a_read_only_share_says_erofs_before_the_map_refuses() {
     assert_eq!(errno(c.removexattr(f, "user.vfsd.x")), libc::EROFS);
     assert_eq!(errno(c.getxattr(f, "user.vfsd.x", 64)), libc::ENODATA);
 }
+
+#[test]
+fn xattrs_of_regular_files_and_directories_never_open_them_on_the_host() {
+    // An open for an xattr call would break a host lease, send the host's inotify
+    // watchers open and close events, and fail where the daemon may not read the file.
+    let d = Daemon::start(&["--xattr"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    std::fs::create_dir(d.path("dir")).unwrap();
+    let c = d.client();
+    let watch = OpenWatch::new(&[&d.path("f"), &d.path("dir")]);
+    for name in ["f", "dir"] {
+        let n = c.lookup(ROOT, name).unwrap().nodeid;
+        c.setxattr(n, "user.a", b"1", 0).unwrap();
+        assert_eq!(host_get(&d.path(name), "user.a").unwrap(), b"1", "{name}");
+        assert_eq!(c.getxattr(n, "user.a", 64).unwrap(), b"1", "{name}");
+        let size = c.getxattr(n, "user.a", 0).unwrap();
+        assert_eq!(u32::from_ne_bytes(size[..4].try_into().unwrap()), 1);
+        assert_eq!(guest_list(&c, n), host_list(&d.path(name)), "{name}");
+        c.removexattr(n, "user.a").unwrap();
+        assert_eq!(errno(c.getxattr(n, "user.a", 64)), libc::ENODATA, "{name}");
+        assert_eq!(errno(c.removexattr(n, "user.a")), libc::ENODATA, "{name}");
+    }
+    assert!(!watch.opened(), "vfsd opened a file for an xattr request");
+}
