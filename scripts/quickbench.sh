@@ -19,7 +19,12 @@ fi
 for i in $(seq 100); do [ -S $D/s ] && break; sleep 0.1; done
 # The daemon's pid (under strace: strace's child).
 P=$S; [ -n "${QB_STRACE:-}" ] && P=$(pgrep -P $S | head -1)
-[ -n "${QB_PERF:-}" ] && { perf record -q -F 999 -g -o "$QB_PERF" -p "$(pgrep -P $P | paste -sd, | sed "s/^$/$P/")" 2>/dev/null & PR=$!; }
+if [ -n "${QB_PERF:-}" ]; then
+    # The socket is bound before the sandbox forks its child: wait for the child
+    # (none with --sandbox none).
+    for i in $(seq 50); do C=$(pgrep -P $P | paste -sd,); [ -n "$C" ] && break; sleep 0.1; done
+    perf record -q -F 999 -g -o "$QB_PERF" -p "${C:-$P}" 2>/dev/null & PR=$!
+fi
 "$(dirname "$0")/../target/release/vfsd-bench" --socket $D/s --shared-dir $D/share --pid $P --workload $W "$@" 2>&1 | tail -3
 [ -n "${QB_PERF:-}" ] && { kill -INT $PR; wait $PR 2>/dev/null; }
 # strace writes its counts when it detaches (SIGINT); the daemon then goes on SIGTERM.

@@ -77,8 +77,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_fsetxattr,
     libc::SYS_flistxattr,
     libc::SYS_fremovexattr,
-    // Xattrs of files never opened (symlinks, FIFOs, devices): the *xattrat calls on a
-    // /proc/self/fd name, or on kernels before 6.13 the path calls from a thread's own
+    // Xattrs of every node, never opened for them: the *xattrat calls on a /proc/self/fd
+    // name, or where those are missing or refused the path calls from a thread's own
     // working directory (fchdir; unshare: see `rules`).
     crate::sys::SYS_GETXATTRAT,
     crate::sys::SYS_SETXATTRAT,

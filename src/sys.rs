@@ -41,9 +41,40 @@ pub fn clear_nonblock(fd: RawFd) -> io::Result<()> {
 }
 
 /// The decimal name of `fd` inside `/proc/self/fd`, used to reopen O_PATH fds.
-pub fn fd_name(fd: RawFd) -> std::ffi::CString {
-    // An integer's decimal digits never contain NUL.
-    std::ffi::CString::new(fd.to_string()).unwrap()
+pub fn fd_name(fd: RawFd) -> FdName {
+    let mut buf = [0u8; 12];
+    // Digits from the right, then the sign; the last byte stays the NUL.
+    let (mut at, mut n) = (buf.len() - 1, fd.unsigned_abs());
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if fd < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    FdName { buf, start: at }
+}
+
+/// An fd's name in /proc/self/fd, on the stack: made for every request that names a node
+/// there, so it costs no allocation. 12 bytes hold `-2147483648` and its NUL.
+#[derive(Clone, Copy)]
+pub struct FdName {
+    buf: [u8; 12],
+    start: usize,
+}
+
+impl std::ops::Deref for FdName {
+    type Target = CStr;
+
+    fn deref(&self) -> &CStr {
+        // Digits (and a sign) from `start`, then the one NUL at the end.
+        CStr::from_bytes_with_nul(&self.buf[self.start..]).expect("fd name")
+    }
 }
 
 /// Attributes of a file plus the id of the mount it lives on.
@@ -386,8 +417,40 @@ struct XattrArgs {
     flags: u32,
 }
 
-/// Set once the kernel answers ENOSYS to an `*xattrat` call.
+/// Set once the kernel answers ENOSYS to an `*xattrat` call, or `probe_xattrat` finds them
+/// refused.
 static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tries `getxattrat` once on `path` (a directory's name) inside `dir`, before any request:
+/// a seccomp profile vfsd runs under that predates the `*xattrat` calls (Linux 6.13) may
+/// answer EPERM rather than ENOSYS, and reading a `user.*` name of a directory fails with
+/// neither otherwise. Either one sends every xattr call to the path form instead.
+pub fn probe_xattrat(dir: RawFd, path: &CStr) {
+    let args = XattrArgs {
+        value: 0,
+        size: 0,
+        flags: 0,
+    };
+    // SAFETY: NUL-terminated strings; a size of 0 lets the kernel write nothing.
+    let r = unsafe {
+        libc::syscall(
+            SYS_GETXATTRAT,
+            dir,
+            path.as_ptr(),
+            0,
+            c"user.vfsd.probe".as_ptr(),
+            &args as *const XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        )
+    };
+    let refused = matches!(
+        cvt(r).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ENOSYS | libc::EPERM))
+    );
+    if refused {
+        NO_XATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 /// Runs an xattr call on `path` relative to `dir`, following a final (magic) link: `at`
 /// is the `*xattrat` form; `cwd` the older path form, run with this thread's working
@@ -533,6 +596,13 @@ pub fn nofile_limit() -> u64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn fd_names_are_the_decimal_numbers() {
+        for fd in [0, 7, 10, 99, 1234, RawFd::MAX, -1, RawFd::MIN] {
+            assert_eq!(fd_name(fd).to_str().unwrap(), fd.to_string());
+        }
+    }
+
     /// The thread's filesystem uid, read without changing it.
     fn fsuid() -> u32 {
         // SAFETY: setfsuid(-1) changes nothing and reports the current fsuid.
@@ -593,7 +663,7 @@ mod tests {
         )
         .unwrap();
         let (dirfd, name) = (proc_fd.as_raw_fd(), fd_name(pfd.as_raw_fd()));
-        let n = name.clone();
+        let n = name;
         std::thread::spawn(move || {
             in_dir(dirfd, || {
                 // SAFETY: NUL-terminated strings and a live value.

@@ -639,8 +639,12 @@ fn worker(
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
             if wl == Workload::Untar && f.step == 1 {
-                nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
-                fh = u64::from_ne_bytes(reply.data[128..136].try_into().unwrap());
+                // EntryOut (128 bytes), then OpenOut.
+                let field = |at: usize| reply.data.get(at..at + 8).map(|b| b.try_into().unwrap());
+                let (Some(n), Some(h)) = (field(0), field(128)) else {
+                    return Err(format!("CREATE reply of {} bytes", reply.data.len()));
+                };
+                (nodeid, fh) = (u64::from_ne_bytes(n), u64::from_ne_bytes(h));
             } else if f.step == 0
                 && matches!(
                     wl,

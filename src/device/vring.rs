@@ -16,7 +16,6 @@
 //! generation check; a stop suspends it (`on_stop`, `forget`), and the device takes it up
 //! again when the ring runs again (`server::locks`).
 
-use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -25,6 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use log::warn;
+use rustc_hash::{FxHashMap, FxHashSet};
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
@@ -60,7 +60,9 @@ enum Reply<'w> {
 struct Track {
     generation: AtomicU64,
     /// Generation and avail-ring position of the requests popped and not yet completed.
-    pending: Mutex<HashSet<(u64, u16)>>,
+    /// The keys are vfsd's own counters (the guest sees no hash of them), so a fast
+    /// unseeded hash is safe in these sets.
+    pending: Mutex<FxHashSet<(u64, u16)>>,
     idle: Condvar,
     /// Completions dropped because their ring had been stopped.
     dropped: AtomicU64,
@@ -73,11 +75,11 @@ struct Track {
     stopping: AtomicBool,
     /// Requests suspended (`forget`) in the generation a stop is ending: neither late nor
     /// completed, for the stop's count of what it may pop again.
-    forgotten: Mutex<HashSet<(u64, u16)>>,
+    forgotten: Mutex<FxHashSet<(u64, u16)>>,
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
-type Cancellers = HashMap<(u64, u16), Canceller>;
+type Cancellers = FxHashMap<(u64, u16), Canceller>;
 
 #[derive(Clone)]
 pub struct TrackedVring {

@@ -1,10 +1,11 @@
 //! Open file and directory handles (the FUSE `fh`).
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+use rustc_hash::FxHashMap;
 
 use super::inode::Inode;
 use crate::sys;
@@ -48,19 +49,22 @@ const SHARDS: usize = 16;
 /// Handles by number, sharded so that concurrent requests on different files rarely touch
 /// the same lock.
 pub struct HandleTable {
-    shards: Vec<RwLock<HashMap<u64, Arc<Handle>>>>,
+    /// Keyed by handle numbers vfsd hands out (a counter): a fast unseeded hash is safe.
+    shards: Vec<RwLock<FxHashMap<u64, Arc<Handle>>>>,
     next: AtomicU64,
 }
 
 impl HandleTable {
     pub fn new() -> Self {
         HandleTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| RwLock::new(FxHashMap::default()))
+                .collect(),
             next: AtomicU64::new(1),
         }
     }
 
-    fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Handle>>> {
+    fn shard(&self, fh: u64) -> &RwLock<FxHashMap<u64, Arc<Handle>>> {
         &self.shards[(fh as usize) % SHARDS]
     }
 

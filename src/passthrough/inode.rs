@@ -40,6 +40,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
+use rustc_hash::FxHashMap;
+
 use super::lock::{FileId, FileLock, LockTable};
 use crate::sys;
 
@@ -476,7 +478,9 @@ impl FdCache {
 }
 
 struct Maps {
-    by_id: HashMap<u64, Arc<Inode>>,
+    /// Keyed by node ids vfsd hands out (a counter), so a fast hash without a seed is
+    /// safe: nothing outside vfsd chooses the keys. Host keys keep the seeded hasher.
+    by_id: FxHashMap<u64, Arc<Inode>>,
     by_key: HashMap<InodeKey, u64>,
     next_id: u64,
     /// One fd per mount that file handles are opened relative to.
@@ -511,7 +515,7 @@ impl InodeTable {
             locks: LockTable::new(),
             cache: Arc::new(FdCache::new(fd_limit)),
             maps: RwLock::new(Maps {
-                by_id: HashMap::new(),
+                by_id: FxHashMap::default(),
                 by_key: HashMap::new(),
                 next_id: fuse_backend_rs::api::filesystem::ROOT_ID + 1,
                 mount_fds: HashMap::new(),

@@ -53,7 +53,8 @@ pub fn copy<M>(mem: &GuestMem, chain: &DescriptorChain<M>) -> Result<Request, Ba
 where
     M: Deref<Target = GuestMem> + Clone,
 {
-    let mut bytes = Vec::new();
+    // Room for most requests other than a SETXATTR's value, so the copy grows once.
+    let mut bytes = Vec::with_capacity(256);
     let bad = |bytes: &[u8], why: String| BadRequest {
         hdr: decode(bytes),
         why,

@@ -1,6 +1,6 @@
-//! xattr name mapping (`--xattrmap` and the default map) and xattrs of files vfsd never
-//! opens (symlinks, FIFOs, devices), through the real vhost-user socket; the host side is
-//! checked with the host's own xattr calls.
+//! xattr name mapping (`--xattrmap` and the default map) and xattrs of nodes, which vfsd
+//! never opens for them (symlinks, FIFOs and devices included), through the real
+//! vhost-user socket; the host side is checked with the host's own xattr calls.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -401,4 +401,64 @@ fn xattrs_of_regular_files_and_directories_never_open_them_on_the_host() {
         assert_eq!(errno(c.removexattr(n, "user.a")), libc::ENODATA, "{name}");
     }
     assert!(!watch.opened(), "vfsd opened a file for an xattr request");
+}
+
+#[test]
+fn long_xattr_lists_and_values_around_the_stack_buffer_size() {
+    // On tmpfs: ext4 without ea_inode keeps all of a file's xattrs in one block.
+    let share = tempfile::tempdir_in("/dev/shm").unwrap();
+    let d = Daemon::start_on(share.path(), &["--xattr"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    let c = d.client();
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    // 40 names of 120 bytes: a list of 4,840 bytes, longer than the first try's buffer.
+    for i in 0..40 {
+        let name = format!("user.{i:03}{}", "x".repeat(112));
+        host_set(&d.path("f"), &name, b"v").unwrap();
+    }
+    assert_eq!(guest_list(&c, n), host_list(&d.path("f")));
+    assert_eq!(guest_list(&c, n).len(), 40);
+    for len in [4095, 4096, 4097, 65536] {
+        let v: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        c.setxattr(n, "user.v", &v, 0).unwrap();
+        assert_eq!(c.getxattr(n, "user.v", len as u32).unwrap(), v, "{len}");
+        assert_eq!(c.getxattr(n, "user.v", 65536).unwrap(), v, "{len}");
+        let size = c.getxattr(n, "user.v", 0).unwrap();
+        assert_eq!(
+            u32::from_ne_bytes(size[..4].try_into().unwrap()),
+            len as u32
+        );
+        assert_eq!(errno(c.getxattr(n, "user.v", len as u32 - 1)), libc::ERANGE);
+    }
+}
+
+#[test]
+fn xattrs_work_where_an_outer_seccomp_profile_refuses_the_xattrat_calls() {
+    // A container runtime's profile older than Linux 6.13 may answer EPERM, not ENOSYS.
+    use vfsd::sys::{SYS_GETXATTRAT, SYS_LISTXATTRAT, SYS_REMOVEXATTRAT, SYS_SETXATTRAT};
+    let denied = [
+        SYS_GETXATTRAT,
+        SYS_SETXATTRAT,
+        SYS_LISTXATTRAT,
+        SYS_REMOVEXATTRAT,
+    ];
+    let d = Daemon::start_denied(&denied, &["--xattr"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    std::os::unix::fs::symlink("f", d.path("l")).unwrap();
+    let c = d.client();
+    for name in ["f", "l"] {
+        let n = c.lookup(ROOT, name).unwrap().nodeid;
+        let want = host_set(&d.path(name), "user.a", b"1").err();
+        let got = match c.setxattr(n, "user.a", b"1", 0) {
+            Ok(()) => None,
+            r => Some(errno(r)),
+        };
+        assert_eq!(got, want, "{name}");
+        if want.is_none() {
+            assert_eq!(c.getxattr(n, "user.a", 64).unwrap(), b"1", "{name}");
+            assert!(guest_list(&c, n).contains(&"user.a".into()), "{name}");
+            c.removexattr(n, "user.a").unwrap();
+        }
+        assert_eq!(errno(c.getxattr(n, "user.a", 64)), libc::ENODATA, "{name}");
+    }
 }
