@@ -447,9 +447,45 @@ pub fn probe_xattrat(dir: RawFd, path: &CStr) {
         cvt(r).map_err(|e| e.raw_os_error()),
         Err(Some(libc::ENOSYS | libc::EPERM))
     );
-    if refused {
-        NO_XATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
+    if !refused {
+        return;
     }
+    NO_XATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The path calls need a working directory of the thread's own (unshare CLONE_FS),
+    // which a container's profile may refuse without CAP_SYS_ADMIN: tried on a thread
+    // of its own, so this one keeps the process's working directory.
+    let cwd_refused = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: NUL-terminated strings; a size of 0 lets the kernel write nothing.
+            let r = in_dir(dir, || unsafe {
+                libc::getxattr(
+                    path.as_ptr(),
+                    c"user.vfsd.probe".as_ptr(),
+                    std::ptr::null_mut(),
+                    0,
+                ) as i64
+            });
+            matches!(
+                r.map_err(|e| e.raw_os_error()),
+                Err(Some(libc::ENOSYS | libc::EPERM))
+            )
+        })
+        .join()
+        .unwrap_or(true)
+    });
+    if cwd_refused {
+        NO_PATH_FORM.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Set by `probe_xattrat` where neither the `*xattrat` calls nor the path calls from a
+/// thread's own working directory may run.
+static NO_PATH_FORM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a file's xattrs can be reached by its /proc/self/fd name (`probe_xattrat`);
+/// if not, only regular files and directories have them, through an fd opened for them.
+pub fn xattr_path_form() -> bool {
+    !NO_PATH_FORM.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Runs an xattr call on `path` relative to `dir`, following a final (magic) link: `at`

@@ -60,8 +60,8 @@ enum Reply<'w> {
 struct Track {
     generation: AtomicU64,
     /// Generation and avail-ring position of the requests popped and not yet completed.
-    /// The keys are vfsd's own counters (the guest sees no hash of them), so a fast
-    /// unseeded hash is safe in these sets.
+    /// The keys are vfsd's generation and consecutive ring positions, at most a queue's
+    /// size of them, so a fast unseeded hash is safe in these sets.
     pending: Mutex<FxHashSet<(u64, u16)>>,
     idle: Condvar,
     /// Completions dropped because their ring had been stopped.

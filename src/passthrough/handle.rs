@@ -49,7 +49,8 @@ const SHARDS: usize = 16;
 /// Handles by number, sharded so that concurrent requests on different files rarely touch
 /// the same lock.
 pub struct HandleTable {
-    /// Keyed by handle numbers vfsd hands out (a counter): a fast unseeded hash is safe.
+    /// Keyed by handle numbers vfsd hands out from a counter, with a fast unseeded hash:
+    /// a guest sees them but can't pick them (see `inode::Maps::by_id`).
     shards: Vec<RwLock<FxHashMap<u64, Arc<Handle>>>>,
     next: AtomicU64,
 }

@@ -478,8 +478,10 @@ impl FdCache {
 }
 
 struct Maps {
-    /// Keyed by node ids vfsd hands out (a counter), so a fast hash without a seed is
-    /// safe: nothing outside vfsd chooses the keys. Host keys keep the seeded hasher.
+    /// Keyed by node ids vfsd hands out from a counter, with a fast unseeded hash: a guest
+    /// sees the ids but can't pick them, and gathering colliding ones (forgetting the
+    /// rest) costs it far more requests than it could slow its own lookups by. Host keys
+    /// (`by_key`) keep the seeded hasher.
     by_id: FxHashMap<u64, Arc<Inode>>,
     by_key: HashMap<InodeKey, u64>,
     next_id: u64,

@@ -7,7 +7,8 @@
 //! No file is opened for an xattr request: a node's O_PATH fd is named as `N` inside the
 //! /proc/self/fd directory fd, and the path-following xattr calls (`getxattrat` and the
 //! rest, or the old path calls from that directory) resolve that magic link to the inode
-//! itself. An open would cost an open and a close per request, break a host lease, show
+//! itself (where a seccomp profile refuses both path forms, regular files and directories
+//! are opened after all: `sys::probe_xattrat`). An open would cost an open and a close per request, break a host lease, show
 //! the host's watchers an open, and need read permission the xattr calls don't; for a
 //! FIFO it would block, for a device reach hardware. The host kernel then applies its own
 //! rules (no `user.*` on a symlink or device).
@@ -98,8 +99,15 @@ impl PassthroughFs {
         inode: u64,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
+        let i = self.inode(inode)?;
+        if !sys::xattr_path_form() && (i.is_reg() || i.is_dir()) {
+            // Neither path form may run here (`sys::probe_xattrat`): opened, as the only
+            // way left; it can't block or reach a device for these two types.
+            let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
+            return f(&Target::Fd(fd.as_raw_fd()));
+        }
         // Held while its /proc name is in use.
-        let pfd = self.inode(inode)?.path_fd()?;
+        let pfd = i.path_fd()?;
         self.with_path_target(pfd.as_raw_fd(), f)
     }
 
@@ -109,10 +117,19 @@ impl PassthroughFs {
         path: RawFd,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
-        f(&Target::Proc(
-            self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(path),
-        ))
+        let name = sys::fd_name(path);
+        if !sys::xattr_path_form() {
+            let kind = sys::statx(path, sys::EMPTY, libc::AT_EMPTY_PATH)?
+                .st
+                .st_mode
+                & libc::S_IFMT;
+            if kind == libc::S_IFREG || kind == libc::S_IFDIR {
+                let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+                let fd = sys::openat(self.proc_self_fd.as_raw_fd(), &name, flags, 0)?;
+                return f(&Target::Fd(fd.as_raw_fd()));
+            }
+        }
+        f(&Target::Proc(self.proc_self_fd.as_raw_fd(), &name))
     }
 
     pub(super) fn do_setxattr(

@@ -433,6 +433,34 @@ fn long_xattr_lists_and_values_around_the_stack_buffer_size() {
 }
 
 #[test]
+fn xattrs_of_files_work_where_an_outer_profile_refuses_the_xattrat_calls_and_unshare() {
+    // A container profile on a kernel before 6.13: no *xattrat, and no unshare without
+    // CAP_SYS_ADMIN, so the path form's own working directory is out of reach too.
+    // Regular files and directories are then opened for the f*xattr calls, as before.
+    use vfsd::sys::{SYS_GETXATTRAT, SYS_LISTXATTRAT, SYS_REMOVEXATTRAT, SYS_SETXATTRAT};
+    let denied = [
+        SYS_GETXATTRAT,
+        SYS_SETXATTRAT,
+        SYS_LISTXATTRAT,
+        SYS_REMOVEXATTRAT,
+        libc::SYS_unshare,
+    ];
+    let d = Daemon::start_denied(&denied, &["--xattr", "--sandbox", "none"]);
+    std::fs::write(d.path("f"), b"").unwrap();
+    std::fs::create_dir(d.path("dir")).unwrap();
+    let c = d.client();
+    for name in ["f", "dir"] {
+        let n = c.lookup(ROOT, name).unwrap().nodeid;
+        c.setxattr(n, "user.a", b"1", 0).unwrap();
+        assert_eq!(host_get(&d.path(name), "user.a").unwrap(), b"1", "{name}");
+        assert_eq!(c.getxattr(n, "user.a", 64).unwrap(), b"1", "{name}");
+        assert!(guest_list(&c, n).contains(&"user.a".into()), "{name}");
+        c.removexattr(n, "user.a").unwrap();
+        assert_eq!(errno(c.getxattr(n, "user.a", 64)), libc::ENODATA, "{name}");
+    }
+}
+
+#[test]
 fn xattrs_work_where_an_outer_seccomp_profile_refuses_the_xattrat_calls() {
     // A container runtime's profile older than Linux 6.13 may answer EPERM, not ENOSYS.
     use vfsd::sys::{SYS_GETXATTRAT, SYS_LISTXATTRAT, SYS_REMOVEXATTRAT, SYS_SETXATTRAT};
