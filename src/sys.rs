@@ -424,8 +424,9 @@ static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// Tries `getxattrat` once on `path` (a directory's name) inside `dir`, before any request:
 /// a seccomp profile vfsd runs under that predates the `*xattrat` calls (Linux 6.13) may
 /// answer EPERM rather than ENOSYS, and reading a `user.*` name of a directory fails with
-/// neither otherwise. Either one sends every xattr call to the path form instead.
-pub fn probe_xattrat(dir: RawFd, path: &CStr) {
+/// neither otherwise. Either one sends every xattr call to the path form instead. Says
+/// which way xattrs go.
+pub fn probe_xattrat(dir: RawFd, path: &CStr) -> &'static str {
     let args = XattrArgs {
         value: 0,
         size: 0,
@@ -448,7 +449,7 @@ pub fn probe_xattrat(dir: RawFd, path: &CStr) {
         Err(Some(libc::ENOSYS | libc::EPERM))
     );
     if !refused {
-        return;
+        return "the *xattrat calls";
     }
     NO_XATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
     // The path calls need a working directory of the thread's own (unshare CLONE_FS),
@@ -475,7 +476,11 @@ pub fn probe_xattrat(dir: RawFd, path: &CStr) {
     });
     if cwd_refused {
         NO_PATH_FORM.store(true, std::sync::atomic::Ordering::Relaxed);
+        return "f*xattr calls on regular files and directories opened for them (the \
+                *xattrat calls and unshare are refused)";
     }
+    "the path calls from a thread's own working directory (the *xattrat calls are missing \
+     or refused)"
 }
 
 /// Set by `probe_xattrat` where neither the `*xattrat` calls nor the path calls from a

@@ -228,7 +228,8 @@ impl PassthroughFs {
         let st = sys::statx(root_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
         if cfg.xattr {
             let root = sys::fd_name(root_fd.as_raw_fd());
-            sys::probe_xattrat(proc_self_fd.as_raw_fd(), &root);
+            let how = sys::probe_xattrat(proc_self_fd.as_raw_fd(), &root);
+            log::info!("xattrs through {how}");
         }
         // Modes from the guest already had its umask applied; the daemon's must not apply twice.
         // SAFETY: umask has no preconditions.
