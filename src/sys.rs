@@ -444,11 +444,14 @@ pub fn probe_xattrat(dir: RawFd, path: &CStr) -> &'static str {
             std::mem::size_of::<XattrArgs>(),
         )
     };
-    let refused = matches!(
-        cvt(r).map_err(|e| e.raw_os_error()),
-        Err(Some(libc::ENOSYS | libc::EPERM))
-    );
-    if !refused {
+    // What a kernel without the call, or a profile refusing it, answers.
+    let refused = |r: io::Result<i64>| {
+        matches!(
+            r.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ENOSYS | libc::EPERM))
+        )
+    };
+    if !refused(cvt(r)) {
         return "the *xattrat calls";
     }
     NO_XATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -458,17 +461,16 @@ pub fn probe_xattrat(dir: RawFd, path: &CStr) -> &'static str {
     let cwd_refused = std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: NUL-terminated strings; a size of 0 lets the kernel write nothing.
-            let r = in_dir(dir, || unsafe {
-                libc::getxattr(
-                    path.as_ptr(),
-                    c"user.vfsd.probe".as_ptr(),
-                    std::ptr::null_mut(),
-                    0,
-                ) as i64
-            });
-            matches!(
-                r.map_err(|e| e.raw_os_error()),
-                Err(Some(libc::ENOSYS | libc::EPERM))
+            refused(
+                in_dir(dir, || unsafe {
+                    libc::getxattr(
+                        path.as_ptr(),
+                        c"user.vfsd.probe".as_ptr(),
+                        std::ptr::null_mut(),
+                        0,
+                    ) as i64
+                })
+                .map(|n| n as i64),
             )
         })
         .join()

@@ -73,8 +73,10 @@ impl PassthroughFs {
     fn set_label(&self, dir: RawFd, name: &CStr, ctx: &SecCtx) -> io::Result<()> {
         let host = self.label_name(ctx)?;
         let path = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-        // Named, not opened (see `xattr`).
-        self.with_path_target(path.as_raw_fd(), |t| t.set(&host, &ctx.value, 0))
+        let st = sys::statx(path.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?.st;
+        self.with_path_target(path.as_raw_fd(), st.st_mode & libc::S_IFMT, |t| {
+            t.set(&host, &ctx.value, 0)
+        })
     }
 
     /// The host name of the context's xattr, through the xattr map (`--xattrmap`).

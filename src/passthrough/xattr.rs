@@ -7,11 +7,11 @@
 //! No file is opened for an xattr request: a node's O_PATH fd is named as `N` inside the
 //! /proc/self/fd directory fd, and the path-following xattr calls (`getxattrat` and the
 //! rest, or the old path calls from that directory) resolve that magic link to the inode
-//! itself (where a seccomp profile refuses both path forms, regular files and directories
-//! are opened after all: `sys::probe_xattrat`). An open would cost an open and a close per request, break a host lease, show
+//! itself. An open would cost an open and a close per request, break a host lease, show
 //! the host's watchers an open, and need read permission the xattr calls don't; for a
 //! FIFO it would block, for a device reach hardware. The host kernel then applies its own
-//! rules (no `user.*` on a symlink or device).
+//! rules (no `user.*` on a symlink or device). Only where a seccomp profile refuses both
+//! path forms (`sys::probe_xattrat`) are regular files and directories opened after all.
 
 use std::ffi::CStr;
 use std::io;
@@ -93,41 +93,33 @@ impl PassthroughFs {
         Ok(())
     }
 
-    /// Runs `f` on the node's file, named through /proc/self/fd, never opened.
+    /// Runs `f` on the node's file (see `with_path_target`).
     pub(super) fn with_xattr_target<R>(
         &self,
         inode: u64,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
         let i = self.inode(inode)?;
-        if !sys::xattr_path_form() && (i.is_reg() || i.is_dir()) {
-            // Neither path form may run here (`sys::probe_xattrat`): opened, as the only
-            // way left; it can't block or reach a device for these two types.
-            let fd = self.reopen(&i, libc::O_RDONLY | libc::O_NONBLOCK)?;
-            return f(&Target::Fd(fd.as_raw_fd()));
-        }
         // Held while its /proc name is in use.
         let pfd = i.path_fd()?;
-        self.with_path_target(pfd.as_raw_fd(), f)
+        self.with_path_target(pfd.as_raw_fd(), i.file_type, f)
     }
 
-    /// Runs `f` on the file behind O_PATH fd `path`, named as `N` in /proc/self/fd.
+    /// Runs `f` on the file behind O_PATH fd `path` of type `kind` (`S_IFMT` bits), named
+    /// as `N` in /proc/self/fd. Only where neither path form may run (`sys::probe_xattrat`)
+    /// is a regular file or directory opened there instead, as the one way left; opening
+    /// those can't block or reach a device.
     pub(super) fn with_path_target<R>(
         &self,
         path: RawFd,
+        kind: u32,
         f: impl FnOnce(&Target) -> io::Result<R>,
     ) -> io::Result<R> {
         let name = sys::fd_name(path);
-        if !sys::xattr_path_form() {
-            let kind = sys::statx(path, sys::EMPTY, libc::AT_EMPTY_PATH)?
-                .st
-                .st_mode
-                & libc::S_IFMT;
-            if kind == libc::S_IFREG || kind == libc::S_IFDIR {
-                let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-                let fd = sys::openat(self.proc_self_fd.as_raw_fd(), &name, flags, 0)?;
-                return f(&Target::Fd(fd.as_raw_fd()));
-            }
+        if !sys::xattr_path_form() && (kind == libc::S_IFREG || kind == libc::S_IFDIR) {
+            let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+            let fd = sys::openat(self.proc_self_fd.as_raw_fd(), &name, flags, 0)?;
+            return f(&Target::Fd(fd.as_raw_fd()));
         }
         f(&Target::Proc(self.proc_self_fd.as_raw_fd(), &name))
     }
