@@ -432,19 +432,20 @@ fn long_xattr_lists_and_values_around_the_stack_buffer_size() {
     }
 }
 
+/// The `*xattrat` calls (Linux 6.13), for a profile that refuses them.
+const XATTRAT: [i64; 4] = [
+    vfsd::sys::SYS_GETXATTRAT,
+    vfsd::sys::SYS_SETXATTRAT,
+    vfsd::sys::SYS_LISTXATTRAT,
+    vfsd::sys::SYS_REMOVEXATTRAT,
+];
+
 #[test]
 fn xattrs_of_files_work_where_an_outer_profile_refuses_the_xattrat_calls_and_unshare() {
     // A container profile on a kernel before 6.13: no *xattrat, and no unshare without
     // CAP_SYS_ADMIN, so the path form's own working directory is out of reach too.
     // Regular files and directories are then opened for the f*xattr calls, as before.
-    use vfsd::sys::{SYS_GETXATTRAT, SYS_LISTXATTRAT, SYS_REMOVEXATTRAT, SYS_SETXATTRAT};
-    let denied = [
-        SYS_GETXATTRAT,
-        SYS_SETXATTRAT,
-        SYS_LISTXATTRAT,
-        SYS_REMOVEXATTRAT,
-        libc::SYS_unshare,
-    ];
+    let denied = [XATTRAT.as_slice(), &[libc::SYS_unshare]].concat();
     let d = Daemon::start_denied(&denied, &["--xattr", "--sandbox", "none"]);
     std::fs::write(d.path("f"), b"").unwrap();
     std::fs::create_dir(d.path("dir")).unwrap();
@@ -463,14 +464,7 @@ fn xattrs_of_files_work_where_an_outer_profile_refuses_the_xattrat_calls_and_uns
 #[test]
 fn xattrs_work_where_an_outer_seccomp_profile_refuses_the_xattrat_calls() {
     // A container runtime's profile older than Linux 6.13 may answer EPERM, not ENOSYS.
-    use vfsd::sys::{SYS_GETXATTRAT, SYS_LISTXATTRAT, SYS_REMOVEXATTRAT, SYS_SETXATTRAT};
-    let denied = [
-        SYS_GETXATTRAT,
-        SYS_SETXATTRAT,
-        SYS_LISTXATTRAT,
-        SYS_REMOVEXATTRAT,
-    ];
-    let d = Daemon::start_denied(&denied, &["--xattr"]);
+    let d = Daemon::start_denied(&XATTRAT, &["--xattr"]);
     std::fs::write(d.path("f"), b"").unwrap();
     std::os::unix::fs::symlink("f", d.path("l")).unwrap();
     let c = d.client();
