@@ -14,6 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
+use smallvec::SmallVec;
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
@@ -266,7 +267,9 @@ impl FsDevice {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
-            let chains: Vec<(Chain, Ticket)> = {
+            // On the stack for a pop of up to `vring::ON_STACK` (at one request in flight,
+            // every pop): no allocation per request for the lists themselves.
+            let (popped, tickets) = {
                 let mut state = vring.get_mut();
                 if !state.is_enabled() {
                     // Disabled (SET_VRING_ENABLE 0) since the kick: pop nothing more.
@@ -274,22 +277,24 @@ impl FsDevice {
                 }
                 let q = state.get_queue_mut();
                 let first = q.next_avail();
-                let chains: Vec<Chain> = match q.iter(mem.clone()) {
+                let popped: SmallVec<[Chain; vring::ON_STACK]> = match q.iter(mem.clone()) {
                     Ok(it) => it.collect(),
                     // Stopped (GET_VRING_BASE, reset) since the kick: nothing to do.
                     Err(virtio_queue::Error::QueueNotReady) => return Ok(()),
                     Err(e) => return Err(io::Error::other(e)),
                 };
                 // Registered under the ring's lock, so a stop sees them.
-                let tickets = vring.popped(first, chains.len());
-                chains.into_iter().zip(tickets).collect()
+                let tickets = vring.popped(first, popped.len());
+                (popped, tickets)
             };
+            let n = popped.len();
+            let chains = popped.into_iter().zip(tickets);
             match &self.pool {
                 Some(pool) => {
                     let in_flight = vring.in_flight();
                     let here = route::Queue {
-                        alone: self.lone.observe(queue, chains.len(), in_flight),
-                        inline: self.inline.allowed(queue, chains.len(), in_flight),
+                        alone: self.lone.observe(queue, n, in_flight),
+                        inline: self.inline.allowed(queue, n, in_flight),
                     };
                     let mut busy_meanwhile = false;
                     // A pop allowed inline while the queue is slow probes it.

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use log::warn;
 use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
@@ -32,6 +33,11 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use crate::server::GuestMem;
 type Mem = GuestMemoryAtomic<GuestMem>;
+
+/// Requests one pop or one completion handles without a heap allocation: at one request
+/// in flight that is one, and a burst of a few more stays on the stack too.
+pub const ON_STACK: usize = 8;
+pub type Tickets = SmallVec<[Ticket; ON_STACK]>;
 
 /// How long stopping a ring waits for its requests in flight.
 pub const STOP_WAIT: Duration = Duration::from_secs(3);
@@ -94,7 +100,7 @@ pub struct TrackedVring {
 impl TrackedVring {
     /// Registers `n` requests just popped, the first at avail position `first`. Called
     /// under the ring's lock (`get_mut`), which orders it against `stop`.
-    pub fn popped(&self, first: u16, n: usize) -> Vec<Ticket> {
+    pub fn popped(&self, first: u16, n: usize) -> Tickets {
         let generation = self.track.generation.load(Ordering::Acquire);
         let mut pending = self.track.pending.lock().unwrap();
         (0..n)
@@ -112,18 +118,18 @@ impl TrackedVring {
     /// Puts finished requests on the used ring, except those of a stopped generation, and
     /// notifies the guest once if it wants to be told.
     pub fn complete(&self, done: &[(Ticket, u16, u32)]) {
-        self.complete_each(
-            done.iter()
-                .map(|&(t, head, len)| (t, head, Reply::Written(len)))
-                .collect(),
-        );
+        let mut replies: SmallVec<[_; ON_STACK]> = done
+            .iter()
+            .map(|&(t, head, len)| (t, head, Reply::Written(len)))
+            .collect();
+        self.complete_each(&mut replies);
     }
 
     /// Completes one request whose reply `write` writes (and gives the length of) only if
     /// its ring is still the one it came from: a reply that comes long after (a lock wait)
     /// must not touch memory the guest may have reused since a stop.
     pub fn complete_with(&self, t: Ticket, head: u16, write: &mut dyn FnMut(&GuestMem) -> u32) {
-        self.complete_each(vec![(t, head, Reply::Write(write))]);
+        self.complete_each(&mut [(t, head, Reply::Write(write))]);
     }
 
     /// Registers `cancel`, run when the ring stops while request `t` still waits (a
@@ -186,7 +192,7 @@ impl TrackedVring {
         }
     }
 
-    fn complete_each(&self, done: Vec<(Ticket, u16, Reply<'_>)>) {
+    fn complete_each(&self, done: &mut [(Ticket, u16, Reply<'_>)]) {
         let notify = {
             let mut state = self.inner.get_mut();
             // Forgotten before the used entries appear, so a guest that sends its next
@@ -196,16 +202,16 @@ impl TrackedVring {
             // Read under the ring's lock: a stop moves the generation under it too.
             let current = self.track.generation.load(Ordering::Acquire);
             let mut added = false;
-            for (t, head, reply) in done {
+            for (t, head, reply) in done.iter_mut() {
                 if t.generation != current {
                     self.track.dropped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 let len = match reply {
-                    Reply::Written(len) => len,
+                    Reply::Written(len) => *len,
                     Reply::Write(w) => w(&self.mem.memory()),
                 };
-                match state.add_used(head, len) {
+                match state.add_used(*head, len) {
                     Ok(()) => added = true,
                     Err(e) => warn!("could not return descriptor {head}: {e}"),
                 }

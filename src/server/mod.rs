@@ -14,7 +14,7 @@
 //! A malformed request still gets an errno reply (never one that takes none), so it never
 //! leaves the guest waiting. A panic while serving one is answered with EIO.
 
-use std::io::{self, Write};
+use std::io;
 use std::ops::Deref;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -23,7 +23,6 @@ use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::transport::VirtioFsWriter;
 use log::{debug, error, warn};
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes};
@@ -806,6 +805,8 @@ where
 }
 
 /// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.
+/// Straight into guest memory: the crate's writer would first gather every writable
+/// descriptor into a heap list of 64 slices, for one reply of a few dozen bytes.
 fn reply<M>(
     mem: &GuestMem,
     chain: &DescriptorChain<M>,
@@ -815,15 +816,13 @@ fn reply<M>(
 where
     M: Deref<Target = GuestMem> + Clone,
 {
-    let Ok(mut w) = VirtioFsWriter::new(mem, chain.clone()) else {
-        return 0;
-    };
     let (mut error, mut payload) = match r {
         Ok(p) => (0, p),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
     };
     let header = std::mem::size_of::<OutHeader>();
-    if header + payload.len() > w.available_bytes() && header <= w.available_bytes() {
+    let room = writable_len(chain);
+    if header + payload.len() > room && header <= room {
         // The guest left room for a header but not for this reply: an errno still tells
         // it the request is done (as for a request the crate can't answer).
         debug!(
@@ -837,12 +836,139 @@ where
         error,
         unique: hdr.unique,
     };
-    if w.write_all(out.as_slice())
-        .and_then(|_| w.write_all(&payload))
-        .is_err()
-    {
-        warn!("reply does not fit the guest's buffer; dropping it");
+    if let Err(e) = write_writable(mem, chain, &[out.as_slice(), &payload]) {
+        warn!("reply does not fit the guest's buffer ({e}); dropping it");
         return 0;
     }
     out.len
+}
+
+/// Writes `parts`, one after the other, into the chain's writable descriptors in order.
+/// Err if they don't all fit, or a descriptor lies outside guest memory (what was
+/// written before it stays, as with any partly written reply: its used length is 0).
+fn write_writable<M>(mem: &GuestMem, chain: &DescriptorChain<M>, parts: &[&[u8]]) -> io::Result<()>
+where
+    M: Deref<Target = GuestMem> + Clone,
+{
+    let mut parts = parts.iter().copied().filter(|p| !p.is_empty());
+    let mut left = parts.next();
+    for d in chain.clone().writable() {
+        let (len, mut off) = (u64::from(d.len()), 0u64);
+        while let Some(p) = left {
+            if off == len {
+                break;
+            }
+            // At most a descriptor's length (u32), so it fits a usize.
+            let n = (p.len() as u64).min(len - off) as usize;
+            let addr = d
+                .addr()
+                .checked_add(off)
+                .ok_or_else(|| errno(libc::EFAULT))?;
+            mem.write_slice(&p[..n], addr)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            off += n as u64;
+            left = if n == p.len() {
+                parts.next()
+            } else {
+                Some(&p[n..])
+            };
+        }
+        if left.is_none() {
+            return Ok(());
+        }
+    }
+    match left {
+        None => Ok(()),
+        Some(_) => Err(errno(libc::ENOSPC)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::{Queue, QueueOwnedT};
+    use vm_memory::GuestAddress;
+
+    const MEM: u64 = 0x10000;
+    const HDR: usize = std::mem::size_of::<OutHeader>();
+
+    /// The used length of `r` as the reply to a request (unique 9) whose chain is one
+    /// readable descriptor and then writable ones (address, length), and the guest
+    /// memory after it.
+    fn reply_into(writable: &[(u64, u32)], r: io::Result<Vec<u8>>) -> (u32, GuestMem) {
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let vq = MockSplitQueue::new(&mem, 16);
+        let w = VRING_DESC_F_WRITE as u16;
+        let raw: Vec<RawDescriptor> = std::iter::once(SplitDescriptor::new(0x4000, 40, 0, 0))
+            .chain(
+                writable
+                    .iter()
+                    .map(|&(a, l)| SplitDescriptor::new(a, l, w, 0)),
+            )
+            .map(RawDescriptor::from)
+            .collect();
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.iter(&mem).unwrap().next().unwrap();
+        let hdr = InHeader {
+            unique: 9,
+            ..Default::default()
+        };
+        (reply(&mem, &chain, &hdr, r), mem)
+    }
+
+    fn out_header(mem: &GuestMem, at: u64) -> OutHeader {
+        mem.read_obj(GuestAddress(at)).unwrap()
+    }
+
+    #[test]
+    fn a_reply_split_over_writable_descriptors_is_written_in_order() {
+        let payload: Vec<u8> = (1..=40).collect();
+        // 5 bytes of the header, the rest of it and 3 payload bytes, then the rest.
+        let descs = [(0x8000, 5), (0x9000, HDR as u32 - 5 + 3), (0xa000, 100)];
+        let (len, mem) = reply_into(&descs, Ok(payload.clone()));
+        assert_eq!(len as usize, HDR + payload.len());
+        let mut got = vec![0u8; HDR + payload.len()];
+        mem.read_slice(&mut got[..5], GuestAddress(0x8000)).unwrap();
+        mem.read_slice(&mut got[5..HDR + 3], GuestAddress(0x9000))
+            .unwrap();
+        mem.read_slice(&mut got[HDR + 3..], GuestAddress(0xa000))
+            .unwrap();
+        let hdr: OutHeader = request::decode(&got).unwrap();
+        assert_eq!((hdr.len, hdr.error, hdr.unique), (len, 0, 9));
+        assert_eq!(&got[HDR..], &payload[..]);
+        // Nothing past the reply: the last descriptor's byte after it is untouched.
+        let after: u8 = mem
+            .read_obj(GuestAddress(0xa000 + payload.len() as u64 - 3))
+            .unwrap();
+        assert_eq!(after, 0);
+    }
+
+    #[test]
+    fn an_errno_reply_and_a_reply_too_long_for_the_buffers() {
+        let (len, mem) = reply_into(&[(0x8000, 64)], Err(errno(libc::ENOENT)));
+        assert_eq!(len as usize, HDR);
+        let h = out_header(&mem, 0x8000);
+        assert_eq!((h.len as usize, h.error, h.unique), (HDR, -libc::ENOENT, 9));
+        // Room for the header only: EINVAL, so the guest still hears the request is done.
+        let (len, mem) = reply_into(&[(0x8000, HDR as u32 + 3)], Ok(vec![7; 4]));
+        assert_eq!(len as usize, HDR);
+        assert_eq!(out_header(&mem, 0x8000).error, -libc::EINVAL);
+        // Not even that, or no writable descriptor at all: nothing counts as written.
+        assert_eq!(reply_into(&[(0x8000, HDR as u32 - 1)], Ok(vec![])).0, 0);
+        assert_eq!(reply_into(&[], Err(errno(libc::EIO))).0, 0);
+    }
+
+    #[test]
+    fn a_writable_descriptor_outside_guest_memory_gets_no_reply() {
+        // The whole header outside, or its second half past the end of memory.
+        assert_eq!(reply_into(&[(MEM + 0x1000, 64)], Ok(vec![1; 8])).0, 0);
+        assert_eq!(reply_into(&[(MEM - 8, 64)], Ok(vec![1; 8])).0, 0);
+        // Past the end of the address space.
+        let (len, _) = reply_into(&[(0x8000, 8), (u64::MAX - 3, 64)], Ok(vec![1; 8]));
+        assert_eq!(len, 0);
+    }
 }
