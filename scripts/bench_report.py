@@ -154,6 +154,38 @@ def tree_report(records, a):
             summary["tree"][f"{c}/total"] = {"seconds": {**t, "tmpfs": tt}, "daemon_cpu_s": cp, "requests": rq}
         md.append("")
 
+    if modes and A in daemons and B in daemons:
+        # The most any saving on vfsd's side could give: if every microsecond of its CPU
+        # were on the guest's critical path and went away, the step would take its time
+        # minus its CPU. What is left is the guest's own time per request (TCG, the
+        # virtqueue round trip, the guest kernel), the same for any daemon.
+        md += ["## What bounds the speed-up", "",
+               "Speed-up: virtiofsd's time over vfsd's. Ceiling: the speed-up over virtiofsd of a daemon "
+               "that took no CPU at all, if the rest of the step's time (the guest's own: TCG, the "
+               "virtqueue round trip, the guest kernel) stayed as it was; from virtiofsd's run, its "
+               "time over (its time minus its CPU), and from vfsd's, virtiofsd's time over (vfsd's "
+               "time minus vfsd's CPU). Guest time per request: the step's time minus the daemon's "
+               "CPU, per FUSE request the guest sent.", "",
+               "| cache | step | speed-up | ceiling, from virtiofsd's run | ceiling, from vfsd's run "
+               "| CPU per request, vfsd / virtiofsd (µs) | guest time per request, vfsd / virtiofsd (µs) |",
+               "|---|---|---|---|---|---|---|"]
+        for c in modes:
+            for s in steps + ["all"]:
+                get = (lambda d, m: total(c, d, m)) if s == "all" else (lambda d, m: m_(c, d, s, m))
+                t = {d: get(d, "seconds") for d in (A, B)}
+                cp = {d: get(d, "daemon_cpu_s") for d in (A, B)}
+                rq = {d: get(d, "requests") for d in (A, B)}
+                if not all(ok(x) and x for d in (A, B) for x in (t[d], rq[d])) \
+                        or not all(ok(cp[d]) and t[d] > cp[d] for d in (A, B)):
+                    continue
+                name = "**all**" if s == "all" else s
+                per = {d: cp[d] * 1e6 / rq[d] for d in (A, B)}
+                guest = {d: (t[d] - cp[d]) * 1e6 / rq[d] for d in (A, B)}
+                md.append(f"| {c} | {name} | {t[B] / t[A]:.2f} | {t[B] / (t[B] - cp[B]):.2f} | "
+                          f"{t[B] / (t[A] - cp[A]):.2f} | {per[A]:.0f} / {per[B]:.0f} | "
+                          f"{guest[A]:.0f} / {guest[B]:.0f} |")
+        md.append("")
+
     for c in modes:
         md += [f"## --cache {c}", "",
                "| step | " + ("tmpfs (s) | " if have_tmpfs else "") + " | ".join(f"{d} (s)" for d in daemons)

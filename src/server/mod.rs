@@ -24,8 +24,9 @@ use std::time::Instant;
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use log::{debug, error, warn};
+use smallvec::SmallVec;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes};
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemory};
 
 use crate::passthrough::migration::InFlight;
 use crate::passthrough::{nowait, CreateExt, OpenWait, PassthroughFs};
@@ -506,10 +507,11 @@ impl FuseServer {
             panic!("VFSD_TEST_PANIC_NODEID: request for node {}", hdr.nodeid);
         }
         if let Some(need) = effect_reply_size(hdr.opcode) {
-            if writable_len(chain) < std::mem::size_of::<OutHeader>() + need {
+            let len = std::mem::size_of::<OutHeader>() + need;
+            if reply_pieces(mem, &writable_bufs(chain), len).is_err() {
                 // Refused before it changes anything: a reply that could not be written
-                // would leave a file made, or a node or handle taken, that the guest never
-                // hears of.
+                // (too little room, or room outside guest memory) would leave a file
+                // made, or a node or handle taken, that the guest never hears of.
                 return Malformed(errno(libc::EINVAL));
             }
         }
@@ -731,16 +733,17 @@ fn effect_reply_size(op: u32) -> Option<usize> {
     })
 }
 
-/// Bytes of the chain the device may write.
-fn writable_len<M>(chain: &DescriptorChain<M>) -> usize
+/// The chain's writable descriptors (address, length), in order, read from the guest's
+/// descriptor table once.
+fn writable_bufs<M>(chain: &DescriptorChain<M>) -> SmallVec<[(GuestAddress, u32); 4]>
 where
     M: Deref<Target = GuestMem> + Clone,
 {
     chain
         .clone()
-        .filter(|d| d.is_write_only())
-        .map(|d| d.len() as usize)
-        .sum()
+        .writable()
+        .map(|d| (d.addr(), d.len()))
+        .collect()
 }
 
 /// The opcode of the request in `chain`, read from its first descriptor without walking
@@ -820,9 +823,17 @@ where
         Ok(p) => (0, p),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
     };
+    // Read once: a guest may point its buffers at its descriptor table, and the room
+    // checked must be the room written.
+    let bufs = writable_bufs(chain);
+    // At most u32::MAX: the chain's iterator ends where its lengths would sum past that.
+    let room: usize = bufs.iter().map(|&(_, len)| len as usize).sum();
     let header = std::mem::size_of::<OutHeader>();
-    let room = writable_len(chain);
-    if header + payload.len() > room && header <= room {
+    if room < header {
+        warn!("no room for a reply header in the guest's buffers; dropping the reply");
+        return 0;
+    }
+    if header + payload.len() > room {
         // The guest left room for a header but not for this reply: an errno still tells
         // it the request is done (as for a request the crate can't answer).
         debug!(
@@ -836,51 +847,66 @@ where
         error,
         unique: hdr.unique,
     };
-    if let Err(e) = write_writable(mem, chain, &[out.as_slice(), &payload]) {
-        warn!("reply does not fit the guest's buffer ({e}); dropping it");
+    if let Err(e) = write_into(mem, &bufs, &[out.as_slice(), &payload]) {
+        warn!("reply does not fit the guest's buffers ({e}); dropping it");
         return 0;
     }
     out.len
 }
 
-/// Writes `parts`, one after the other, into the chain's writable descriptors in order.
-/// Err if they don't all fit, or a descriptor lies outside guest memory (what was
-/// written before it stays, as with any partly written reply: its used length is 0).
-fn write_writable<M>(mem: &GuestMem, chain: &DescriptorChain<M>, parts: &[&[u8]]) -> io::Result<()>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+/// Writes `parts`, one after the other, into `bufs` (writable descriptors, in order).
+/// Err, with nothing written, if they don't all fit or a byte of them would fall outside
+/// guest memory; bytes of `bufs` past the parts are never looked at.
+fn write_into(mem: &GuestMem, bufs: &[(GuestAddress, u32)], parts: &[&[u8]]) -> io::Result<()> {
+    let pieces = reply_pieces(mem, bufs, parts.iter().map(|p| p.len()).sum())?;
+    // The pieces hold exactly the parts' bytes, so each piece finds its bytes.
     let mut parts = parts.iter().copied().filter(|p| !p.is_empty());
-    let mut left = parts.next();
-    for d in chain.clone().writable() {
-        let (len, mut off) = (u64::from(d.len()), 0u64);
-        while let Some(p) = left {
-            if off == len {
-                break;
+    let mut part: &[u8] = &[];
+    for (addr, n) in pieces {
+        let mut off = 0;
+        while off < n {
+            if part.is_empty() {
+                part = parts.next().ok_or_else(|| errno(libc::EIO))?;
             }
-            // At most a descriptor's length (u32), so it fits a usize.
-            let n = (p.len() as u64).min(len - off) as usize;
-            let addr = d
-                .addr()
-                .checked_add(off)
-                .ok_or_else(|| errno(libc::EFAULT))?;
-            mem.write_slice(&p[..n], addr)
+            let k = part.len().min(n - off);
+            // Within the range `reply_pieces` found in guest memory.
+            let at = addr.unchecked_add(off as u64);
+            mem.write_slice(&part[..k], at)
                 .map_err(|e| io::Error::other(e.to_string()))?;
-            off += n as u64;
-            left = if n == p.len() {
-                parts.next()
-            } else {
-                Some(&p[n..])
-            };
-        }
-        if left.is_none() {
-            return Ok(());
+            (off, part) = (off + k, &part[k..]);
         }
     }
-    match left {
-        None => Ok(()),
-        Some(_) => Err(errno(libc::ENOSPC)),
+    Ok(())
+}
+
+/// The pieces of `bufs` that the first `len` bytes of a reply fill (address, length), each
+/// checked to lie in guest memory. Err if `bufs` are too short (ENOSPC) or a piece is not
+/// in guest memory (EFAULT).
+fn reply_pieces(
+    mem: &GuestMem,
+    bufs: &[(GuestAddress, u32)],
+    len: usize,
+) -> io::Result<SmallVec<[(GuestAddress, usize); 4]>> {
+    let mut left = len;
+    let mut pieces = SmallVec::new();
+    for &(addr, len) in bufs {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(len as usize);
+        if n == 0 {
+            continue;
+        }
+        if !mem.check_range(addr, n) {
+            return Err(errno(libc::EFAULT));
+        }
+        pieces.push((addr, n));
+        left -= n;
     }
+    if left > 0 {
+        return Err(errno(libc::ENOSPC));
+    }
+    Ok(pieces)
 }
 
 #[cfg(test)]
@@ -890,25 +916,33 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
-    use vm_memory::GuestAddress;
 
     const MEM: u64 = 0x10000;
     const HDR: usize = std::mem::size_of::<OutHeader>();
+    const W: bool = true;
+    const R: bool = false;
 
-    /// The used length of `r` as the reply to a request (unique 9) whose chain is one
-    /// readable descriptor and then writable ones (address, length), and the guest
-    /// memory after it.
-    fn reply_into(writable: &[(u64, u32)], r: io::Result<Vec<u8>>) -> (u32, GuestMem) {
-        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+    /// The used length of `r` as the reply to a request (unique 9) whose chain is
+    /// `descs` (address, length, writable) in guest memory of `regions`, and that memory
+    /// after it. Readable buffers are filled with 0xee first.
+    fn reply_in(
+        regions: &[(u64, usize)],
+        descs: &[(u64, u32, bool)],
+        r: io::Result<Vec<u8>>,
+    ) -> (u32, GuestMem) {
+        let ranges: Vec<_> = regions.iter().map(|&(a, l)| (GuestAddress(a), l)).collect();
+        let mem = GuestMem::from_ranges(&ranges).unwrap();
+        for &(a, l, _) in descs.iter().filter(|d| !d.2) {
+            mem.write_slice(&vec![0xee; l as usize], GuestAddress(a))
+                .unwrap();
+        }
         let vq = MockSplitQueue::new(&mem, 16);
-        let w = VRING_DESC_F_WRITE as u16;
-        let raw: Vec<RawDescriptor> = std::iter::once(SplitDescriptor::new(0x4000, 40, 0, 0))
-            .chain(
-                writable
-                    .iter()
-                    .map(|&(a, l)| SplitDescriptor::new(a, l, w, 0)),
-            )
-            .map(RawDescriptor::from)
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .map(|&(a, l, w)| {
+                let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+                RawDescriptor::from(SplitDescriptor::new(a, l, flags, 0))
+            })
             .collect();
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
@@ -918,6 +952,20 @@ mod tests {
             ..Default::default()
         };
         (reply(&mem, &chain, &hdr, r), mem)
+    }
+
+    /// `reply_in` with one readable descriptor, then writable ones (address, length).
+    fn reply_into(writable: &[(u64, u32)], r: io::Result<Vec<u8>>) -> (u32, GuestMem) {
+        let descs: Vec<_> = std::iter::once((0x4000, 40, R))
+            .chain(writable.iter().map(|&(a, l)| (a, l, W)))
+            .collect();
+        reply_in(&[(0, MEM as usize)], &descs, r)
+    }
+
+    fn bytes_at(mem: &GuestMem, at: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0; len];
+        mem.read_slice(&mut b, GuestAddress(at)).unwrap();
+        b
     }
 
     fn out_header(mem: &GuestMem, at: u64) -> OutHeader {
@@ -931,20 +979,45 @@ mod tests {
         let descs = [(0x8000, 5), (0x9000, HDR as u32 - 5 + 3), (0xa000, 100)];
         let (len, mem) = reply_into(&descs, Ok(payload.clone()));
         assert_eq!(len as usize, HDR + payload.len());
-        let mut got = vec![0u8; HDR + payload.len()];
-        mem.read_slice(&mut got[..5], GuestAddress(0x8000)).unwrap();
-        mem.read_slice(&mut got[5..HDR + 3], GuestAddress(0x9000))
-            .unwrap();
-        mem.read_slice(&mut got[HDR + 3..], GuestAddress(0xa000))
-            .unwrap();
+        let mut got = bytes_at(&mem, 0x8000, 5);
+        got.extend(bytes_at(&mem, 0x9000, HDR - 5 + 3));
+        got.extend(bytes_at(&mem, 0xa000, payload.len() - 3));
         let hdr: OutHeader = request::decode(&got).unwrap();
         assert_eq!((hdr.len, hdr.error, hdr.unique), (len, 0, 9));
         assert_eq!(&got[HDR..], &payload[..]);
         // Nothing past the reply: the last descriptor's byte after it is untouched.
-        let after: u8 = mem
-            .read_obj(GuestAddress(0xa000 + payload.len() as u64 - 3))
-            .unwrap();
-        assert_eq!(after, 0);
+        assert_eq!(bytes_at(&mem, 0xa000 + payload.len() as u64 - 3, 1), [0]);
+    }
+
+    #[test]
+    fn a_reply_goes_only_into_writable_descriptors_between_readable_ones() {
+        // Readable, writable, readable, writable: the kernel never sends this shape, but
+        // a guest may; the reply skips the readable buffers and leaves them as they were.
+        let descs = [
+            (0x4000, 40, R),
+            (0x8000, 10, W),
+            (0x5000, 16, R),
+            (0x9000, 64, W),
+        ];
+        let (len, mem) = reply_in(&[(0, MEM as usize)], &descs, Ok(vec![0x11; 20]));
+        assert_eq!(len as usize, HDR + 20);
+        assert_eq!(bytes_at(&mem, 0x4000, 40), vec![0xee; 40]);
+        assert_eq!(bytes_at(&mem, 0x5000, 16), vec![0xee; 16]);
+        let mut got = bytes_at(&mem, 0x8000, 10);
+        got.extend(bytes_at(&mem, 0x9000, HDR + 20 - 10));
+        assert_eq!(request::decode::<OutHeader>(&got).unwrap().unique, 9);
+        assert_eq!(&got[HDR..], &[0x11; 20]);
+    }
+
+    #[test]
+    fn a_reply_across_two_memory_regions_is_written_whole() {
+        let regions = [(0, 0x8000), (0x8000, 0x8000)];
+        let descs = [(0x4000, 40, R), (0x7ff8, 64, W)];
+        let (len, mem) = reply_in(&regions, &descs, Ok(vec![0x22; 24]));
+        assert_eq!(len as usize, HDR + 24);
+        let got = bytes_at(&mem, 0x7ff8, HDR + 24);
+        assert_eq!(request::decode::<OutHeader>(&got).unwrap().len, len);
+        assert_eq!(&got[HDR..], &[0x22; 24]);
     }
 
     #[test]
@@ -957,18 +1030,28 @@ mod tests {
         let (len, mem) = reply_into(&[(0x8000, HDR as u32 + 3)], Ok(vec![7; 4]));
         assert_eq!(len as usize, HDR);
         assert_eq!(out_header(&mem, 0x8000).error, -libc::EINVAL);
-        // Not even that, or no writable descriptor at all: nothing counts as written.
-        assert_eq!(reply_into(&[(0x8000, HDR as u32 - 1)], Ok(vec![])).0, 0);
+        // Not even that, or no writable descriptor at all: nothing is written.
+        let (len, mem) = reply_into(&[(0x8000, HDR as u32 - 1)], Ok(vec![]));
+        assert_eq!(len, 0);
+        assert_eq!(bytes_at(&mem, 0x8000, HDR), vec![0; HDR]);
         assert_eq!(reply_into(&[], Err(errno(libc::EIO))).0, 0);
     }
 
     #[test]
-    fn a_writable_descriptor_outside_guest_memory_gets_no_reply() {
+    fn a_reply_that_would_reach_outside_guest_memory_writes_nothing() {
         // The whole header outside, or its second half past the end of memory.
         assert_eq!(reply_into(&[(MEM + 0x1000, 64)], Ok(vec![1; 8])).0, 0);
-        assert_eq!(reply_into(&[(MEM - 8, 64)], Ok(vec![1; 8])).0, 0);
-        // Past the end of the address space.
+        let (len, mem) = reply_into(&[(MEM - 8, 64)], Ok(vec![1; 8]));
+        assert_eq!(len, 0);
+        assert_eq!(bytes_at(&mem, MEM - 8, 8), vec![0; 8]);
+        // The payload's buffer outside, or past the end of the address space.
+        let (len, mem) = reply_into(&[(0x8000, HDR as u32), (MEM, 64)], Ok(vec![1; 8]));
+        assert_eq!(len, 0);
+        assert_eq!(bytes_at(&mem, 0x8000, HDR), vec![0; HDR]);
         let (len, _) = reply_into(&[(0x8000, 8), (u64::MAX - 3, 64)], Ok(vec![1; 8]));
         assert_eq!(len, 0);
+        // A bad buffer the reply doesn't reach is never looked at.
+        let (len, _) = reply_into(&[(0x8000, 64), (MEM + 0x1000, 64)], Ok(vec![1; 8]));
+        assert_eq!(len as usize, HDR + 8);
     }
 }

@@ -334,3 +334,64 @@ fn a_bad_avail_index_on_the_hiprio_queue_leaves_requests_served() {
         assert_eq!(c.wait(t).unwrap().error, 0);
     }
 }
+
+/// A CREATE whose reply buffers are long enough but lie partly outside guest memory (the
+/// header's 16 bytes in memory, the rest past its end) is refused with EINVAL before
+/// anything is made: served, it would make the file and open a handle, and the reply that
+/// tells the guest of them could not be written.
+#[test]
+fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
+    use fuse_backend_rs::abi::fuse_abi::CreateIn;
+    use vfsd::frontend::virtq::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vfsd::frontend::RawDesc;
+    use vm_memory::{ByteValued, GuestMemory};
+    let d = Daemon::start(&[]);
+    let c = d.client();
+    let past_end = c.fe.mem.last_addr().0 + 1 + 0x1000;
+    let args = CreateIn {
+        flags: libc::O_RDWR as u32,
+        mode: libc::S_IFREG | 0o644,
+        ..Default::default()
+    };
+    let (unique, req) = c.build(FUSE_CREATE, ROOT, &[args.as_slice(), b"made\0"]);
+    let out_header = std::mem::size_of::<fuse_backend_rs::abi::fuse_abi::OutHeader>() as u32;
+    let t = {
+        let mut q = c.fe.queues[1].lock().unwrap();
+        q.reap(&c.fe.mem).unwrap();
+        let slot = q.free_slot().unwrap();
+        let (req_at, resp_at) = q.slot_addrs(slot);
+        c.fe.mem.write_slice(&req, GuestAddress(req_at)).unwrap();
+        let descs = [
+            RawDesc {
+                addr: req_at,
+                len: req.len() as u32,
+                flags: VRING_DESC_F_NEXT,
+                next: 1,
+            },
+            RawDesc {
+                addr: resp_at,
+                len: out_header,
+                flags: VRING_DESC_F_WRITE | VRING_DESC_F_NEXT,
+                next: 2,
+            },
+            RawDesc {
+                addr: past_end,
+                len: 4096,
+                flags: VRING_DESC_F_WRITE,
+                next: 0,
+            },
+        ];
+        q.submit_raw(&c.fe.mem, slot, &descs, false).unwrap();
+        q.notify().unwrap();
+        Ticket {
+            queue: 1,
+            slot,
+            unique,
+        }
+    };
+    let reply = c.wait(t).expect("a reply with a FUSE header");
+    assert_eq!(reply.error, -libc::EINVAL);
+    assert!(!d.path("made").exists(), "the file was made on the host");
+    // The queue goes on serving.
+    c.getattr(ROOT).unwrap();
+}
