@@ -100,6 +100,11 @@ struct Args {
     /// so the host's device, not its page cache, sets the pace
     #[arg(long)]
     direct: bool,
+    /// Microseconds to wait after each reply before the next request, as a guest does
+    /// between its requests (under TCG, 250-700 us): the daemon then goes idle and wakes
+    /// for every request, where back-to-back requests find it awake
+    #[arg(long, default_value_t = 0)]
+    gap_us: u64,
 }
 
 struct Job {
@@ -298,6 +303,7 @@ fn run(a: &Args) -> Result<(), String> {
         let (wl, bs, names) = (a.workload, a.bs, names.clone());
         let lock = serialise.then(|| inode_lock.clone());
         let (ops_limit, done_ops) = (a.ops, done_ops.clone());
+        let gap = Duration::from_micros(a.gap_us);
         handles.push(std::thread::spawn(move || {
             worker(
                 &c,
@@ -314,6 +320,7 @@ fn run(a: &Args) -> Result<(), String> {
                 lock,
                 ops_limit,
                 &done_ops,
+                gap,
             )
         }));
     }
@@ -403,6 +410,7 @@ fn worker(
     inode_lock: Option<Arc<AtomicBool>>,
     ops_limit: Option<u64>,
     done_ops: &std::sync::atomic::AtomicU64,
+    gap: Duration,
 ) -> WorkerResult {
     let depth = c.fe.cfg.slots;
     let payload = vec![0x5au8; bs];
@@ -689,6 +697,9 @@ fn worker(
             if inode_lock.is_some() {
                 waiting.push_back((f.job, start));
                 continue;
+            }
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
             }
             let r = build(f.job, step, nodeid, fh, &mut jobs);
             submit(f.job, step, nodeid, fh, start, &mut inflight, r)?;
