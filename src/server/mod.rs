@@ -112,19 +112,16 @@ fn errno(e: i32) -> io::Error {
 
 /// Writes `outcome` into the chain: the used length and whether the request was
 /// malformed; None for one answered later.
-fn answer<M>(
+fn answer(
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    bufs: &[(GuestAddress, u32)],
     hdr: &InHeader,
     outcome: Outcome,
-) -> Option<(u32, bool)>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+) -> Option<(u32, bool)> {
     Some(match outcome {
-        Outcome::Reply(r) => (reply(mem, chain, hdr, r), false),
+        Outcome::Reply(r) => (reply_into(mem, bufs, hdr, r), false),
         Outcome::Written(len) => (len, false),
-        Outcome::Malformed(e) => (reply(mem, chain, hdr, Err(e)), true),
+        Outcome::Malformed(e) => (reply_into(mem, bufs, hdr, Err(e)), true),
         Outcome::NoReply { malformed } => (0, malformed),
         Outcome::Deferred => return None,
     })
@@ -480,12 +477,16 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
-        match self.outcome(mem, chain, req, defer, wait) {
+        // Read from the guest's descriptor table once: the room an effect's check finds
+        // (`outcome`) is the room its reply is written to, whatever the guest rewrites
+        // in its table meanwhile.
+        let bufs = writable_bufs(chain);
+        match self.outcome(mem, chain, &bufs, req, defer, wait) {
             // Nothing is written: the guest hears of it from the worker that serves it.
             Outcome::Reply(Err(e)) if wait == OpenWait::Never && nowait::is_would_wait(&e) => {
                 Served::WouldWait
             }
-            outcome => Served::Answered(answer(mem, chain, &hdr, outcome)),
+            outcome => Served::Answered(answer(mem, &bufs, &hdr, outcome)),
         }
     }
 
@@ -494,6 +495,7 @@ impl FuseServer {
         &self,
         mem: &GuestMem,
         chain: &DescriptorChain<M>,
+        bufs: &[(GuestAddress, u32)],
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
@@ -508,7 +510,7 @@ impl FuseServer {
         }
         if let Some(need) = effect_reply_size(hdr.opcode) {
             let len = std::mem::size_of::<OutHeader>() + need;
-            if reply_pieces(mem, &writable_bufs(chain), len).is_err() {
+            if reply_pieces(mem, bufs, len).is_err() {
                 // Refused before it changes anything: a reply that could not be written
                 // (too little room, or room outside guest memory) would leave a file
                 // made, or a node or handle taken, that the guest never hears of.
@@ -819,13 +821,22 @@ fn reply<M>(
 where
     M: Deref<Target = GuestMem> + Clone,
 {
+    reply_into(mem, &writable_bufs(chain), hdr, r)
+}
+
+/// `reply` into writable buffers already read from the chain (`writable_bufs`): read
+/// once, as a guest may point its buffers at its descriptor table, so the room checked
+/// is the room written.
+fn reply_into(
+    mem: &GuestMem,
+    bufs: &[(GuestAddress, u32)],
+    hdr: &InHeader,
+    r: io::Result<Vec<u8>>,
+) -> u32 {
     let (mut error, mut payload) = match r {
         Ok(p) => (0, p),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
     };
-    // Read once: a guest may point its buffers at its descriptor table, and the room
-    // checked must be the room written.
-    let bufs = writable_bufs(chain);
     // At most u32::MAX: the chain's iterator ends where its lengths would sum past that.
     let room: usize = bufs.iter().map(|&(_, len)| len as usize).sum();
     let header = std::mem::size_of::<OutHeader>();
@@ -847,7 +858,7 @@ where
         error,
         unique: hdr.unique,
     };
-    if let Err(e) = write_into(mem, &bufs, &[out.as_slice(), &payload]) {
+    if let Err(e) = write_into(mem, bufs, &[out.as_slice(), &payload]) {
         warn!("reply does not fit the guest's buffers ({e}); dropping it");
         return 0;
     }
@@ -889,11 +900,11 @@ fn reply_pieces(
 ) -> io::Result<SmallVec<[(GuestAddress, usize); 4]>> {
     let mut left = len;
     let mut pieces = SmallVec::new();
-    for &(addr, len) in bufs {
+    for &(addr, buf_len) in bufs {
         if left == 0 {
             break;
         }
-        let n = left.min(len as usize);
+        let n = left.min(buf_len as usize);
         if n == 0 {
             continue;
         }
@@ -955,7 +966,7 @@ mod tests {
     }
 
     /// `reply_in` with one readable descriptor, then writable ones (address, length).
-    fn reply_into(writable: &[(u64, u32)], r: io::Result<Vec<u8>>) -> (u32, GuestMem) {
+    fn reply_to_writable(writable: &[(u64, u32)], r: io::Result<Vec<u8>>) -> (u32, GuestMem) {
         let descs: Vec<_> = std::iter::once((0x4000, 40, R))
             .chain(writable.iter().map(|&(a, l)| (a, l, W)))
             .collect();
@@ -977,7 +988,7 @@ mod tests {
         let payload: Vec<u8> = (1..=40).collect();
         // 5 bytes of the header, the rest of it and 3 payload bytes, then the rest.
         let descs = [(0x8000, 5), (0x9000, HDR as u32 - 5 + 3), (0xa000, 100)];
-        let (len, mem) = reply_into(&descs, Ok(payload.clone()));
+        let (len, mem) = reply_to_writable(&descs, Ok(payload.clone()));
         assert_eq!(len as usize, HDR + payload.len());
         let mut got = bytes_at(&mem, 0x8000, 5);
         got.extend(bytes_at(&mem, 0x9000, HDR - 5 + 3));
@@ -1022,36 +1033,65 @@ mod tests {
 
     #[test]
     fn an_errno_reply_and_a_reply_too_long_for_the_buffers() {
-        let (len, mem) = reply_into(&[(0x8000, 64)], Err(errno(libc::ENOENT)));
+        let (len, mem) = reply_to_writable(&[(0x8000, 64)], Err(errno(libc::ENOENT)));
         assert_eq!(len as usize, HDR);
         let h = out_header(&mem, 0x8000);
         assert_eq!((h.len as usize, h.error, h.unique), (HDR, -libc::ENOENT, 9));
         // Room for the header only: EINVAL, so the guest still hears the request is done.
-        let (len, mem) = reply_into(&[(0x8000, HDR as u32 + 3)], Ok(vec![7; 4]));
+        let (len, mem) = reply_to_writable(&[(0x8000, HDR as u32 + 3)], Ok(vec![7; 4]));
         assert_eq!(len as usize, HDR);
         assert_eq!(out_header(&mem, 0x8000).error, -libc::EINVAL);
         // Not even that, or no writable descriptor at all: nothing is written.
-        let (len, mem) = reply_into(&[(0x8000, HDR as u32 - 1)], Ok(vec![]));
+        let (len, mem) = reply_to_writable(&[(0x8000, HDR as u32 - 1)], Ok(vec![]));
         assert_eq!(len, 0);
         assert_eq!(bytes_at(&mem, 0x8000, HDR), vec![0; HDR]);
-        assert_eq!(reply_into(&[], Err(errno(libc::EIO))).0, 0);
+        assert_eq!(reply_to_writable(&[], Err(errno(libc::EIO))).0, 0);
+    }
+
+    #[test]
+    fn zero_length_writable_descriptors_are_skipped_even_outside_memory() {
+        let descs = [
+            (0x8000, 0),
+            (MEM + 0x1000, 0),
+            (0x8000, 5),
+            (u64::MAX - 3, 0),
+            (0x9000, 64),
+        ];
+        let (len, mem) = reply_to_writable(&descs, Ok(vec![1; 8]));
+        assert_eq!(len as usize, HDR + 8);
+        let mut got = bytes_at(&mem, 0x8000, 5);
+        got.extend(bytes_at(&mem, 0x9000, HDR + 8 - 5));
+        assert_eq!(request::decode::<OutHeader>(&got).unwrap().unique, 9);
+        assert_eq!(&got[HDR..], &[1; 8]);
+    }
+
+    #[test]
+    fn a_reply_that_exactly_fills_its_buffers_and_one_a_byte_too_long() {
+        let (len, _) = reply_to_writable(&[(0x8000, HDR as u32), (0x9000, 8)], Ok(vec![2; 8]));
+        assert_eq!(len as usize, HDR + 8);
+        let (len, mem) = reply_to_writable(&[(0x8000, HDR as u32), (0x9000, 7)], Ok(vec![2; 8]));
+        assert_eq!(len as usize, HDR);
+        assert_eq!(out_header(&mem, 0x8000).error, -libc::EINVAL);
     }
 
     #[test]
     fn a_reply_that_would_reach_outside_guest_memory_writes_nothing() {
         // The whole header outside, or its second half past the end of memory.
-        assert_eq!(reply_into(&[(MEM + 0x1000, 64)], Ok(vec![1; 8])).0, 0);
-        let (len, mem) = reply_into(&[(MEM - 8, 64)], Ok(vec![1; 8]));
+        assert_eq!(
+            reply_to_writable(&[(MEM + 0x1000, 64)], Ok(vec![1; 8])).0,
+            0
+        );
+        let (len, mem) = reply_to_writable(&[(MEM - 8, 64)], Ok(vec![1; 8]));
         assert_eq!(len, 0);
         assert_eq!(bytes_at(&mem, MEM - 8, 8), vec![0; 8]);
         // The payload's buffer outside, or past the end of the address space.
-        let (len, mem) = reply_into(&[(0x8000, HDR as u32), (MEM, 64)], Ok(vec![1; 8]));
+        let (len, mem) = reply_to_writable(&[(0x8000, HDR as u32), (MEM, 64)], Ok(vec![1; 8]));
         assert_eq!(len, 0);
         assert_eq!(bytes_at(&mem, 0x8000, HDR), vec![0; HDR]);
-        let (len, _) = reply_into(&[(0x8000, 8), (u64::MAX - 3, 64)], Ok(vec![1; 8]));
+        let (len, _) = reply_to_writable(&[(0x8000, 8), (u64::MAX - 3, 64)], Ok(vec![1; 8]));
         assert_eq!(len, 0);
         // A bad buffer the reply doesn't reach is never looked at.
-        let (len, _) = reply_into(&[(0x8000, 64), (MEM + 0x1000, 64)], Ok(vec![1; 8]));
+        let (len, _) = reply_to_writable(&[(0x8000, 64), (MEM + 0x1000, 64)], Ok(vec![1; 8]));
         assert_eq!(len as usize, HDR + 8);
     }
 }
