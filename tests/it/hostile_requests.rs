@@ -197,13 +197,8 @@ fn error_for_args_outside_memory(c: &FuseClient, op: u32, nodeid: u64, args: &[u
     let past_end = c.fe.mem.last_addr().0 + 1 + 0x1000;
     let (unique, req) = c.build(op, nodeid, &[args]);
     let hdr = std::mem::size_of::<InHeader>() as u32;
-    let t = {
-        let mut q = c.fe.queues[1].lock().unwrap();
-        q.reap(&c.fe.mem).unwrap();
-        let slot = q.free_slot().unwrap();
-        let (req_at, resp_at) = q.slot_addrs(slot);
-        c.fe.mem.write_slice(&req, GuestAddress(req_at)).unwrap();
-        let descs = [
+    let t = submit_chain(c, unique, &req, |req_at, resp_at| {
+        vec![
             RawDesc {
                 addr: req_at,
                 len: hdr,
@@ -222,16 +217,33 @@ fn error_for_args_outside_memory(c: &FuseClient, op: u32, nodeid: u64, args: &[u
                 flags: VRING_DESC_F_WRITE,
                 next: 0,
             },
-        ];
-        q.submit_raw(&c.fe.mem, slot, &descs, false).unwrap();
-        q.notify().unwrap();
-        Ticket {
-            queue: 1,
-            slot,
-            unique,
-        }
-    };
+        ]
+    });
     c.wait(t).expect("a reply with a FUSE header").error
+}
+
+/// Submits request `req` (its `unique`) on queue 1 in a free slot, as the chain `descs`
+/// makes from the slot's request and reply addresses (the request is written at the
+/// first).
+fn submit_chain(
+    c: &FuseClient,
+    unique: u64,
+    req: &[u8],
+    descs: impl FnOnce(u64, u64) -> Vec<vfsd::frontend::RawDesc>,
+) -> Ticket {
+    let mut q = c.fe.queues[1].lock().unwrap();
+    q.reap(&c.fe.mem).unwrap();
+    let slot = q.free_slot().unwrap();
+    let (req_at, resp_at) = q.slot_addrs(slot);
+    c.fe.mem.write_slice(req, GuestAddress(req_at)).unwrap();
+    q.submit_raw(&c.fe.mem, slot, &descs(req_at, resp_at), false)
+        .unwrap();
+    q.notify().unwrap();
+    Ticket {
+        queue: 1,
+        slot,
+        unique,
+    }
 }
 
 /// A request whose header is readable but whose later readable descriptor lies outside
@@ -355,13 +367,8 @@ fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
     };
     let (unique, req) = c.build(FUSE_CREATE, ROOT, &[args.as_slice(), b"made\0"]);
     let out_header = std::mem::size_of::<fuse_backend_rs::abi::fuse_abi::OutHeader>() as u32;
-    let t = {
-        let mut q = c.fe.queues[1].lock().unwrap();
-        q.reap(&c.fe.mem).unwrap();
-        let slot = q.free_slot().unwrap();
-        let (req_at, resp_at) = q.slot_addrs(slot);
-        c.fe.mem.write_slice(&req, GuestAddress(req_at)).unwrap();
-        let descs = [
+    let t = submit_chain(&c, unique, &req, |req_at, resp_at| {
+        vec![
             RawDesc {
                 addr: req_at,
                 len: req.len() as u32,
@@ -380,15 +387,8 @@ fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
                 flags: VRING_DESC_F_WRITE,
                 next: 0,
             },
-        ];
-        q.submit_raw(&c.fe.mem, slot, &descs, false).unwrap();
-        q.notify().unwrap();
-        Ticket {
-            queue: 1,
-            slot,
-            unique,
-        }
-    };
+        ]
+    });
     let reply = c.wait(t).expect("a reply with a FUSE header");
     assert_eq!(reply.error, -libc::EINVAL);
     assert!(!d.path("made").exists(), "the file was made on the host");
