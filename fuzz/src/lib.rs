@@ -413,8 +413,10 @@ pub fn serve_chain<M>(
 where
     M: std::ops::Deref<Target = GuestMem> + Clone,
 {
-    if server.is_read(mem, &chain) {
-        if let Some(used) = server.try_handle_without_blocking(mem, &chain) {
+    // As the device does: the chain read once, a READ tried without blocking first.
+    let popped = vfsd::server::Popped::new(mem, chain);
+    if popped.opcode() == Some(vfsd::server::Opcode::Read) {
+        if let Some(used) = server.try_handle_without_blocking(mem, &popped) {
             return used;
         }
     }
@@ -433,7 +435,7 @@ where
         fn suspend(self: Box<Self>) {}
     }
     server
-        .handle(mem, chain, &mut || Box::new(Ignore))
+        .handle(mem, popped, &mut || Box::new(Ignore))
         .unwrap_or(0)
 }
 

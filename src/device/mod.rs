@@ -32,7 +32,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::server::{Deferred, FuseServer, GuestMem, Placement, Slot};
+use crate::server::{Deferred, FuseServer, GuestMem, Placement, Popped, Slot};
 
 mod route;
 mod state;
@@ -61,7 +61,10 @@ const INLINE_BATCH_BYTES: usize = 1 << 20;
 const INLINE_POLL: Duration = Duration::from_micros(30);
 
 type Mem = GuestMemoryAtomic<GuestMem>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
+/// A chain as the queue pops it.
+type RawChain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
+/// A chain read once (`server::Popped`): where it runs is decided on the copy it serves.
+type Chain = Popped<GuestMemoryLoadGuard<GuestMem>>;
 
 struct Job {
     chain: Chain,
@@ -126,7 +129,7 @@ impl Pool {
                 .name(format!("vfsd-worker-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        if stopped_since_popped(&job.vring, &job.chain, job.ticket) {
+                        if stopped_since_popped(&job.vring, job.chain.head_index(), job.ticket) {
                             continue;
                         }
                         let head = job.chain.head_index();
@@ -277,7 +280,7 @@ impl FsDevice {
                 }
                 let q = state.get_queue_mut();
                 let first = q.next_avail();
-                let popped: SmallVec<[Chain; vring::ON_STACK]> = match q.iter(mem.clone()) {
+                let popped: SmallVec<[RawChain; vring::ON_STACK]> = match q.iter(mem.clone()) {
                     Ok(it) => it.collect(),
                     // Stopped (GET_VRING_BASE, reset) since the kick: nothing to do.
                     Err(virtio_queue::Error::QueueNotReady) => return Ok(()),
@@ -303,10 +306,11 @@ impl FsDevice {
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
                     for (chain, t) in chains {
-                        if stopped_since_popped(vring, &chain, t) {
+                        if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
                         }
-                        match route::place(&self.server, &mem, &chain, here) {
+                        let chain = Popped::new(&mem, chain);
+                        match route::place(&chain, here) {
                             Place::NoWaitRead { if_it_would_block } => {
                                 reads.push((chain, t, if_it_would_block))
                             }
@@ -347,7 +351,7 @@ impl FsDevice {
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
                     let mut bytes = 0usize;
                     for (chain, t, fallback) in reads {
-                        if stopped_since_popped(vring, &chain, t) {
+                        if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
                         }
                         match self.server.try_handle_without_blocking(&mem, &chain) {
@@ -379,9 +383,10 @@ impl FsDevice {
                 }
                 None => {
                     for (chain, t) in chains {
-                        if stopped_since_popped(vring, &chain, t) {
+                        if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
                         }
+                        let chain = Popped::new(&mem, chain);
                         let head = chain.head_index();
                         let mut later = || Later::boxed(vring, t, head, queue as u16);
                         if let Some(len) = self.server.handle(&mem, chain, &mut later) {
@@ -504,6 +509,7 @@ impl FsDevice {
 
     /// `serve_alone` for an OPEN or CREATE, unless it would wait for a host lease break:
     /// then the chain comes back unanswered, for the pool.
+    #[allow(clippy::result_large_err)] // as `FuseServer::handle_unless_it_waits`
     fn serve_alone_unless_it_waits(
         &self,
         mem: &GuestMemoryLoadGuard<GuestMem>,
@@ -568,11 +574,11 @@ impl FsDevice {
 /// it is dropped unserved (`complete` drops it). Served anyway, it would act on the host after the
 /// stop and write its reply into memory the guest may have reused, and after a resume
 /// it is popped again and would run twice (a FORGET applied twice).
-fn stopped_since_popped(vring: &TrackedVring, chain: &Chain, t: Ticket) -> bool {
+fn stopped_since_popped(vring: &TrackedVring, head: u16, t: Ticket) -> bool {
     if vring.is_current(t) {
         return false;
     }
-    vring.complete(&[(t, chain.head_index(), 0)]);
+    vring.complete(&[(t, head, 0)]);
     true
 }
 

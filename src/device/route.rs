@@ -5,9 +5,9 @@
 //!   worker hand-off).
 //! - **On the queue thread**: a lone request, when the guest waits for each reply before
 //!   it sends the next (`Lone`) and the opcode is short (`Opcode::is_short`), or a READ
-//!   that would block in that case, or a COPY_FILE_RANGE of at most `SHORT_COPY` bytes
-//!   (its length read as a hint, like the opcode). A lone OPEN or CREATE too, unless it would wait for a
-//!   host lease break: then it goes to the pool (`Opcode::opens_without_waiting`).
+//!   that would block in that case, or a COPY_FILE_RANGE of at most `SHORT_COPY` bytes. A
+//!   lone OPEN or CREATE too, unless it would wait for a host lease break: then it goes to
+//!   the pool (`Opcode::opens_without_waiting`).
 //! - **On the queue thread, beside others in flight**: a quick metadata request
 //!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, the xattr and directory reads,
 //!   READLINK, STATFS, ACCESS) in a small pop (`inline_pop_limit`: at most `SMALL_POP`
@@ -17,10 +17,11 @@
 //! - **On the queue thread, always**: the opcodes without a reply (FORGET, BATCH_FORGET,
 //!   INTERRUPT, NOTIFY_REPLY), which do no more than drop nodes or wake a lock waiter
 //!   (`Place::NoReply`). A hand-off cost more than they do: `git status` under `--cache
-//!   never` sends a FORGET for every fourth request. As everywhere here the opcode is a
-//!   hint read before the copy: a guest that rewrites a FORGET into an OPEN of a leased
-//!   file stalls only its own queue and the one sharing its thread (hiprio and the first
-//!   request queue, `queue_masks`): the guest's own queues.
+//!   never` sends a FORGET for every fourth request.
+//!
+//! Opcode and length come from the request's one copy, made when it is popped
+//! (`server::Popped`), which is also what it is served from: a guest can't have a request
+//! placed as one opcode and served as another.
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::Chain;
-use crate::server::{FuseServer, GuestMem, Opcode};
+use crate::server::Opcode;
 
 /// Pops in a row that found one request and nothing else in flight before the queue
 /// thread serves such requests itself. A guest with parallel work often leaves the queue
@@ -282,17 +283,13 @@ impl RingPoll {
     }
 }
 
-/// Where `chain` runs, given what its queue thread knows of the queue. The opcode is read
-/// from the guest's buffer, only a hint: what is served is decided on the request's one
-/// copy (a guest that rewrites it in between only slows its own queues: this one, and the
-/// one sharing its thread).
-pub fn place(server: &FuseServer, mem: &GuestMem, chain: &Chain, queue: Queue) -> Place {
-    let op = server.opcode_hint(mem, chain);
+/// Where `chain` runs, given what its queue thread knows of the queue: decided on the
+/// request's one copy, the one it is served from.
+pub fn place(chain: &Chain, queue: Queue) -> Place {
+    let op = chain.opcode();
     let short_copy = op == Some(Opcode::CopyFileRange)
         && queue.alone
-        && server
-            .copy_len_hint(mem, chain)
-            .is_some_and(|len| len <= SHORT_COPY);
+        && chain.copy_len().is_some_and(|len| len <= SHORT_COPY);
     decide(op, short_copy, queue)
 }
 

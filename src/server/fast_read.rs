@@ -8,12 +8,11 @@
 //! unusual is `NotHandled`: the general path (which also answers malformed requests) takes
 //! it from the start, with nothing changed.
 
-use std::ops::Deref;
-
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, ReadIn};
-use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, Bytes, GuestMemory};
 
+use super::chain::Descs;
+use super::request::Request;
 use super::GuestMem;
 use super::Opcode;
 use crate::passthrough::PassthroughFs;
@@ -34,52 +33,44 @@ pub enum FastRead {
     NotHandled,
 }
 
-pub fn read<M>(
+pub fn read(
     fs: &PassthroughFs,
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    req: &Request,
+    descs: &Descs,
     panic_nodeid: Option<u64>,
-) -> FastRead
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    match try_read(fs, mem, chain, panic_nodeid) {
+) -> FastRead {
+    match try_read(fs, mem, req, descs, panic_nodeid) {
         Some(r) => r,
         None => FastRead::NotHandled,
     }
 }
 
-fn try_read<M>(
+fn try_read(
     fs: &PassthroughFs,
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    req: &Request,
+    descs: &Descs,
     panic_nodeid: Option<u64>,
-) -> Option<FastRead>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    // The request: exactly InHeader + ReadIn in the readable descriptors (the guest driver
-    // puts them in two).
-    let mut req = [0u8; IN_LEN];
+) -> Option<FastRead> {
+    // The request: exactly InHeader + ReadIn in the readable descriptors before the first
+    // writable one (the guest driver puts them in two), and no readable one after.
+    let all = descs.all();
+    let first_out = all.iter().position(|d| d.is_write_only())?;
     let mut got = 0usize;
-    let mut descs = chain.clone().peekable();
-    while let Some(d) = descs.next_if(|d| !d.is_write_only()) {
-        let len = d.len() as usize;
-        if got + len > IN_LEN {
+    for d in &all[..first_out] {
+        got = got.checked_add(d.len() as usize)?;
+        if got > IN_LEN {
             return None;
         }
-        mem.read_slice(&mut req[got..got + len], d.addr()).ok()?;
-        got += len;
     }
-    if got != IN_LEN {
+    if got != IN_LEN || req.bytes.len() != IN_LEN {
         return None;
     }
-    let mut hdr = InHeader::default();
-    hdr.as_mut_slice()
-        .copy_from_slice(&req[..std::mem::size_of::<InHeader>()]);
+    let hdr = req.hdr;
     let mut args = ReadIn::default();
     args.as_mut_slice()
-        .copy_from_slice(&req[std::mem::size_of::<InHeader>()..]);
+        .copy_from_slice(&req.bytes[std::mem::size_of::<InHeader>()..]);
     let size = args.size as usize;
     if hdr.opcode != Opcode::Read as u32 || hdr.len as usize != IN_LEN || size > MAX_READ {
         return None;
@@ -89,8 +80,8 @@ where
     }
 
     // The reply: OutHeader in the first writable descriptor, then `size` bytes of data.
-    let out = descs.next()?;
-    if !out.is_write_only() || (out.len() as usize) < OUT_LEN {
+    let out = &all[first_out];
+    if (out.len() as usize) < OUT_LEN {
         return None;
     }
     let mut iov = [libc::iovec {
@@ -106,7 +97,9 @@ where
         out.len() as usize - OUT_LEN,
         true,
     );
-    let rest = descs.map(|d| (d.addr(), d.len() as usize, d.is_write_only()));
+    let rest = all[first_out + 1..]
+        .iter()
+        .map(|d| (d.addr(), d.len() as usize, d.is_write_only()));
     for (addr, len, writable) in std::iter::once(first).chain(rest) {
         if want == 0 {
             break;

@@ -5,9 +5,11 @@
 //! guest memory and host files, and the rest (`ops`) onto the passthrough filesystem's
 //! `FileSystem` methods. fuse-backend-rs gives the ABI structs and the guest-buffer writer.
 //!
-//! The readable part of each request is copied out of guest memory once (`request`), and
-//! everything is decided on that copy, so a guest rewriting its buffers mid-request can't
-//! change the opcode or arguments between two reads. WRITE's data goes straight from guest
+//! Each chain's descriptors are read from the guest's table once and its readable part
+//! copied out of guest memory once, when it is popped (`chain::Popped`, `request`), and
+//! everything is decided on that reading: where it runs, what it does, and where its reply
+//! goes. A guest rewriting its buffers or its table mid-request can't change the opcode,
+//! the arguments or the reply's room between two reads. WRITE's data goes straight from guest
 //! memory to the host file (`write`); READ's usual shape is served on the queue thread
 //! (`fast_read`).
 //!
@@ -26,11 +28,12 @@ use fuse_backend_rs::api::filesystem::FileSystem;
 use log::{debug, error, warn};
 use smallvec::SmallVec;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, ByteValued, GuestAddress};
 
 use crate::passthrough::migration::InFlight;
 use crate::passthrough::{nowait, CreateExt, OpenWait, PassthroughFs};
 
+mod chain;
 mod create;
 mod ext;
 mod fast_read;
@@ -44,6 +47,8 @@ mod write;
 mod xattr;
 pub use crate::passthrough::wake::install_wake_handler;
 use crate::stats::Stats;
+use chain::Descs;
+pub use chain::Popped;
 use fast_read::FastRead;
 pub use locks::{Deferred, Slot};
 pub use opcode::Opcode;
@@ -78,8 +83,18 @@ enum Handled {
 /// What `FuseServer::serve` did: `answer`'s result, or nothing for a request that would
 /// wait and must not.
 enum Served {
-    Answered(Option<(u32, bool)>),
+    Answered(Option<Answer>),
     WouldWait,
+}
+
+/// A reply written (`answer`).
+struct Answer {
+    /// The used length.
+    len: u32,
+    /// Whether the request was malformed.
+    malformed: bool,
+    /// The errno the reply carries (0 for none, or no reply).
+    error: i32,
 }
 
 /// What serving a request came to (`FuseServer::outcome`); `answer` writes it.
@@ -110,20 +125,32 @@ fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
 
-/// Writes `outcome` into the chain: the used length and whether the request was
-/// malformed; None for one answered later.
+/// Writes `outcome` into the chain's writable buffers; None for one answered later.
 fn answer(
     mem: &GuestMem,
     bufs: &[(GuestAddress, u32)],
     hdr: &InHeader,
     outcome: Outcome,
-) -> Option<(u32, bool)> {
-    Some(match outcome {
-        Outcome::Reply(r) => (reply_into(mem, bufs, hdr, r), false),
-        Outcome::Written(len) => (len, false),
-        Outcome::Malformed(e) => (reply_into(mem, bufs, hdr, Err(e)), true),
-        Outcome::NoReply { malformed } => (0, malformed),
+) -> Option<Answer> {
+    let error = |r: &io::Result<Vec<u8>>| r.as_ref().err().and_then(|e| e.raw_os_error());
+    let (len, malformed, error) = match outcome {
+        Outcome::Reply(r) => {
+            let error = error(&r);
+            (reply_into(mem, bufs, hdr, r), false, error)
+        }
+        Outcome::Written(len) => (len, false, None),
+        Outcome::Malformed(e) => {
+            let error = e.raw_os_error();
+            (reply_into(mem, bufs, hdr, Err(e)), true, error)
+        }
+        Outcome::NoReply { malformed } => (0, malformed, None),
         Outcome::Deferred => return None,
+    };
+    let error = error.unwrap_or(0);
+    Some(Answer {
+        len,
+        malformed,
+        error,
     })
 }
 
@@ -188,7 +215,7 @@ impl FuseServer {
         &self.fs
     }
 
-    /// Serves the request in `chain`; returns the number of bytes written to the guest
+    /// Serves the request `popped`; returns the number of bytes written to the guest
     /// (the used-ring length). A request that panics is answered with EIO and counted;
     /// the calling worker lives on.
     ///
@@ -197,13 +224,13 @@ impl FuseServer {
     pub fn handle<M>(
         &self,
         mem: &GuestMem,
-        chain: DescriptorChain<M>,
+        mut popped: Popped<M>,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
     ) -> Option<u32>
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        match self.handle_with(mem, &chain, defer, OpenWait::Allowed) {
+        match self.handle_with(mem, &mut popped, defer, OpenWait::Allowed) {
             Handled::Answered(len) => Some(len),
             Handled::Later => None,
             // Only under OpenWait::Never (`serve` checks it).
@@ -215,23 +242,27 @@ impl FuseServer {
     }
 
     /// `handle`, except that an OPEN or CREATE that would wait for a host lease break
-    /// (`passthrough::nowait`) is not served: the chain comes back unanswered, for a worker
-    /// to serve from the start. For a queue thread, which must not wait that long.
+    /// (`passthrough::nowait`) is not served: the request comes back unanswered, for a
+    /// worker to serve from a fresh copy. For a queue thread, which must not wait that
+    /// long.
+    // The request comes back whole only when it would wait: boxing it would cost an
+    // allocation on every call instead.
+    #[allow(clippy::result_large_err)]
     pub fn handle_unless_it_waits<M>(
         &self,
         mem: &GuestMem,
-        chain: DescriptorChain<M>,
+        mut popped: Popped<M>,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
-    ) -> Result<Option<u32>, DescriptorChain<M>>
+    ) -> Result<Option<u32>, Popped<M>>
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        match self.handle_with(mem, &chain, defer, OpenWait::Never) {
+        match self.handle_with(mem, &mut popped, defer, OpenWait::Never) {
             Handled::Answered(len) => Ok(Some(len)),
             Handled::Later => Ok(None),
             Handled::WouldWait => {
                 self.stats.opens_handed_off.fetch_add(1, Ordering::Relaxed);
-                Err(chain)
+                Err(popped)
             }
         }
     }
@@ -239,7 +270,7 @@ impl FuseServer {
     fn handle_with<M>(
         &self,
         mem: &GuestMem,
-        chain: &DescriptorChain<M>,
+        popped: &mut Popped<M>,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
     ) -> Handled
@@ -247,7 +278,13 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let start = Instant::now();
-        let (len, op, bad) = match request::copy(mem, chain) {
+        // The room an effect's check finds (`outcome`) is the room its reply is written to.
+        let bufs = popped.descs.writable_bufs();
+        let copy = match popped.copy.take() {
+            Some(c) => c,
+            None => request::copy(mem, &popped.descs),
+        };
+        let (len, op, bad) = match copy {
             Err(request::BadRequest { hdr: None, why }) => {
                 warn!("dropping request: {why}");
                 (Some(0), 0, true)
@@ -255,23 +292,31 @@ impl FuseServer {
             // The header was readable, so the guest learns its request failed.
             Err(request::BadRequest { hdr: Some(h), why }) => {
                 warn!("request {} answered EFAULT: {why}", h.unique);
-                let len = answer_errno(mem, chain, &h, libc::EFAULT);
+                let len = answer_errno(mem, &bufs, &h, libc::EFAULT);
                 (Some(len), h.opcode, true)
             }
             Ok(mut req) => {
                 let op = req.hdr.opcode;
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.serve(mem, chain, &mut req, defer, wait)
+                    self.serve(
+                        mem,
+                        &popped.chain,
+                        &popped.descs,
+                        &bufs,
+                        &mut req,
+                        defer,
+                        wait,
+                    )
                 }));
                 match served {
-                    Ok(Served::Answered(Some((len, bad)))) => {
-                        self.count_fd_exhaustion(mem, chain, len);
-                        (Some(len), op, bad)
+                    Ok(Served::Answered(Some(a))) => {
+                        self.count_fd_exhaustion(&a);
+                        (Some(a.len), op, a.malformed)
                     }
                     Ok(Served::Answered(None)) => (None, op, false),
                     // Counted where it is served.
                     Ok(Served::WouldWait) => return Handled::WouldWait,
-                    Err(_) => (Some(self.answer_panic(mem, chain, &req.hdr)), op, true),
+                    Err(_) => (Some(self.answer_panic(mem, &bufs, &req.hdr)), op, true),
                 }
             }
         };
@@ -363,84 +408,40 @@ impl FuseServer {
         }
     }
 
-    /// Counts a reply of EMFILE or ENFILE (read back from the reply's header, which the
-    /// crate may have written): the host's fd limits were reached, and `--stats` says so.
-    fn count_fd_exhaustion<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>, len: u32)
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        if len as usize != std::mem::size_of::<OutHeader>() {
-            return;
-        }
-        let Some(at) = reply_address(chain) else {
-            return;
-        };
-        if let Ok(out) = mem.read_obj::<OutHeader>(at) {
-            if out.error == -libc::EMFILE || out.error == -libc::ENFILE {
-                self.stats.fds_exhausted.fetch_add(1, Ordering::Relaxed);
-            }
+    /// Counts a reply of EMFILE or ENFILE: the host's fd limits were reached, and
+    /// `--stats` says so.
+    fn count_fd_exhaustion(&self, a: &Answer) {
+        let header_only = a.len as usize == std::mem::size_of::<OutHeader>();
+        if header_only && (a.error == libc::EMFILE || a.error == libc::ENFILE) {
+            self.stats.fds_exhausted.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The reply to a request whose handler panicked: EIO, unless the opcode takes none.
-    fn answer_panic<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>, hdr: &InHeader) -> u32
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
+    fn answer_panic(&self, mem: &GuestMem, bufs: &[(GuestAddress, u32)], hdr: &InHeader) -> u32 {
         self.stats.panics.fetch_add(1, Ordering::Relaxed);
         error!(
             "{} request {} panicked; answered EIO",
             crate::stats::opcode_name(hdr.opcode),
             hdr.unique
         );
-        answer_errno(mem, chain, hdr, libc::EIO)
+        answer_errno(mem, bufs, hdr, libc::EIO)
     }
 
-    /// Whether `chain` holds a READ request (worth trying without blocking). Only a hint
-    /// for sorting: what runs is decided on the request's one copy.
-    pub fn is_read<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> bool
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        peek_opcode(mem, chain) == Some(Opcode::Read as u32)
-    }
-
-    /// The opcode in `chain`'s header, if vfsd knows it, for `device::route` to sort
-    /// requests by (`Opcode::is_short`, `Opcode::is_quick_metadata`). Only a hint, like
-    /// `is_read`.
-    pub fn opcode_hint<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<Opcode>
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        peek_opcode(mem, chain).and_then(Opcode::of)
-    }
-
-    /// A COPY_FILE_RANGE's `len`, read from the guest's buffer before the copy like
-    /// `opcode_hint`: only a hint for where it runs. None unless the field lies within one
-    /// readable descriptor.
-    pub fn copy_len_hint<M>(&self, mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<u64>
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        let at = size_of::<InHeader>() + std::mem::offset_of!(CopyFileRangeIn, len);
-        peek_u64(mem, chain, at)
-    }
-
-    /// Serves `chain`, a READ by `is_read` (callers sort chains with it first), on the
+    /// Serves `popped`, a READ by its opcode (callers sort requests by it first), on the
     /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
     /// None leaves it unanswered for `handle`. This is the one no-wait entry point: only
     /// the usual READ shape is tried, anything else goes to the pool.
-    pub fn try_handle_without_blocking<M>(
-        &self,
-        mem: &GuestMem,
-        chain: &DescriptorChain<M>,
-    ) -> Option<u32>
+    pub fn try_handle_without_blocking<M>(&self, mem: &GuestMem, popped: &Popped<M>) -> Option<u32>
     where
         M: Deref<Target = GuestMem> + Clone,
     {
+        let Some(Ok(req)) = &popped.copy else {
+            return None;
+        };
         let start = Instant::now();
         let tried = panic::catch_unwind(AssertUnwindSafe(|| {
-            fast_read::read(&self.fs, mem, chain, self.panic_nodeid)
+            fast_read::read(&self.fs, mem, req, &popped.descs, self.panic_nodeid)
         }));
         let len = match tried {
             Ok(FastRead::Served(len)) => len,
@@ -462,13 +463,17 @@ impl FuseServer {
         Some(len)
     }
 
-    /// One request, from its copy `req`: the reply's length and whether the request was
-    /// malformed; None when it is answered later. Every reply is written here, by
-    /// `answer`, from what the opcode's handler came to.
+    /// One request, from its copy `req`: the reply written, or None when it is answered
+    /// later. Every reply is written here, by `answer`, from what the opcode's handler
+    /// came to, into `bufs`, the writable buffers of `descs` (the chain's descriptors, read
+    /// once).
+    #[allow(clippy::too_many_arguments)]
     fn serve<M>(
         &self,
         mem: &GuestMem,
         chain: &DescriptorChain<M>,
+        descs: &Descs,
+        bufs: &[(GuestAddress, u32)],
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
@@ -477,24 +482,22 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let hdr = req.hdr;
-        // Read from the guest's descriptor table once: the room an effect's check finds
-        // (`outcome`) is the room its reply is written to, whatever the guest rewrites
-        // in its table meanwhile.
-        let bufs = writable_bufs(chain);
-        match self.outcome(mem, chain, &bufs, req, defer, wait) {
+        match self.outcome(mem, chain, descs, bufs, req, defer, wait) {
             // Nothing is written: the guest hears of it from the worker that serves it.
             Outcome::Reply(Err(e)) if wait == OpenWait::Never && nowait::is_would_wait(&e) => {
                 Served::WouldWait
             }
-            outcome => Served::Answered(answer(mem, &bufs, &hdr, outcome)),
+            outcome => Served::Answered(answer(mem, bufs, &hdr, outcome)),
         }
     }
 
     /// What request `req` comes to: the one `match` on its opcode, one handler each.
+    #[allow(clippy::too_many_arguments)]
     fn outcome<M>(
         &self,
         mem: &GuestMem,
         chain: &DescriptorChain<M>,
+        descs: &Descs,
         bufs: &[(GuestAddress, u32)],
         req: &mut request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
@@ -549,7 +552,7 @@ impl FuseServer {
                 Reply(Ok(Vec::new()))
             }
             Opcode::Getlk => Reply(locks::getlk(fs, &hdr, args)),
-            Opcode::Setlk | Opcode::Setlkw => self.setlk(chain, &hdr, args, op, defer),
+            Opcode::Setlk | Opcode::Setlkw => self.setlk(bufs, &hdr, args, op, defer),
             Opcode::Interrupt => {
                 if let Some(u) = locks::interrupt_target(args) {
                     self.waiters.interrupt(u);
@@ -567,7 +570,7 @@ impl FuseServer {
             Opcode::Mknod => Reply(create::mknod(fs, &hdr, args, &ext)),
             Opcode::Symlink => Reply(create::symlink(fs, &hdr, args, &ext)),
             Opcode::Tmpfile => Reply(newer::tmpfile(fs, &hdr, args, ext)),
-            Opcode::Write => match write::write(fs, mem, chain, req) {
+            Opcode::Write => match write::write(fs, mem, descs, req) {
                 Ok(r) => Reply(r),
                 Err(bad) => Malformed(errno(bad)),
             },
@@ -628,23 +631,20 @@ impl FuseServer {
     }
 
     /// SETLK, and SETLKW, which may wait for its lock on a waiter thread of its own.
-    fn setlk<M>(
+    fn setlk(
         &self,
-        chain: &DescriptorChain<M>,
+        bufs: &[(GuestAddress, u32)],
         hdr: &InHeader,
         args: &[u8],
         op: Opcode,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
-    ) -> Outcome
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
+    ) -> Outcome {
         let w = match locks::setlk(&self.fs, hdr, args, op == Opcode::Setlkw) {
             Ok(None) => return Outcome::Reply(Ok(Vec::new())),
             Err(e) => return Outcome::Reply(Err(e)),
             Ok(Some(w)) => w,
         };
-        let Some(at) = reply_address(chain) else {
+        let Some(at) = reply_address(bufs) else {
             return Outcome::NoReply { malformed: true };
         };
         match locks::spawn_waiter(&self.waiters, w, *hdr, args, at, defer) {
@@ -735,98 +735,27 @@ fn effect_reply_size(op: u32) -> Option<usize> {
     })
 }
 
-/// The chain's writable descriptors (address, length), in order, read from the guest's
-/// descriptor table once.
-fn writable_bufs<M>(chain: &DescriptorChain<M>) -> SmallVec<[(GuestAddress, u32); 4]>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    chain
-        .clone()
-        .writable()
-        .map(|d| (d.addr(), d.len()))
-        .collect()
-}
-
-/// The opcode of the request in `chain`, read from its first descriptor without walking
-/// the rest (the whole chain is checked when the request is served).
-fn peek_opcode<M>(mem: &GuestMem, chain: &DescriptorChain<M>) -> Option<u32>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    let d = chain.clone().next()?;
-    // len and opcode: the first 8 bytes of the header.
-    if d.is_write_only() || d.len() < 8 {
-        return None;
-    }
-    let addr = d.addr().checked_add(4)?;
-    mem.read_obj::<u32>(addr).ok()
-}
-
-/// The u64 at byte `at` of the request, if a readable descriptor holds all of it.
-fn peek_u64<M>(mem: &GuestMem, chain: &DescriptorChain<M>, at: usize) -> Option<u64>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    // In u64: a chain's lengths may sum past a 32-bit usize.
-    let (at, mut start) = (at as u64, 0u64);
-    for d in chain.clone().take_while(|d| !d.is_write_only()) {
-        let len = u64::from(d.len());
-        if at < start + len {
-            let off = at - start;
-            if off + 8 > len {
-                return None;
-            }
-            let addr = d.addr().checked_add(off)?;
-            return mem.read_obj::<u64>(addr).ok();
-        }
-        start += len;
-    }
-    None
-}
-
-/// Where a reply header goes: the first writable descriptor, if it has room for one.
-fn reply_address<M>(chain: &DescriptorChain<M>) -> Option<vm_memory::GuestAddress>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    chain
-        .clone()
-        .find(|d| d.is_write_only())
-        .filter(|d| d.len() as usize >= std::mem::size_of::<OutHeader>())
-        .map(|d| d.addr())
+/// Where a reply header goes: the first writable buffer, if it has room for one.
+fn reply_address(bufs: &[(GuestAddress, u32)]) -> Option<GuestAddress> {
+    bufs.first()
+        .filter(|&&(_, len)| len as usize >= std::mem::size_of::<OutHeader>())
+        .map(|&(addr, _)| addr)
 }
 
 /// The reply to a request that failed before its handler could answer it: `errno`,
 /// unless the opcode takes no reply (then nothing is written, and the length is 0).
-fn answer_errno<M>(mem: &GuestMem, chain: &DescriptorChain<M>, hdr: &InHeader, errno: i32) -> u32
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+fn answer_errno(mem: &GuestMem, bufs: &[(GuestAddress, u32)], hdr: &InHeader, errno: i32) -> u32 {
     if no_reply(hdr.opcode) {
         return 0;
     }
-    reply(mem, chain, hdr, Err(io::Error::from_raw_os_error(errno)))
+    reply_into(mem, bufs, hdr, Err(io::Error::from_raw_os_error(errno)))
 }
 
-/// Writes a reply (header plus `payload`, or an errno) into the chain's writable part.
-/// Straight into guest memory: the crate's writer would first gather every writable
-/// descriptor into a heap list of 64 slices, for one reply of a few dozen bytes.
-fn reply<M>(
-    mem: &GuestMem,
-    chain: &DescriptorChain<M>,
-    hdr: &InHeader,
-    r: io::Result<Vec<u8>>,
-) -> u32
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    reply_into(mem, &writable_bufs(chain), hdr, r)
-}
-
-/// `reply` into writable buffers already read from the chain (`writable_bufs`): read
-/// once, as a guest may point its buffers at its descriptor table, so the room checked
-/// is the room written.
+/// Writes a reply (header plus `payload`, or an errno) into a chain's writable buffers
+/// (`Descs::writable_bufs`, read once: a guest may point its buffers at its descriptor
+/// table, and the room checked must be the room written). Straight into guest memory:
+/// the crate's writer would first gather every writable descriptor into a heap list of
+/// 64 slices, for one reply of a few dozen bytes.
 fn reply_into(
     mem: &GuestMem,
     bufs: &[(GuestAddress, u32)],
@@ -882,8 +811,7 @@ fn write_into(mem: &GuestMem, bufs: &[(GuestAddress, u32)], parts: &[&[u8]]) -> 
             let k = part.len().min(n - off);
             // Within the range `reply_pieces` found in guest memory.
             let at = addr.unchecked_add(off as u64);
-            mem.write_slice(&part[..k], at)
-                .map_err(|e| io::Error::other(e.to_string()))?;
+            chain::write_guest(mem, &part[..k], at).map_err(|e| io::Error::other(e.to_string()))?;
             (off, part) = (off + k, &part[k..]);
         }
     }
@@ -908,7 +836,7 @@ fn reply_pieces(
         if n == 0 {
             continue;
         }
-        if !mem.check_range(addr, n) {
+        if !chain::in_memory(mem, addr, n) {
             return Err(errno(libc::EFAULT));
         }
         pieces.push((addr, n));
@@ -927,6 +855,7 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
+    use vm_memory::Bytes;
 
     const MEM: u64 = 0x10000;
     const HDR: usize = std::mem::size_of::<OutHeader>();
@@ -962,7 +891,8 @@ mod tests {
             unique: 9,
             ..Default::default()
         };
-        (reply(&mem, &chain, &hdr, r), mem)
+        let bufs = Descs::read(&chain).writable_bufs();
+        (reply_into(&mem, &bufs, &hdr, r), mem)
     }
 
     /// `reply_in` with one readable descriptor, then writable ones (address, length).

@@ -1,11 +1,9 @@
 //! A request's readable part, copied out of guest memory once.
 
-use std::ops::Deref;
-
 use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
-use virtio_queue::DescriptorChain;
-use vm_memory::{Address, ByteValued, Bytes};
+use vm_memory::{Address, ByteValued};
 
+use super::chain::{read_guest, Descs};
 use super::GuestMem;
 use super::Opcode;
 
@@ -47,12 +45,9 @@ pub struct BadRequest {
     pub why: String,
 }
 
-/// Copies the readable descriptors of `chain` (up to the crate's limit) out of guest
+/// Copies the readable descriptors of a chain (up to the crate's limit) out of guest
 /// memory.
-pub fn copy<M>(mem: &GuestMem, chain: &DescriptorChain<M>) -> Result<Request, BadRequest>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+pub fn copy(mem: &GuestMem, descs: &Descs) -> Result<Request, BadRequest> {
     // Room for most requests other than a SETXATTR's value, so the copy grows once.
     let mut bytes = Vec::with_capacity(256);
     let bad = |bytes: &[u8], why: String| BadRequest {
@@ -60,7 +55,7 @@ where
         why,
     };
     let mut limit = MAX_REQUEST;
-    'chain: for d in chain.clone().readable() {
+    'chain: for d in descs.readable() {
         let len = d.len() as usize;
         let mut off = 0;
         while off < len {
@@ -82,7 +77,7 @@ where
                 let why = "readable descriptor past the end of the address space";
                 return Err(bad(&bytes[..at], why.into()));
             };
-            if let Err(e) = mem.read_slice(&mut bytes[at..], addr) {
+            if let Err(e) = read_guest(mem, &mut bytes[at..], addr) {
                 return Err(bad(&bytes[..at], format!("bad readable descriptor: {e}")));
             }
             off += take;
@@ -105,7 +100,7 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
-    use vm_memory::GuestAddress;
+    use vm_memory::{Bytes, GuestAddress};
 
     const MEM: u64 = 0x10000;
 
@@ -119,7 +114,7 @@ mod tests {
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(mem).unwrap().next().unwrap();
-        copy(mem, &chain)
+        copy(mem, &Descs::read(&chain))
     }
 
     fn header(opcode: u32, len: u32) -> Vec<u8> {

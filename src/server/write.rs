@@ -1,12 +1,11 @@
 //! WRITE, served by vfsd: header and arguments from the request's copy, the data straight
 //! from the guest's buffers to the host file (pwritev), as the crate's zero-copy path did.
 
-use std::ops::Deref;
-
 use fuse_backend_rs::abi::fuse_abi::{WriteIn, WriteOut, WRITE_KILL_PRIV};
-use virtio_queue::DescriptorChain;
+use smallvec::SmallVec;
 use vm_memory::{Address, ByteValued, GuestMemory};
 
+use super::chain::Descs;
 use super::request::{decode, Request, HDR_LEN, WRITE_IN_LEN};
 use super::GuestMem;
 use crate::passthrough::PassthroughFs;
@@ -18,25 +17,24 @@ const MAX_SEGS: usize = MAX_WRITE / 4096 + 2;
 
 /// Serves a WRITE: Ok is the reply (an errno or a WriteOut); Err(errno) marks the request
 /// as malformed, answered with that errno.
-pub fn write<M>(
+pub fn write(
     fs: &PassthroughFs,
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    descs: &Descs,
     req: &Request,
-) -> Result<std::io::Result<Vec<u8>>, i32>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+) -> Result<std::io::Result<Vec<u8>>, i32> {
     let args: WriteIn = decode(&req.bytes[HDR_LEN..]).ok_or(libc::EINVAL)?;
     let size = args.size as usize;
     if size > MAX_WRITE {
         return Err(libc::EINVAL);
     }
     // The data: the readable bytes after header and arguments, `size` of them.
-    let mut iov = Vec::with_capacity(MAX_SEGS.min(16));
+    // On the stack for a guest's usual WRITE (up to 32 KiB in pages, or any size in one
+    // buffer).
+    let mut iov: SmallVec<[libc::iovec; 8]> = SmallVec::new();
     let mut skip = WRITE_IN_LEN;
     let mut want = size;
-    for d in chain.clone().readable() {
+    for d in descs.readable() {
         if want == 0 {
             break;
         }

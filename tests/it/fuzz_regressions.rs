@@ -65,7 +65,9 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
         }
     }
     let used = server
-        .handle(&mem, chain, &mut || Box::new(Never))
+        .handle(&mem, vfsd::server::Popped::new(&mem, chain), &mut || {
+            Box::new(Never)
+        })
         .expect("answered at once");
     let mut reply = vec![0u8; used as usize];
     mem.read_slice(&mut reply, GuestAddress(REPLY)).unwrap();

@@ -309,13 +309,14 @@ fn reads_in_every_descriptor_shape_return_the_host_bytes() {
     // Linux driver's shape (header and arguments apart, a separate reply header); more
     // reply pieces than the direct READ path takes (handed to the pool, where
     // fuse-backend-rs serves them); 7-byte pieces, where the opcode is not in the first
-    // descriptor, so the queue thread does not recognise a READ and the pool serves it
-    // without an attempt; page-sized pieces.
+    // descriptor but in the request's copy, which the queue thread places it by, and the
+    // reply header is split, which the direct READ path does not take (handed to the
+    // pool); page-sized pieces.
     let shapes = [
         (0, false, 65536u32, true, false),
         (40, true, 4096, true, false),
         (40, true, 16384, false, true),
-        (7, true, 1000, false, false),
+        (7, true, 1000, false, true),
         (4096, false, 65536, true, false),
     ];
     let Some(share) = nowait_share(&[]) else {

@@ -1,0 +1,266 @@
+//! A popped request as the server sees it: its descriptor chain, the chain's descriptors
+//! read from the guest's table once, and the one copy of its readable part (`request`).
+//!
+//! Where the request runs (`device::route`), the check before an effect, the reply and
+//! WRITE's data all use this one reading. Each walk of a chain reads every descriptor
+//! out of guest memory again, and under a guest one walk costs about as much as the rest
+//! of a small request's user-space work; read once, a guest that rewrites its table
+//! meanwhile also gains nothing.
+
+use std::ops::Deref;
+
+use smallvec::SmallVec;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+
+use super::request::{self, BadRequest, Request, HDR_LEN};
+use super::{GuestMem, Opcode};
+
+/// Descriptors kept on the stack: a FUSE request's chain has 2 to 4, READ and WRITE more.
+const ON_STACK: usize = 8;
+
+/// Writable buffers (address, length), in chain order.
+pub type Bufs = SmallVec<[(GuestAddress, u32); 4]>;
+
+/// A chain's descriptors, in order, indirect tables followed (as the chain's iterator
+/// yields them).
+pub struct Descs(SmallVec<[Descriptor; ON_STACK]>);
+
+impl Descs {
+    /// Walks `chain` once.
+    pub fn read<M>(chain: &DescriptorChain<M>) -> Descs
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
+        Descs(chain.clone().collect())
+    }
+
+    /// Every descriptor, in order.
+    pub fn all(&self) -> &[Descriptor] {
+        &self.0
+    }
+
+    /// The descriptors the device reads, in order (as the chain's `readable()`).
+    pub fn readable(&self) -> impl Iterator<Item = &Descriptor> {
+        self.0.iter().filter(|d| !d.is_write_only())
+    }
+
+    /// The buffers the device writes, in order (as the chain's `writable()`).
+    pub fn writable_bufs(&self) -> Bufs {
+        self.0
+            .iter()
+            .filter(|d| d.is_write_only())
+            .map(|d| (d.addr(), d.len()))
+            .collect()
+    }
+}
+
+/// A request popped from a queue, read once (`Popped::new`).
+pub struct Popped<M> {
+    pub(super) chain: DescriptorChain<M>,
+    pub(super) descs: Descs,
+    /// The copy, until a handler takes it. None after an OPEN or CREATE that would have
+    /// waited on the queue thread: the worker that takes it over copies it afresh, as its
+    /// extensions were cut from this copy.
+    pub(super) copy: Option<Result<Request, BadRequest>>,
+}
+
+impl<M> Popped<M>
+where
+    M: Deref<Target = GuestMem> + Clone,
+{
+    /// Reads `chain`'s descriptors and copies its readable part.
+    pub fn new(mem: &GuestMem, chain: DescriptorChain<M>) -> Popped<M> {
+        let descs = Descs::read(&chain);
+        let copy = Some(request::copy(mem, &descs));
+        Popped { chain, descs, copy }
+    }
+
+    /// The chain's head, for the used ring.
+    pub fn head_index(&self) -> u16 {
+        self.chain.head_index()
+    }
+
+    /// The guest memory the chain was popped from.
+    pub fn memory(&self) -> &GuestMem {
+        self.chain.memory()
+    }
+
+    /// The request's opcode, from its copy: None for one vfsd doesn't know, or a chain
+    /// without a readable header.
+    pub fn opcode(&self) -> Option<Opcode> {
+        match &self.copy {
+            Some(Ok(r)) => Opcode::of(r.hdr.opcode),
+            _ => None,
+        }
+    }
+
+    /// A COPY_FILE_RANGE's `len`, from its copy (None for a request too short for one).
+    pub fn copy_len(&self) -> Option<u64> {
+        use fuse_backend_rs::abi::fuse_abi::CopyFileRangeIn;
+        match &self.copy {
+            Some(Ok(r)) => request::decode::<CopyFileRangeIn>(&r.bytes[HDR_LEN..]).map(|a| a.len),
+            _ => None,
+        }
+    }
+}
+
+/// Reads `buf.len()` bytes at `addr`: one region lookup and a copy where the range lies
+/// in one region (every FUSE header does), vm-memory's general walk where it spans two or
+/// is not all in memory (which then says what is wrong).
+pub fn read_guest(
+    mem: &GuestMem,
+    buf: &mut [u8],
+    addr: GuestAddress,
+) -> Result<(), GuestMemoryError> {
+    match mem.get_slice(addr, buf.len()) {
+        Ok(s) if s.len() == buf.len() => {
+            s.copy_to(buf);
+            Ok(())
+        }
+        _ => mem.read_slice(buf, addr),
+    }
+}
+
+/// Writes `buf` at `addr`, as `read_guest` reads (the dirty-page log marked either way).
+/// Like vm-memory's write, one that reaches outside guest memory may have written the
+/// part inside before its error: check the range first (`in_memory`).
+pub fn write_guest(mem: &GuestMem, buf: &[u8], addr: GuestAddress) -> Result<(), GuestMemoryError> {
+    match mem.get_slice(addr, buf.len()) {
+        Ok(s) if s.len() == buf.len() => {
+            s.copy_from(buf);
+            Ok(())
+        }
+        _ => mem.write_slice(buf, addr),
+    }
+}
+
+/// Whether `len` bytes at `addr` all lie in guest memory.
+pub fn in_memory(mem: &GuestMem, addr: GuestAddress, len: usize) -> bool {
+    mem.get_slice(addr, len).is_ok() || mem.check_range(addr, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader};
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::{Queue, QueueOwnedT};
+    use vm_memory::ByteValued;
+
+    const MEM: u64 = 0x10000;
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap()
+    }
+
+    /// Pops the one chain made of `descs` (address, length, writable) and reads it.
+    fn pop<'a>(mem: &'a GuestMem, descs: &[(u64, u32, bool)]) -> Popped<&'a GuestMem> {
+        let vq = MockSplitQueue::new(mem, 16);
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .map(|&(a, l, w)| {
+                let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+                RawDescriptor::from(Descriptor::new(a, l, flags, 0))
+            })
+            .collect();
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.iter(mem).unwrap().next().unwrap();
+        Popped::new(mem, chain)
+    }
+
+    /// A COPY_FILE_RANGE of `len` bytes, header and arguments.
+    fn copy_file_range(len: u64) -> Vec<u8> {
+        let args = CopyFileRangeIn {
+            len,
+            ..Default::default()
+        };
+        let hdr = InHeader {
+            len: (HDR_LEN + args.as_slice().len()) as u32,
+            opcode: Opcode::CopyFileRange as u32,
+            unique: 3,
+            ..Default::default()
+        };
+        [hdr.as_slice(), args.as_slice()].concat()
+    }
+
+    #[test]
+    fn a_chain_is_read_into_its_readable_and_writable_parts_in_order() {
+        let mem = mem();
+        let req = copy_file_range(4096);
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        let n = req.len() as u32;
+        let p = pop(
+            &mem,
+            &[
+                (0x8000, 40, false),
+                (0x9000, 16, true),
+                (0x8000 + 40, n - 40, false),
+                (0xa000, 0, true),
+                (0xb000, 24, true),
+            ],
+        );
+        assert_eq!(p.descs.all().len(), 5);
+        let readable: Vec<_> = p.descs.readable().map(|d| d.addr().0).collect();
+        assert_eq!(readable, [0x8000, 0x8000 + 40]);
+        let w: Vec<_> = p
+            .descs
+            .writable_bufs()
+            .into_iter()
+            .map(|(a, l)| (a.0, l))
+            .collect();
+        assert_eq!(w, [(0x9000, 16), (0xa000, 0), (0xb000, 24)]);
+        // The copy joins the readable parts, whatever lies between them.
+        assert_eq!(p.copy.as_ref().unwrap().as_ref().unwrap().bytes, req);
+    }
+
+    #[test]
+    fn the_opcode_and_copy_length_come_from_the_copy_even_when_the_header_is_split() {
+        let mem = mem();
+        let req = copy_file_range(12345);
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        // 7-byte pieces: no descriptor holds the opcode or `len` whole.
+        let mut descs: Vec<_> = (0..req.len() as u64)
+            .step_by(7)
+            .map(|o| (0x8000 + o, 7.min(req.len() as u64 - o) as u32, false))
+            .collect();
+        descs.push((0x9000, 16, true));
+        let p = pop(&mem, &descs);
+        assert_eq!(p.opcode(), Some(Opcode::CopyFileRange));
+        assert_eq!(p.copy_len(), Some(12345));
+        assert_eq!(p.head_index(), 0);
+        // A header outside guest memory: no copy, so no opcode, and no length either.
+        let p = pop(&mem, &[(MEM, 40, false), (0x9000, 16, true)]);
+        assert!(matches!(p.copy, Some(Err(BadRequest { hdr: None, .. }))));
+        assert_eq!((p.opcode(), p.copy_len()), (None, None));
+        // A request too short for COPY_FILE_RANGE's arguments has no length.
+        let p = pop(&mem, &[(0x8000, 48, false), (0x9000, 16, true)]);
+        assert_eq!(p.opcode(), Some(Opcode::CopyFileRange));
+        assert_eq!(p.copy_len(), None);
+    }
+
+    #[test]
+    fn guest_reads_and_writes_cross_regions_and_refuse_memory_outside_them() {
+        // Two regions with no gap, and a hole after them.
+        let mem =
+            GuestMem::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
+                .unwrap();
+        let data: Vec<u8> = (0..32u8).collect();
+        write_guest(&mem, &data, GuestAddress(0x1000 - 16)).unwrap();
+        let mut back = [0u8; 32];
+        read_guest(&mem, &mut back, GuestAddress(0x1000 - 16)).unwrap();
+        assert_eq!(&back[..], &data[..]);
+        assert!(in_memory(&mem, GuestAddress(0x1000 - 16), 32));
+        // Past the end: refused (a write may have filled the part inside, as vm-memory's
+        // does: the reply path checks `in_memory` before it writes anything).
+        assert!(!in_memory(&mem, GuestAddress(0x2000 - 16), 32));
+        assert!(write_guest(&mem, &data, GuestAddress(0x2000 - 16)).is_err());
+        assert!(read_guest(&mem, &mut back, GuestAddress(0x2000 - 16)).is_err());
+        // Nothing at all is in memory anywhere, and always is.
+        assert!(in_memory(&mem, GuestAddress(0x5000), 0));
+    }
+}
