@@ -147,7 +147,9 @@ impl Pool {
 }
 
 impl Pool {
-    fn send(&self, chain: Chain, ticket: Ticket, vring: &TrackedVring, queue: u16) {
+    fn send(&self, mut chain: Chain, ticket: Ticket, vring: &TrackedVring, queue: u16) {
+        // What waits for a worker stays small (`Popped::park`).
+        chain.park();
         let job = Job {
             chain,
             ticket,
@@ -309,9 +311,10 @@ impl FsDevice {
                         if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
                         }
-                        let chain = Popped::new(&mem, chain);
+                        let mut chain = Popped::new(&mem, chain);
                         match route::place(&chain, here) {
                             Place::NoWaitRead { if_it_would_block } => {
+                                chain.park();
                                 reads.push((chain, t, if_it_would_block))
                             }
                             Place::QueueThread => {
@@ -350,11 +353,11 @@ impl FsDevice {
                     }
                     let mut done = Vec::with_capacity(reads.len().min(INLINE_BATCH));
                     let mut bytes = 0usize;
-                    for (chain, t, fallback) in reads {
+                    for (mut chain, t, fallback) in reads {
                         if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
                         }
-                        match self.server.try_handle_without_blocking(&mem, &chain) {
+                        match self.server.try_handle_without_blocking(&mem, &mut chain) {
                             Some(len) => {
                                 done.push((t, chain.head_index(), len));
                                 bytes += len as usize;

@@ -18,14 +18,14 @@
 //!   INTERRUPT, NOTIFY_REPLY), which do no more than drop nodes or wake a lock waiter
 //!   (`Place::NoReply`). A hand-off cost more than they do: `git status` under `--cache
 //!   never` sends a FORGET for every fourth request.
-//!
-//! Opcode and length come from the request's one copy, made when it is popped
-//! (`server::Popped`), which is also what it is served from: a guest can't have a request
-//! placed as one opcode and served as another.
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
 //!   it runs to a thread of its own (`server::locks`, answered through a `Deferred`).
+//!
+//! Opcode and length come from the head of the request's one copy, made when it is popped
+//! (`server::Popped`), which is also what it is served from: a guest can't have a request
+//! placed as one opcode and served as another.
 //!
 //! docs/design.md ("Lone requests", "The read fast path") gives the figures behind it.
 

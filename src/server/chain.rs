@@ -20,35 +20,70 @@ use super::{GuestMem, Opcode};
 /// Descriptors kept on the stack: a FUSE request's chain has 2 to 4, READ and WRITE more.
 const ON_STACK: usize = 8;
 
+/// The most descriptors a chain may have: twice what the largest request needs (INIT's
+/// `MAX_PAGES` pages of data, plus header, arguments and the reply header). A longer
+/// chain is refused (`Descs::overlong`) and never read further, which bounds what one
+/// request costs the host: a guest can make a chain of up to 64 Ki zero-length
+/// descriptors through an indirect table, and name it from every slot of its ring.
+pub const MAX_DESCS: usize = 2 * super::init::MAX_PAGES as usize;
+
 /// Writable buffers (address, length), in chain order.
 pub type Bufs = SmallVec<[(GuestAddress, u32); 4]>;
 
 /// A chain's descriptors, in order, indirect tables followed (as the chain's iterator
-/// yields them).
-pub struct Descs(SmallVec<[Descriptor; ON_STACK]>);
+/// yields them), up to `MAX_DESCS`.
+pub struct Descs {
+    list: SmallVec<[Descriptor; ON_STACK]>,
+    overlong: bool,
+}
 
 impl Descs {
-    /// Walks `chain` once.
+    /// Walks `chain` once, keeping up to `MAX_DESCS` descriptors.
     pub fn read<M>(chain: &DescriptorChain<M>) -> Descs
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        Descs(chain.clone().collect())
+        let mut walk = chain.clone();
+        let mut list: SmallVec<[Descriptor; ON_STACK]> =
+            walk.by_ref().take(MAX_DESCS + 1).collect();
+        let overlong = list.len() > MAX_DESCS;
+        if overlong {
+            // Room for the EINVAL that refuses it: the first writable buffer, looked for
+            // further down the chain if there is none yet (nothing else is kept).
+            let writable = |d: &Descriptor| d.is_write_only();
+            let reply = match list[..MAX_DESCS].iter().any(writable) {
+                true => None,
+                false => list[MAX_DESCS..]
+                    .iter()
+                    .copied()
+                    .find(writable)
+                    .or_else(|| walk.find(writable)),
+            };
+            list.truncate(MAX_DESCS);
+            list.extend(reply);
+        }
+        Descs { list, overlong }
+    }
+
+    /// Whether the chain has more than `MAX_DESCS` descriptors (only the first of them
+    /// are here, and the first writable one for the errno reply).
+    pub fn overlong(&self) -> bool {
+        self.overlong
     }
 
     /// Every descriptor, in order.
     pub fn all(&self) -> &[Descriptor] {
-        &self.0
+        &self.list
     }
 
     /// The descriptors the device reads, in order (as the chain's `readable()`).
     pub fn readable(&self) -> impl Iterator<Item = &Descriptor> {
-        self.0.iter().filter(|d| !d.is_write_only())
+        self.list.iter().filter(|d| !d.is_write_only())
     }
 
     /// The buffers the device writes, in order (as the chain's `writable()`).
     pub fn writable_bufs(&self) -> Bufs {
-        self.0
+        self.list
             .iter()
             .filter(|d| d.is_write_only())
             .map(|d| (d.addr(), d.len()))
@@ -59,22 +94,51 @@ impl Descs {
 /// A request popped from a queue, read once (`Popped::new`).
 pub struct Popped<M> {
     pub(super) chain: DescriptorChain<M>,
-    pub(super) descs: Descs,
-    /// The copy, until a handler takes it. None after an OPEN or CREATE that would have
-    /// waited on the queue thread: the worker that takes it over copies it afresh, as its
-    /// extensions were cut from this copy.
-    pub(super) copy: Option<Result<Request, BadRequest>>,
+    /// The descriptors, read at the pop; None once parked (`park`) until the thread that
+    /// serves it reads them again.
+    descs: Option<Descs>,
+    /// The copy: its head from the pop, the rest from the thread that serves it
+    /// (`request::finish`). Placed and served by the same header.
+    pub(super) copy: Result<Request, BadRequest>,
 }
 
 impl<M> Popped<M>
 where
     M: Deref<Target = GuestMem> + Clone,
 {
-    /// Reads `chain`'s descriptors and copies its readable part.
+    /// Reads `chain`'s descriptors and copies the head of its readable part.
     pub fn new(mem: &GuestMem, chain: DescriptorChain<M>) -> Popped<M> {
         let descs = Descs::read(&chain);
-        let copy = Some(request::copy(mem, &descs));
-        Popped { chain, descs, copy }
+        let copy = request::copy_head(mem, &descs);
+        Popped {
+            chain,
+            descs: Some(descs),
+            copy,
+        }
+    }
+
+    /// Lets go of a descriptor list that outgrew the stack before the request waits (for
+    /// a worker, or behind a pop's other requests): what waits stays small, whatever the
+    /// guest's chains are like. The thread that serves it reads the list again.
+    pub fn park(&mut self) {
+        if self.descs.as_ref().is_some_and(|d| d.list.spilled()) {
+            self.descs = None;
+        }
+    }
+
+    /// The chain, its descriptors (read again if the request was parked) and the copy,
+    /// finished (`request::finish`) from those descriptors.
+    pub(super) fn parts(
+        &mut self,
+        mem: &GuestMem,
+    ) -> (&DescriptorChain<M>, &Descs, &Result<Request, BadRequest>) {
+        let descs = self.descs.get_or_insert_with(|| Descs::read(&self.chain));
+        if let Ok(r) = &mut self.copy {
+            if let Err(e) = request::finish(mem, descs, r) {
+                self.copy = Err(e);
+            }
+        }
+        (&self.chain, descs, &self.copy)
     }
 
     /// The chain's head, for the used ring.
@@ -87,11 +151,12 @@ where
         self.chain.memory()
     }
 
-    /// The request's opcode, from its copy: None for one vfsd doesn't know, or a chain
-    /// without a readable header.
+    /// The request's opcode, from its copy: None for one vfsd doesn't know, a chain
+    /// without a readable header, or one too long to serve.
     pub fn opcode(&self) -> Option<Opcode> {
-        match &self.copy {
-            Some(Ok(r)) => Opcode::of(r.hdr.opcode),
+        match (&self.copy, &self.descs) {
+            (_, Some(d)) if d.overlong => None,
+            (Ok(r), _) => Opcode::of(r.hdr.opcode),
             _ => None,
         }
     }
@@ -100,7 +165,7 @@ where
     pub fn copy_len(&self) -> Option<u64> {
         use fuse_backend_rs::abi::fuse_abi::CopyFileRangeIn;
         match &self.copy {
-            Some(Ok(r)) => request::decode::<CopyFileRangeIn>(&r.bytes[HDR_LEN..]).map(|a| a.len),
+            Ok(r) => request::decode::<CopyFileRangeIn>(&r.bytes[HDR_LEN..]).map(|a| a.len),
             _ => None,
         }
     }
@@ -204,18 +269,26 @@ mod tests {
                 (0xb000, 24, true),
             ],
         );
-        assert_eq!(p.descs.all().len(), 5);
-        let readable: Vec<_> = p.descs.readable().map(|d| d.addr().0).collect();
+        assert_eq!(p.descs.as_ref().unwrap().all().len(), 5);
+        let readable: Vec<_> = p
+            .descs
+            .as_ref()
+            .unwrap()
+            .readable()
+            .map(|d| d.addr().0)
+            .collect();
         assert_eq!(readable, [0x8000, 0x8000 + 40]);
         let w: Vec<_> = p
             .descs
+            .as_ref()
+            .unwrap()
             .writable_bufs()
             .into_iter()
             .map(|(a, l)| (a.0, l))
             .collect();
         assert_eq!(w, [(0x9000, 16), (0xa000, 0), (0xb000, 24)]);
         // The copy joins the readable parts, whatever lies between them.
-        assert_eq!(p.copy.as_ref().unwrap().as_ref().unwrap().bytes, req);
+        assert_eq!(p.copy.as_ref().unwrap().bytes, req);
     }
 
     #[test]
@@ -235,7 +308,7 @@ mod tests {
         assert_eq!(p.head_index(), 0);
         // A header outside guest memory: no copy, so no opcode, and no length either.
         let p = pop(&mem, &[(MEM, 40, false), (0x9000, 16, true)]);
-        assert!(matches!(p.copy, Some(Err(BadRequest { hdr: None, .. }))));
+        assert!(matches!(p.copy, Err(BadRequest { hdr: None, .. })));
         assert_eq!((p.opcode(), p.copy_len()), (None, None));
         // A request too short for COPY_FILE_RANGE's arguments has no length.
         let p = pop(&mem, &[(0x8000, 48, false), (0x9000, 16, true)]);
@@ -262,5 +335,91 @@ mod tests {
         assert!(read_guest(&mem, &mut back, GuestAddress(0x2000 - 16)).is_err());
         // Nothing at all is in memory anywhere, and always is.
         assert!(in_memory(&mem, GuestAddress(0x5000), 0));
+    }
+
+    /// A chain of `n` zero-length readable descriptors after a GETATTR header, and a
+    /// reply buffer, on a queue of `size`.
+    fn long_chain(mem: &GuestMem, n: usize) -> Popped<&GuestMem> {
+        let hdr = InHeader {
+            len: HDR_LEN as u32 + 16,
+            opcode: Opcode::Getattr as u32,
+            unique: 5,
+            ..Default::default()
+        };
+        mem.write_slice(hdr.as_slice(), GuestAddress(0x8000))
+            .unwrap();
+        mem.write_slice(&[0u8; 16], GuestAddress(0x8000 + HDR_LEN as u64))
+            .unwrap();
+        let vq = MockSplitQueue::new(mem, 1024);
+        let mut raw = vec![RawDescriptor::from(Descriptor::new(0x8000, 56, 0, 0))];
+        raw.extend((0..n).map(|_| RawDescriptor::from(Descriptor::new(0x8100, 0, 0, 0))));
+        let w = VRING_DESC_F_WRITE as u16;
+        raw.push(RawDescriptor::from(Descriptor::new(0x9000, 256, w, 0)));
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.iter(mem).unwrap().next().unwrap();
+        Popped::new(mem, chain)
+    }
+
+    #[test]
+    fn a_chain_longer_than_max_descs_is_read_no_further_and_not_placed() {
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+        let mut p = long_chain(&mem, MAX_DESCS + 100);
+        let d = p.descs.as_ref().unwrap();
+        assert!(d.overlong());
+        // The first MAX_DESCS, and the reply buffer far past them for the EINVAL.
+        assert_eq!(d.all().len(), MAX_DESCS + 1);
+        let w: Vec<_> = d
+            .writable_bufs()
+            .into_iter()
+            .map(|(a, l)| (a.0, l))
+            .collect();
+        assert_eq!(w, [(0x9000, 256)]);
+        // Placed nowhere special: the pool answers it (EINVAL, `FuseServer::handle`).
+        assert_eq!(p.opcode(), None);
+        // Parked, the list goes, and comes back as long and as refused.
+        p.park();
+        assert!(p.descs.is_none());
+        let (_, d, copy) = p.parts(&mem);
+        assert!(d.overlong() && copy.is_ok());
+        // The longest chain allowed is read whole.
+        let p = long_chain(&mem, MAX_DESCS - 2);
+        let d = p.descs.as_ref().unwrap();
+        assert!(!d.overlong());
+        assert_eq!(d.all().len(), MAX_DESCS);
+        assert_eq!(p.opcode(), Some(Opcode::Getattr));
+    }
+
+    #[test]
+    fn a_pop_copies_the_head_and_the_serving_thread_the_rest() {
+        let mem = mem();
+        // A SETXATTR with a 4 KiB value: longer than the head.
+        let total = HDR_LEN + 4096;
+        let hdr = InHeader {
+            len: total as u32,
+            opcode: Opcode::Setxattr as u32,
+            unique: 8,
+            ..Default::default()
+        };
+        let mut req = hdr.as_slice().to_vec();
+        req.extend((0..4096u32).map(|i| i as u8));
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        let mut p = pop(&mem, &[(0x8000, total as u32, false), (0x9000, 16, true)]);
+        assert_eq!(p.copy.as_ref().unwrap().bytes, &req[..request::HEAD]);
+        p.park();
+        let (_, _, copy) = p.parts(&mem);
+        assert_eq!(copy.as_ref().unwrap().bytes, req);
+        // Small requests are whole at the pop, and WRITE never copies past WriteIn.
+        let p = pop(&mem, &[(0x8000, 100, false), (0x9000, 16, true)]);
+        let r = p.copy.as_ref().unwrap();
+        assert!(r.whole && r.bytes == req[..100]);
+        // The rest outside guest memory: EFAULT's header is the head's.
+        let mut p = pop(
+            &mem,
+            &[(0x8000, 300, false), (MEM, 100, false), (0x9000, 16, true)],
+        );
+        assert!(p.copy.is_ok());
+        let (_, _, copy) = p.parts(&mem);
+        assert!(matches!(copy, Err(BadRequest { hdr: Some(h), .. }) if h.unique == 8));
     }
 }

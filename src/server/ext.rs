@@ -9,8 +9,9 @@
 //!   group (with FUSE_CREATE_SUPP_GROUP), so a set-group-ID bit is kept as the host
 //!   kernel would keep it for a member of the group.
 //!
-//! The crate would read them as part of the name, so vfsd cuts them off the request's
-//! copy before the crate decodes it, and hands them to the filesystem beside the call.
+//! A handler would read them as part of the name, so vfsd serves the request without them
+//! (a copy cut short, the request's own copy left whole) and hands them to the filesystem
+//! beside the call.
 
 use std::ffi::CStr;
 
@@ -23,26 +24,35 @@ const EXT_GROUPS: u32 = 32;
 /// `padding`'s offset in the header: total_extlen is its low 16 bits.
 const TOTAL_EXTLEN_AT: usize = 36;
 
-/// Cuts the extensions off `req` (its header's length and total_extlen are adjusted, in
-/// the copy the crate decodes) and decodes the ones vfsd knows. Err: an errno for a
-/// malformed extension block.
-pub fn take(req: &mut Request) -> Result<CreateExt, i32> {
+/// Decodes the extensions of `req` that vfsd knows, and gives the request without them
+/// (its header's length and total_extlen adjusted) when it has any. `req` itself is left
+/// as it is, so a request served again (an OPEN or CREATE the queue thread hands to a
+/// worker) finds its extensions again. Err: an errno for a malformed extension block.
+pub fn take(req: &Request) -> Result<(CreateExt, Option<Request>), i32> {
     let units = (req.hdr.padding & 0xffff) as usize;
     if units == 0 {
-        return Ok(CreateExt::default());
+        return Ok((CreateExt::default(), None));
     }
     let len = req.hdr.len as usize;
     let ext_len = units * 8;
     if len > req.bytes.len() || len < HDR_LEN + ext_len {
         return Err(libc::EINVAL);
     }
-    let block = req.bytes[len - ext_len..len].to_vec();
-    req.bytes.truncate(len - ext_len);
-    req.hdr.len = (len - ext_len) as u32;
-    req.hdr.padding &= !0xffff;
-    req.bytes[..4].copy_from_slice(&req.hdr.len.to_ne_bytes());
-    req.bytes[TOTAL_EXTLEN_AT..TOTAL_EXTLEN_AT + 4].copy_from_slice(&req.hdr.padding.to_ne_bytes());
-    parse(&block)
+    let ext = parse(&req.bytes[len - ext_len..len])?;
+    let mut hdr = req.hdr;
+    hdr.len = (len - ext_len) as u32;
+    hdr.padding &= !0xffff;
+    let mut bytes = req.bytes[..len - ext_len].to_vec();
+    bytes[..4].copy_from_slice(&hdr.len.to_ne_bytes());
+    bytes[TOTAL_EXTLEN_AT..TOTAL_EXTLEN_AT + 4].copy_from_slice(&hdr.padding.to_ne_bytes());
+    Ok((
+        ext,
+        Some(Request {
+            hdr,
+            bytes,
+            whole: true,
+        }),
+    ))
 }
 
 /// A u32 at byte `at` of `b`, if `b` is long enough.
@@ -194,5 +204,42 @@ mod tests {
         let mut b = [16u32.to_ne_bytes(), 77u32.to_ne_bytes(), [0; 4], [0; 4]].concat();
         b.extend(groups_ext(&[5, 6]));
         assert_eq!(parse(&b).unwrap().groups, vec![5, 6]);
+    }
+
+    #[test]
+    fn taking_the_extensions_leaves_the_request_as_it_came() {
+        use fuse_backend_rs::abi::fuse_abi::InHeader;
+        use vm_memory::ByteValued;
+        let ext = groups_ext(&[1234]);
+        let args = b"name\0\0\0\0".to_vec();
+        let hdr = InHeader {
+            len: (HDR_LEN + args.len() + ext.len()) as u32,
+            opcode: 35, // CREATE
+            padding: (ext.len() / 8) as u32,
+            ..Default::default()
+        };
+        let bytes = [hdr.as_slice(), &args, &ext].concat();
+        let req = Request {
+            hdr,
+            bytes: bytes.clone(),
+            whole: true,
+        };
+        for _ in 0..2 {
+            let (e, cut) = take(&req).unwrap();
+            assert_eq!(e.groups, [1234]);
+            let cut = cut.expect("the request without its extensions");
+            assert_eq!(cut.hdr.len as usize, HDR_LEN + args.len());
+            assert_eq!(cut.hdr.padding & 0xffff, 0);
+            assert_eq!(&cut.bytes[HDR_LEN..], &args[..]);
+            assert_eq!(decode::<InHeader>(&cut.bytes).unwrap().len, cut.hdr.len);
+            // A second serving finds the same extensions.
+            assert_eq!(req.bytes, bytes);
+        }
+        let plain = Request {
+            hdr: InHeader { padding: 0, ..hdr },
+            bytes,
+            whole: true,
+        };
+        assert!(take(&plain).unwrap().1.is_none());
     }
 }

@@ -6,10 +6,13 @@
 //! `FileSystem` methods. fuse-backend-rs gives the ABI structs and the guest-buffer writer.
 //!
 //! Each chain's descriptors are read from the guest's table once and its readable part
-//! copied out of guest memory once, when it is popped (`chain::Popped`, `request`), and
-//! everything is decided on that reading: where it runs, what it does, and where its reply
-//! goes. A guest rewriting its buffers or its table mid-request can't change the opcode,
-//! the arguments or the reply's room between two reads. WRITE's data goes straight from guest
+//! copied out of guest memory once (`chain::Popped`, `request`): the head of the copy
+//! when it is popped, the rest on the thread that serves it. Everything is decided on
+//! that reading: where it runs, what it does, and where its reply goes (READ's and
+//! READDIR's general path, which fill their buffers through the crate's writer, walk the
+//! chain once more; neither has an effect to check first). A guest rewriting its buffers
+//! or its table mid-request can't change the opcode, the arguments or the reply's room
+//! between two reads. WRITE's data goes straight from guest
 //! memory to the host file (`write`); READ's usual shape is served on the queue thread
 //! (`fast_read`).
 //!
@@ -93,7 +96,8 @@ struct Answer {
     len: u32,
     /// Whether the request was malformed.
     malformed: bool,
-    /// The errno the reply carries (0 for none, or no reply).
+    /// The errno the handler answered (0 for none, or no reply), which the reply carries
+    /// unless it could not be written as it was.
     error: i32,
 }
 
@@ -242,8 +246,8 @@ impl FuseServer {
     }
 
     /// `handle`, except that an OPEN or CREATE that would wait for a host lease break
-    /// (`passthrough::nowait`) is not served: the request comes back unanswered, for a
-    /// worker to serve from a fresh copy. For a queue thread, which must not wait that
+    /// (`passthrough::nowait`) is not served: the request comes back unanswered, its copy
+    /// as it was, for a worker to serve. For a queue thread, which must not wait that
     /// long.
     // The request comes back whole only when it would wait: boxing it would cost an
     // allocation on every call instead.
@@ -278,12 +282,9 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let start = Instant::now();
+        let (chain, descs, copy) = popped.parts(mem);
         // The room an effect's check finds (`outcome`) is the room its reply is written to.
-        let bufs = popped.descs.writable_bufs();
-        let copy = match popped.copy.take() {
-            Some(c) => c,
-            None => request::copy(mem, &popped.descs),
-        };
+        let bufs = descs.writable_bufs();
         let (len, op, bad) = match copy {
             Err(request::BadRequest { hdr: None, why }) => {
                 warn!("dropping request: {why}");
@@ -292,21 +293,22 @@ impl FuseServer {
             // The header was readable, so the guest learns its request failed.
             Err(request::BadRequest { hdr: Some(h), why }) => {
                 warn!("request {} answered EFAULT: {why}", h.unique);
-                let len = answer_errno(mem, &bufs, &h, libc::EFAULT);
+                let len = answer_errno(mem, &bufs, h, libc::EFAULT);
                 (Some(len), h.opcode, true)
             }
-            Ok(mut req) => {
+            Ok(req) if descs.overlong() => {
+                warn!(
+                    "request {} answered EINVAL: a chain of more than {} descriptors",
+                    req.hdr.unique,
+                    chain::MAX_DESCS
+                );
+                let len = answer_errno(mem, &bufs, &req.hdr, libc::EINVAL);
+                (Some(len), req.hdr.opcode, true)
+            }
+            Ok(req) => {
                 let op = req.hdr.opcode;
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.serve(
-                        mem,
-                        &popped.chain,
-                        &popped.descs,
-                        &bufs,
-                        &mut req,
-                        defer,
-                        wait,
-                    )
+                    self.serve(mem, chain, descs, &bufs, req, defer, wait)
                 }));
                 match served {
                     Ok(Served::Answered(Some(a))) => {
@@ -432,25 +434,32 @@ impl FuseServer {
     /// calling thread if it can be answered without blocking (see `passthrough::nowait`);
     /// None leaves it unanswered for `handle`. This is the one no-wait entry point: only
     /// the usual READ shape is tried, anything else goes to the pool.
-    pub fn try_handle_without_blocking<M>(&self, mem: &GuestMem, popped: &Popped<M>) -> Option<u32>
+    pub fn try_handle_without_blocking<M>(
+        &self,
+        mem: &GuestMem,
+        popped: &mut Popped<M>,
+    ) -> Option<u32>
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        let Some(Ok(req)) = &popped.copy else {
+        let (_, descs, Ok(req)) = popped.parts(mem) else {
             return None;
         };
+        if descs.overlong() {
+            return None;
+        }
         let start = Instant::now();
         let tried = panic::catch_unwind(AssertUnwindSafe(|| {
-            fast_read::read(&self.fs, mem, req, &popped.descs, self.panic_nodeid)
+            fast_read::read(&self.fs, mem, req, descs, self.panic_nodeid)
         }));
         let len = match tried {
             Ok(FastRead::Served(len)) => len,
             Ok(FastRead::WouldBlock | FastRead::NotHandled) => return None,
             Err(_) => {
-                // The pool serves it again from a fresh copy, and answers EIO if it panics
-                // there too.
+                // The general path serves it again (on this thread or in the pool), and
+                // answers EIO if it panics there too.
                 self.stats.panics.fetch_add(1, Ordering::Relaxed);
-                error!("a READ panicked on a queue thread; handing it to the pool");
+                error!("a READ panicked on the direct path; serving it the general way");
                 return None;
             }
         };
@@ -474,7 +483,7 @@ impl FuseServer {
         chain: &DescriptorChain<M>,
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
-        req: &mut request::Request,
+        req: &request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
     ) -> Served
@@ -499,7 +508,7 @@ impl FuseServer {
         chain: &DescriptorChain<M>,
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
-        req: &mut request::Request,
+        req: &request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
     ) -> Outcome
@@ -528,17 +537,19 @@ impl FuseServer {
         // Not WRITE's: its copy holds only header and arguments, and the kernel sends it
         // none.
         let taken = match op {
-            Opcode::Write => Ok(CreateExt::default()),
+            Opcode::Write => Ok((CreateExt::default(), None)),
             _ => ext::take(req),
         };
-        let ext = match taken {
-            Ok(e) => self.negotiated(e),
+        let (ext, cut) = match taken {
+            Ok((e, cut)) => (self.negotiated(e), cut),
             Err(e) if op.takes_no_reply() => {
                 debug!("dropping a {} with bad extensions (errno {e})", op.name());
                 return NoReply { malformed: true };
             }
             Err(e) => return Malformed(errno(e)),
         };
+        // Without its extensions, where it had any.
+        let req = cut.as_ref().unwrap_or(req);
         let (fs, args) = (&*self.fs, req.args());
         match op {
             Opcode::Init => {

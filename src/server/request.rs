@@ -14,12 +14,20 @@ pub const HDR_LEN: usize = std::mem::size_of::<InHeader>();
 /// WRITE's header and arguments; its data stays in guest memory.
 pub const WRITE_IN_LEN: usize = HDR_LEN + std::mem::size_of::<WriteIn>();
 
-#[derive(Debug)]
+/// What a request's copy holds at its pop (`copy_head`): all of most requests, and
+/// enough of any to place it (READ's and COPY_FILE_RANGE's arguments). The rest is copied
+/// by the thread that serves it (`finish`), so a pop's requests waiting for a worker hold
+/// no more than this each.
+pub const HEAD: usize = 256;
+
+#[derive(Debug, Clone)]
 pub struct Request {
     pub hdr: InHeader,
     /// The header and what follows it, as the guest sent them (for WRITE only the
     /// header and WriteIn).
     pub bytes: Vec<u8>,
+    /// Whether `bytes` holds all the copy will (the readable part, or up to its limit).
+    pub(super) whole: bool,
 }
 
 impl Request {
@@ -46,21 +54,63 @@ pub struct BadRequest {
 }
 
 /// Copies the readable descriptors of a chain (up to the crate's limit) out of guest
-/// memory.
+/// memory: `copy_head`, then `finish`.
+#[cfg(test)]
 pub fn copy(mem: &GuestMem, descs: &Descs) -> Result<Request, BadRequest> {
+    let mut r = copy_head(mem, descs)?;
+    finish(mem, descs, &mut r)?;
+    Ok(r)
+}
+
+/// The first `HEAD` bytes of the copy (the header and most requests whole).
+pub fn copy_head(mem: &GuestMem, descs: &Descs) -> Result<Request, BadRequest> {
     // Room for most requests other than a SETXATTR's value, so the copy grows once.
-    let mut bytes = Vec::with_capacity(256);
-    let bad = |bytes: &[u8], why: String| BadRequest {
-        hdr: decode(bytes),
+    let mut bytes = Vec::with_capacity(HEAD);
+    let ran_out = fill(mem, descs, &mut bytes, HEAD).map_err(|why| BadRequest {
+        hdr: decode(&bytes),
         why,
+    })?;
+    let hdr: InHeader = decode(&bytes).ok_or_else(|| BadRequest {
+        hdr: None,
+        why: "request shorter than a FUSE header".into(),
+    })?;
+    let whole = ran_out || hdr.opcode == Opcode::Write as u32;
+    Ok(Request { hdr, bytes, whole })
+}
+
+/// Copies the rest of `req` (`copy_head` copied its start from the same chain).
+pub fn finish(mem: &GuestMem, descs: &Descs, req: &mut Request) -> Result<(), BadRequest> {
+    if req.whole {
+        return Ok(());
+    }
+    fill(mem, descs, &mut req.bytes, MAX_REQUEST).map_err(|why| BadRequest {
+        hdr: Some(req.hdr),
+        why,
+    })?;
+    req.whole = true;
+    Ok(())
+}
+
+/// Appends the readable bytes of `descs` after the `bytes.len()` already copied, up to
+/// `limit` in all (WRITE's header and arguments only, once the header says WRITE).
+/// Ok(true) if the readable part ended before the limit. On an error, `bytes` holds what
+/// was read before it.
+fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Result<bool, String> {
+    let is_write =
+        |b: &[u8]| decode::<InHeader>(b).is_some_and(|h| h.opcode == Opcode::Write as u32);
+    let mut limit = if is_write(bytes) {
+        limit.min(WRITE_IN_LEN)
+    } else {
+        limit
     };
-    let mut limit = MAX_REQUEST;
-    'chain: for d in descs.readable() {
+    let mut skip = bytes.len();
+    for d in descs.readable() {
         let len = d.len() as usize;
-        let mut off = 0;
+        let mut off = skip.min(len);
+        skip -= off;
         while off < len {
             if bytes.len() >= limit {
-                break 'chain;
+                return Ok(false);
             }
             // Stop at the header's end first: its opcode decides how much more is worth
             // copying (never a WRITE's data, even when one descriptor holds it all).
@@ -71,27 +121,21 @@ pub fn copy(mem: &GuestMem, descs: &Descs) -> Result<Request, BadRequest> {
             };
             let take = (len - off).min(end - bytes.len());
             let at = bytes.len();
-            bytes.resize(at + take, 0);
-            // On an error only the bytes read before it (`..at`) count.
             let Some(addr) = d.addr().checked_add(off as u64) else {
-                let why = "readable descriptor past the end of the address space";
-                return Err(bad(&bytes[..at], why.into()));
+                return Err("readable descriptor past the end of the address space".into());
             };
+            bytes.resize(at + take, 0);
             if let Err(e) = read_guest(mem, &mut bytes[at..], addr) {
-                return Err(bad(&bytes[..at], format!("bad readable descriptor: {e}")));
+                bytes.truncate(at);
+                return Err(format!("bad readable descriptor: {e}"));
             }
             off += take;
-            if at < HDR_LEN && bytes.len() == HDR_LEN {
-                let hdr: InHeader = decode(&bytes).unwrap_or_default();
-                if hdr.opcode == Opcode::Write as u32 {
-                    limit = WRITE_IN_LEN;
-                }
+            if at < HDR_LEN && bytes.len() == HDR_LEN && is_write(bytes) {
+                limit = limit.min(WRITE_IN_LEN);
             }
         }
     }
-    let hdr: InHeader =
-        decode(&bytes).ok_or_else(|| bad(&bytes, "request shorter than a FUSE header".into()))?;
-    Ok(Request { hdr, bytes })
+    Ok(true)
 }
 
 #[cfg(test)]

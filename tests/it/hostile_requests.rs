@@ -395,3 +395,63 @@ fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
     // The queue goes on serving.
     c.getattr(ROOT).unwrap();
 }
+
+/// A chain of more descriptors than any request needs (its header, then an indirect table
+/// of zero-length readable ones before the reply buffer: 513, where the largest request
+/// needs about 260) is answered EINVAL and not served, on the queue thread and in the
+/// pool. One descriptor fewer is served. Read whole, such chains (a guest can name one
+/// from every slot of its ring, each of up to 64 Ki descriptors) would each cost the host
+/// a list of up to a megabyte while they wait.
+#[test]
+fn a_chain_of_more_descriptors_than_any_request_needs_gets_einval() {
+    use vfsd::frontend::virtq::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vfsd::frontend::RawDesc;
+    for pool in ["2", "0"] {
+        let d = Daemon::start(&["--thread-pool-size", pool]);
+        let c = d.client();
+        for (entries, want) in [(512u16, -libc::EINVAL), (511, 0)] {
+            let (unique, req) = c.build(FUSE_GETATTR, ROOT, &[&[0u8; 16]]);
+            let t = submit_chain(&c, unique, &req, |req_at, resp_at| {
+                // The table in the request's own buffer, past the request.
+                let table = req_at + 4096;
+                for i in 0..entries {
+                    let last = i == entries - 1;
+                    let mut b = [0u8; 16];
+                    let (addr, len, flags) = if last {
+                        (resp_at, 4096u32, VRING_DESC_F_WRITE)
+                    } else {
+                        (req_at, 0, VRING_DESC_F_NEXT)
+                    };
+                    b[0..8].copy_from_slice(&addr.to_le_bytes());
+                    b[8..12].copy_from_slice(&len.to_le_bytes());
+                    b[12..14].copy_from_slice(&flags.to_le_bytes());
+                    b[14..16].copy_from_slice(&(i + 1).to_le_bytes());
+                    c.fe.mem
+                        .write_slice(&b, GuestAddress(table + 16 * i as u64))
+                        .unwrap();
+                }
+                vec![
+                    RawDesc {
+                        addr: req_at,
+                        len: req.len() as u32,
+                        flags: VRING_DESC_F_NEXT,
+                        next: 1,
+                    },
+                    RawDesc {
+                        addr: table,
+                        len: 16 * entries as u32,
+                        flags: VRING_DESC_F_INDIRECT,
+                        next: 0,
+                    },
+                ]
+            });
+            let reply = c.wait(t).expect("a reply with a FUSE header");
+            assert_eq!(
+                (reply.error, reply.unique),
+                (want, unique),
+                "pool {pool}: {} descriptors",
+                entries + 1
+            );
+        }
+    }
+}
