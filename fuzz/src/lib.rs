@@ -414,9 +414,9 @@ where
     M: std::ops::Deref<Target = GuestMem> + Clone,
 {
     // As the device does: the chain read once, a READ tried without blocking first.
-    let popped = vfsd::server::Popped::new(mem, chain);
+    let mut popped = vfsd::server::Popped::new(mem, chain);
     if popped.opcode() == Some(vfsd::server::Opcode::Read) {
-        if let Some(used) = server.try_handle_without_blocking(mem, &popped) {
+        if let Some(used) = server.try_handle_without_blocking(mem, &mut popped) {
             return used;
         }
     }
