@@ -60,6 +60,11 @@ const INLINE_BATCH_BYTES: usize = 1 << 20;
 /// spinning thread would take their CPU; nor while polls miss (`route::RingPoll`).
 const INLINE_POLL: Duration = Duration::from_micros(30);
 
+/// The heap a pop's READs may keep in descriptor lists while they wait behind its other
+/// requests (a 1 MiB READ's list takes 4-8 KiB); past it they are parked and read again
+/// when tried (`Popped::park`).
+const READS_HEAP: usize = 256 * 1024;
+
 type Mem = GuestMemoryAtomic<GuestMem>;
 /// A chain as the queue pops it.
 type RawChain = DescriptorChain<GuestMemoryLoadGuard<GuestMem>>;
@@ -307,6 +312,7 @@ impl FsDevice {
                     // Everything but READ goes where it runs at once, so workers start on
                     // it while this thread tries the reads (below).
                     let mut reads = Vec::new();
+                    let mut reads_heap = 0usize;
                     for (chain, t) in chains {
                         if stopped_since_popped(vring, chain.head_index(), t) {
                             continue;
@@ -314,7 +320,12 @@ impl FsDevice {
                         let mut chain = Popped::new(&mem, chain);
                         match route::place(&chain, here) {
                             Place::NoWaitRead { if_it_would_block } => {
-                                chain.park();
+                                // Behind the pop's other requests: their descriptor lists
+                                // stay, up to a budget (`Popped::park`).
+                                reads_heap += chain.heap_bytes();
+                                if reads_heap > READS_HEAP {
+                                    chain.park();
+                                }
                                 reads.push((chain, t, if_it_would_block))
                             }
                             Place::QueueThread => {

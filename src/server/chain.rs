@@ -38,35 +38,39 @@ pub struct Descs {
 }
 
 impl Descs {
-    /// Walks `chain` once, keeping up to `MAX_DESCS` descriptors.
+    /// Walks `chain` once, keeping up to `MAX_DESCS` descriptors (and flags a longer
+    /// chain: `overlong`).
     pub fn read<M>(chain: &DescriptorChain<M>) -> Descs
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        let mut walk = chain.clone();
         let mut list: SmallVec<[Descriptor; ON_STACK]> =
-            walk.by_ref().take(MAX_DESCS + 1).collect();
+            chain.clone().take(MAX_DESCS + 1).collect();
         let overlong = list.len() > MAX_DESCS;
-        if overlong {
-            // Room for the EINVAL that refuses it: the first writable buffer, looked for
-            // further down the chain if there is none yet (nothing else is kept).
-            let writable = |d: &Descriptor| d.is_write_only();
-            let reply = match list[..MAX_DESCS].iter().any(writable) {
-                true => None,
-                false => list[MAX_DESCS..]
-                    .iter()
-                    .copied()
-                    .find(writable)
-                    .or_else(|| walk.find(writable)),
-            };
-            list.truncate(MAX_DESCS);
-            list.extend(reply);
-        }
+        list.truncate(MAX_DESCS);
         Descs { list, overlong }
     }
 
-    /// Whether the chain has more than `MAX_DESCS` descriptors (only the first of them
-    /// are here, and the first writable one for the errno reply).
+    /// An overlong chain's list cut to its first writable buffer (for the EINVAL that
+    /// refuses it), so it never leaves the stack and is never read again.
+    fn keep_only_the_reply_room(&mut self) {
+        if self.overlong {
+            let reply = self.list.iter().copied().find(|d| d.is_write_only());
+            self.list = reply.into_iter().collect();
+        }
+    }
+
+    /// The heap the list took (0 while it fits the stack).
+    pub fn heap_bytes(&self) -> usize {
+        if self.list.spilled() {
+            self.list.capacity() * std::mem::size_of::<Descriptor>()
+        } else {
+            0
+        }
+    }
+
+    /// Whether the chain has more than `MAX_DESCS` descriptors (then only its reply
+    /// buffer is here).
     pub fn overlong(&self) -> bool {
         self.overlong
     }
@@ -108,8 +112,9 @@ where
 {
     /// Reads `chain`'s descriptors and copies the head of its readable part.
     pub fn new(mem: &GuestMem, chain: DescriptorChain<M>) -> Popped<M> {
-        let descs = Descs::read(&chain);
+        let mut descs = Descs::read(&chain);
         let copy = request::copy_head(mem, &descs);
+        descs.keep_only_the_reply_room();
         Popped {
             chain,
             descs: Some(descs),
@@ -117,13 +122,19 @@ where
         }
     }
 
-    /// Lets go of a descriptor list that outgrew the stack before the request waits (for
-    /// a worker, or behind a pop's other requests): what waits stays small, whatever the
-    /// guest's chains are like. The thread that serves it reads the list again.
+    /// Lets go of a descriptor list that outgrew the stack before the request waits for a
+    /// worker (or behind a pop's other requests past a budget): what waits stays small,
+    /// whatever the guest's chains are like. The thread that serves it reads the list
+    /// again. An overlong chain's list (`Descs::overlong`) always fits, and stays.
     pub fn park(&mut self) {
-        if self.descs.as_ref().is_some_and(|d| d.list.spilled()) {
+        if self.descs.as_ref().is_some_and(|d| d.heap_bytes() > 0) {
             self.descs = None;
         }
+    }
+
+    /// The heap its descriptor list takes while it waits unparked.
+    pub fn heap_bytes(&self) -> usize {
+        self.descs.as_ref().map_or(0, Descs::heap_bytes)
     }
 
     /// The chain, its descriptors (read again if the request was parked) and the copy,
@@ -133,10 +144,15 @@ where
         mem: &GuestMem,
     ) -> (&DescriptorChain<M>, &Descs, &Result<Request, BadRequest>) {
         let descs = self.descs.get_or_insert_with(|| Descs::read(&self.chain));
-        if let Ok(r) = &mut self.copy {
-            if let Err(e) = request::finish(mem, descs, r) {
-                self.copy = Err(e);
+        match &mut self.copy {
+            // Refused whole (EINVAL): nothing more of it is read.
+            Ok(_) if descs.overlong => {}
+            Ok(r) => {
+                if let Err(e) = request::finish(mem, descs, r) {
+                    self.copy = Err(e);
+                }
             }
+            Err(_) => {}
         }
         (&self.chain, descs, &self.copy)
     }
@@ -338,7 +354,7 @@ mod tests {
     }
 
     /// A chain of `n` zero-length readable descriptors after a GETATTR header, and a
-    /// reply buffer, on a queue of `size`.
+    /// reply buffer.
     fn long_chain(mem: &GuestMem, n: usize) -> Popped<&GuestMem> {
         let hdr = InHeader {
             len: HDR_LEN as u32 + 16,
@@ -367,21 +383,44 @@ mod tests {
         let mut p = long_chain(&mem, MAX_DESCS + 100);
         let d = p.descs.as_ref().unwrap();
         assert!(d.overlong());
-        // The first MAX_DESCS, and the reply buffer far past them for the EINVAL.
-        assert_eq!(d.all().len(), MAX_DESCS + 1);
+        // Its reply buffer is not among the first MAX_DESCS: nothing is kept, and the
+        // header was copied for the log.
+        assert_eq!(d.all().len(), 0);
+        assert_eq!(p.copy.as_ref().unwrap().hdr.unique, 5);
+        // Placed nowhere special: the pool answers it (EINVAL, `FuseServer::handle`).
+        assert_eq!(p.opcode(), None);
+        // Nothing to park: it stays refused, and is never read again.
+        p.park();
+        assert!(p.descs.is_some());
+        let (_, d, copy) = p.parts(&mem);
+        assert!(d.overlong() && copy.is_ok());
+        // A reply buffer among the first MAX_DESCS is all an overlong chain keeps.
+        let hdr = InHeader {
+            len: HDR_LEN as u32 + 16,
+            opcode: Opcode::Getattr as u32,
+            unique: 6,
+            ..Default::default()
+        };
+        mem.write_slice(hdr.as_slice(), GuestAddress(0x8000))
+            .unwrap();
+        let vq = MockSplitQueue::new(&mem, 1024);
+        let w = VRING_DESC_F_WRITE as u16;
+        let mut raw = vec![RawDescriptor::from(Descriptor::new(0x8000, 56, 0, 0))];
+        raw.push(RawDescriptor::from(Descriptor::new(0x9000, 256, w, 0)));
+        let pad = RawDescriptor::from(Descriptor::new(0x9000, 0, w, 0));
+        raw.extend(std::iter::repeat_n(pad, MAX_DESCS));
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let p = Popped::new(&mem, q.iter(&mem).unwrap().next().unwrap());
+        let d = p.descs.as_ref().unwrap();
+        assert!(d.overlong() && d.heap_bytes() == 0);
         let w: Vec<_> = d
             .writable_bufs()
             .into_iter()
             .map(|(a, l)| (a.0, l))
             .collect();
         assert_eq!(w, [(0x9000, 256)]);
-        // Placed nowhere special: the pool answers it (EINVAL, `FuseServer::handle`).
-        assert_eq!(p.opcode(), None);
-        // Parked, the list goes, and comes back as long and as refused.
-        p.park();
-        assert!(p.descs.is_none());
-        let (_, d, copy) = p.parts(&mem);
-        assert!(d.overlong() && copy.is_ok());
+        assert_eq!(p.copy.as_ref().unwrap().hdr.unique, 6);
         // The longest chain allowed is read whole.
         let p = long_chain(&mem, MAX_DESCS - 2);
         let d = p.descs.as_ref().unwrap();
@@ -409,7 +448,27 @@ mod tests {
         p.park();
         let (_, _, copy) = p.parts(&mem);
         assert_eq!(copy.as_ref().unwrap().bytes, req);
-        // Small requests are whole at the pop, and WRITE never copies past WriteIn.
+        // In 12 pieces, the list outgrows the stack: parked, it is read again, and the
+        // rest copied after the head's 256 bytes, mid-descriptor.
+        let pieces: Vec<_> = (0..12u64)
+            .map(|i| {
+                let len = if i == 11 {
+                    total as u64 - 11 * 345
+                } else {
+                    345
+                };
+                (0x8000 + i * 345, len as u32, false)
+            })
+            .chain([(0x9000, 16, true)])
+            .collect();
+        let mut p = pop(&mem, &pieces);
+        assert!(p.heap_bytes() > 0);
+        p.park();
+        assert!(p.descs.is_none() && p.heap_bytes() == 0);
+        let (_, d, copy) = p.parts(&mem);
+        assert_eq!(d.all().len(), 13);
+        assert_eq!(copy.as_ref().unwrap().bytes, req);
+        // Small requests are whole at the pop.
         let p = pop(&mem, &[(0x8000, 100, false), (0x9000, 16, true)]);
         let r = p.copy.as_ref().unwrap();
         assert!(r.whole && r.bytes == req[..100]);
