@@ -317,10 +317,13 @@ impl PassthroughFs {
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
         });
-        let opts = if self.cfg.cache == CachePolicy::Always {
-            OpenOptions::CACHE_DIR
-        } else {
-            OpenOptions::empty()
+        // As virtiofsd: where the guest caches metadata, it keeps a directory's entries
+        // across opens too (without KEEP_CACHE its kernel drops them at every open).
+        let opts = match self.cfg.cache {
+            CachePolicy::Always | CachePolicy::Metadata => {
+                OpenOptions::CACHE_DIR | OpenOptions::KEEP_CACHE
+            }
+            CachePolicy::Auto | CachePolicy::Never => OpenOptions::empty(),
         };
         Ok((fh, opts))
     }

@@ -417,6 +417,25 @@ fn fallocate_lseek_and_copy_file_range() {
     c.syncfs().unwrap();
 }
 
+/// OPENDIR's flags per cache mode are virtiofsd 1.14's: under `always` and `metadata` the
+/// guest keeps a directory's entries across opens (FOPEN_CACHE_DIR with FOPEN_KEEP_CACHE;
+/// without KEEP_CACHE the guest kernel drops them at every open, and each `git status`
+/// reads every directory again), and under `auto` and `never` it caches none.
+#[test]
+fn directories_are_opened_with_virtiofsds_cache_flags_in_every_cache_mode() {
+    const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+    const FOPEN_CACHE_DIR: u32 = 1 << 3;
+    let both = FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE;
+    for (mode, want) in [("always", both), ("metadata", both), ("auto", 0), ("never", 0)] {
+        let d = Daemon::start(&["--cache", mode]);
+        std::fs::create_dir(d.path("d")).unwrap();
+        let c = d.client();
+        let e = c.lookup(ROOT, "d").unwrap();
+        let o = c.opendir(e.nodeid).unwrap();
+        assert_eq!(o.open_flags & both, want, "--cache {mode}");
+    }
+}
+
 #[test]
 fn cache_policies_set_open_flags() {
     for (args, direct, parallel) in [
