@@ -169,7 +169,8 @@ pub struct Opt {
     #[arg(long, hide = true, overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
 
-    /// Do not offer READDIRPLUS: the guest then looks entries up one by one
+    /// Do not offer READDIRPLUS: the guest then looks entries up one by one (never offered
+    /// under --cache never, as in virtiofsd)
     #[arg(long)]
     pub no_readdirplus: bool,
 

@@ -303,7 +303,9 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     cfg.parallel_direct_writes = !opt.no_parallel_direct_writes;
     cfg.announce_submounts = opt.announce_submounts;
     cfg.inode_file_handles = opt.inode_file_handles.into();
-    cfg.readdirplus = !opt.no_readdirplus;
+    // As virtiofsd: a guest that caches no entries (`never`) would only have each one
+    // looked up for nothing.
+    cfg.readdirplus = !opt.no_readdirplus && cfg.cache != crate::passthrough::CachePolicy::Never;
     cfg.preserve_noatime = opt.preserve_noatime;
     // Off unless asked for, as in virtiofsd: with it the guest kernel leaves clearing the
     // set-id bits to the daemon and keeps its cached mode, so a guest stat after a write

@@ -426,7 +426,12 @@ fn directories_are_opened_with_virtiofsds_cache_flags_in_every_cache_mode() {
     const FOPEN_KEEP_CACHE: u32 = 1 << 1;
     const FOPEN_CACHE_DIR: u32 = 1 << 3;
     let both = FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE;
-    for (mode, want) in [("always", both), ("metadata", both), ("auto", 0), ("never", 0)] {
+    for (mode, want) in [
+        ("always", both),
+        ("metadata", both),
+        ("auto", 0),
+        ("never", 0),
+    ] {
         let d = Daemon::start(&["--cache", mode]);
         std::fs::create_dir(d.path("d")).unwrap();
         let c = d.client();
