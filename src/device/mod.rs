@@ -322,9 +322,11 @@ impl FsDevice {
                             Place::NoWaitRead { if_it_would_block } => {
                                 // Behind the pop's other requests: their descriptor lists
                                 // stay, up to a budget (`Popped::park`).
-                                reads_heap += chain.heap_bytes();
-                                if reads_heap > READS_HEAP {
+                                let heap = chain.heap_bytes();
+                                if reads_heap + heap > READS_HEAP {
                                     chain.park();
+                                } else {
+                                    reads_heap += heap;
                                 }
                                 reads.push((chain, t, if_it_would_block))
                             }
