@@ -392,7 +392,8 @@ impl VirtQueue {
     }
 }
 
-fn write_desc(mem: &GuestMemoryMmap, at: u64, d: &RawDesc) -> io::Result<()> {
+/// Writes descriptor `d` at `at` (a ring's table or an indirect one).
+pub fn write_desc(mem: &GuestMemoryMmap, at: u64, d: &RawDesc) -> io::Result<()> {
     let mut b = [0u8; 16];
     b[0..8].copy_from_slice(&d.addr.to_le_bytes());
     b[8..12].copy_from_slice(&d.len.to_le_bytes());

@@ -222,14 +222,36 @@ pub fn in_memory(mem: &GuestMem, addr: GuestAddress, len: usize) -> bool {
     mem.get_slice(addr, len).is_ok() || mem.check_range(addr, len)
 }
 
+/// For the server's unit tests: the one chain that `descs` (address, length, writable)
+/// make on a mock queue in `mem`, popped.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader};
+pub(super) fn mock_chain<'a>(
+    mem: &'a GuestMem,
+    descs: &[(u64, u32, bool)],
+) -> DescriptorChain<&'a GuestMem> {
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT};
+    let size = descs.len().next_power_of_two().max(16) as u16;
+    let vq = MockSplitQueue::new(mem, size);
+    let raw: Vec<RawDescriptor> = descs
+        .iter()
+        .map(|&(a, l, w)| {
+            let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+            RawDescriptor::from(Descriptor::new(a, l, flags, 0))
+        })
+        .collect();
+    vq.build_desc_chain(&raw).unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let chain = q.iter(mem).unwrap().next().unwrap();
+    chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader};
     use vm_memory::ByteValued;
 
     const MEM: u64 = 0x10000;
@@ -240,18 +262,7 @@ mod tests {
 
     /// Pops the one chain made of `descs` (address, length, writable) and reads it.
     fn pop<'a>(mem: &'a GuestMem, descs: &[(u64, u32, bool)]) -> Popped<&'a GuestMem> {
-        let vq = MockSplitQueue::new(mem, 16);
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .map(|&(a, l, w)| {
-                let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
-                RawDescriptor::from(Descriptor::new(a, l, flags, 0))
-            })
-            .collect();
-        vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(mem).unwrap().next().unwrap();
-        Popped::new(mem, chain)
+        Popped::new(mem, mock_chain(mem, descs))
     }
 
     /// A COPY_FILE_RANGE of `len` bytes, header and arguments.
@@ -366,15 +377,10 @@ mod tests {
             .unwrap();
         mem.write_slice(&[0u8; 16], GuestAddress(0x8000 + HDR_LEN as u64))
             .unwrap();
-        let vq = MockSplitQueue::new(mem, 1024);
-        let mut raw = vec![RawDescriptor::from(Descriptor::new(0x8000, 56, 0, 0))];
-        raw.extend((0..n).map(|_| RawDescriptor::from(Descriptor::new(0x8100, 0, 0, 0))));
-        let w = VRING_DESC_F_WRITE as u16;
-        raw.push(RawDescriptor::from(Descriptor::new(0x9000, 256, w, 0)));
-        vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(mem).unwrap().next().unwrap();
-        Popped::new(mem, chain)
+        let mut descs = vec![(0x8000, 56, false)];
+        descs.extend(std::iter::repeat_n((0x8100, 0, false), n));
+        descs.push((0x9000, 256, true));
+        pop(mem, &descs)
     }
 
     #[test]
@@ -403,15 +409,9 @@ mod tests {
         };
         mem.write_slice(hdr.as_slice(), GuestAddress(0x8000))
             .unwrap();
-        let vq = MockSplitQueue::new(&mem, 1024);
-        let w = VRING_DESC_F_WRITE as u16;
-        let mut raw = vec![RawDescriptor::from(Descriptor::new(0x8000, 56, 0, 0))];
-        raw.push(RawDescriptor::from(Descriptor::new(0x9000, 256, w, 0)));
-        let pad = RawDescriptor::from(Descriptor::new(0x9000, 0, w, 0));
-        raw.extend(std::iter::repeat_n(pad, MAX_DESCS));
-        vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let p = Popped::new(&mem, q.iter(&mem).unwrap().next().unwrap());
+        let mut descs = vec![(0x8000, 56, false), (0x9000, 256, true)];
+        descs.extend(std::iter::repeat_n((0x9000, 0, true), MAX_DESCS));
+        let p = pop(&mem, &descs);
         let d = p.descs.as_ref().unwrap();
         assert!(d.overlong() && d.heap_bytes() == 0);
         let w: Vec<_> = d

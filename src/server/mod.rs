@@ -136,21 +136,20 @@ fn answer(
     hdr: &InHeader,
     outcome: Outcome,
 ) -> Option<Answer> {
-    let error = |r: &io::Result<Vec<u8>>| r.as_ref().err().and_then(|e| e.raw_os_error());
+    let errno_of = |e: &io::Error| e.raw_os_error().unwrap_or(0);
     let (len, malformed, error) = match outcome {
         Outcome::Reply(r) => {
-            let error = error(&r);
+            let error = r.as_ref().err().map_or(0, errno_of);
             (reply_into(mem, bufs, hdr, r), false, error)
         }
-        Outcome::Written(len) => (len, false, None),
+        Outcome::Written(len) => (len, false, 0),
         Outcome::Malformed(e) => {
-            let error = e.raw_os_error();
+            let error = errno_of(&e);
             (reply_into(mem, bufs, hdr, Err(e)), true, error)
         }
-        Outcome::NoReply { malformed } => (0, malformed, None),
+        Outcome::NoReply { malformed } => (0, malformed, 0),
         Outcome::Deferred => return None,
     };
-    let error = error.unwrap_or(0);
     Some(Answer {
         len,
         malformed,
@@ -862,10 +861,6 @@ fn reply_pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueOwnedT};
     use vm_memory::Bytes;
 
     const MEM: u64 = 0x10000;
@@ -887,17 +882,7 @@ mod tests {
             mem.write_slice(&vec![0xee; l as usize], GuestAddress(a))
                 .unwrap();
         }
-        let vq = MockSplitQueue::new(&mem, 16);
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .map(|&(a, l, w)| {
-                let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
-                RawDescriptor::from(SplitDescriptor::new(a, l, flags, 0))
-            })
-            .collect();
-        vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&mem).unwrap().next().unwrap();
+        let chain = chain::mock_chain(&mem, descs);
         let hdr = InHeader {
             unique: 9,
             ..Default::default()

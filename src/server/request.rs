@@ -141,23 +141,14 @@ fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueOwnedT};
     use vm_memory::{Bytes, GuestAddress};
 
     const MEM: u64 = 0x10000;
 
     /// Copies the request of one chain made of readable descriptors (address, length).
     fn copy_chain(mem: &GuestMem, descs: &[(u64, u32)]) -> Result<Request, BadRequest> {
-        let vq = MockSplitQueue::new(mem, 16);
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .map(|&(a, l)| RawDescriptor::from(SplitDescriptor::new(a, l, 0, 0)))
-            .collect();
-        vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(mem).unwrap().next().unwrap();
+        let descs: Vec<_> = descs.iter().map(|&(a, l)| (a, l, false)).collect();
+        let chain = crate::server::chain::mock_chain(mem, &descs);
         copy(mem, &Descs::read(&chain))
     }
 

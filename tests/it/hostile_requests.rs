@@ -246,6 +246,16 @@ fn submit_chain(
     }
 }
 
+/// The readable descriptor of request `req` at `req_at`, chained to the next one.
+fn request_desc(req_at: u64, req: &[u8]) -> vfsd::frontend::RawDesc {
+    vfsd::frontend::RawDesc {
+        addr: req_at,
+        len: req.len() as u32,
+        flags: vfsd::frontend::virtq::VRING_DESC_F_NEXT,
+        next: 1,
+    }
+}
+
 /// A request whose header is readable but whose later readable descriptor lies outside
 /// guest memory still gets a reply: EFAULT, under its own `unique`. Dropped without a
 /// reply, it would leave the guest's request waiting forever.
@@ -369,12 +379,7 @@ fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
     let out_header = std::mem::size_of::<fuse_backend_rs::abi::fuse_abi::OutHeader>() as u32;
     let t = submit_chain(&c, unique, &req, |req_at, resp_at| {
         vec![
-            RawDesc {
-                addr: req_at,
-                len: req.len() as u32,
-                flags: VRING_DESC_F_NEXT,
-                next: 1,
-            },
+            request_desc(req_at, &req),
             RawDesc {
                 addr: resp_at,
                 len: out_header,
@@ -404,7 +409,9 @@ fn a_create_whose_reply_room_lies_outside_memory_makes_nothing() {
 /// to a megabyte while they wait.
 #[test]
 fn a_chain_of_more_descriptors_than_any_request_needs_gets_einval() {
-    use vfsd::frontend::virtq::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vfsd::frontend::virtq::{
+        write_desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
     use vfsd::frontend::RawDesc;
     for pool in ["2", "0"] {
         let d = Daemon::start(&["--thread-pool-size", pool]);
@@ -416,24 +423,16 @@ fn a_chain_of_more_descriptors_than_any_request_needs_gets_einval() {
                 let table = req_at + 4096;
                 for i in 0..entries {
                     let last = i == entries - 1;
-                    let len = if i == 0 { 4096u32 } else { 0 };
-                    let flags = VRING_DESC_F_WRITE | if last { 0 } else { VRING_DESC_F_NEXT };
-                    let mut b = [0u8; 16];
-                    b[0..8].copy_from_slice(&resp_at.to_le_bytes());
-                    b[8..12].copy_from_slice(&len.to_le_bytes());
-                    b[12..14].copy_from_slice(&flags.to_le_bytes());
-                    b[14..16].copy_from_slice(&(i + 1).to_le_bytes());
-                    c.fe.mem
-                        .write_slice(&b, GuestAddress(table + 16 * i as u64))
-                        .unwrap();
+                    let d = RawDesc {
+                        addr: resp_at,
+                        len: if i == 0 { 4096 } else { 0 },
+                        flags: VRING_DESC_F_WRITE | if last { 0 } else { VRING_DESC_F_NEXT },
+                        next: i + 1,
+                    };
+                    write_desc(&c.fe.mem, table + 16 * i as u64, &d).unwrap();
                 }
                 vec![
-                    RawDesc {
-                        addr: req_at,
-                        len: req.len() as u32,
-                        flags: VRING_DESC_F_NEXT,
-                        next: 1,
-                    },
+                    request_desc(req_at, &req),
                     RawDesc {
                         addr: table,
                         len: 16 * entries as u32,
