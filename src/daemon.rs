@@ -290,11 +290,34 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     keep.extend(socket_name.iter().map(|s| s.dir_fd()));
     keep.extend(syslog_fd);
     sandbox::close_other_fds(&keep).map_err(E::Sandbox)?;
-    let mut confined =
-        sandbox::enter(opt.sandbox, &shared_dir, opt.id_maps(), socket_name).map_err(E::Sandbox)?;
+    // The lock handover's private directory, outside the share (`passthrough::handover`).
+    let runtime = match crate::passthrough::RuntimeDir::path() {
+        Some(p) => crate::passthrough::RuntimeDir::prepare(&p)
+            .map(|()| p.clone())
+            .map_err(|e| {
+                info!(
+                    "no lock handover on migration (runtime directory {}: {e}); locks are taken again",
+                    p.display()
+                )
+            })
+            .ok(),
+        None => {
+            info!("no lock handover on migration (no $XDG_RUNTIME_DIR); locks are taken again");
+            None
+        }
+    };
+    let mut confined = sandbox::enter(
+        opt.sandbox,
+        &shared_dir,
+        opt.id_maps(),
+        socket_name,
+        runtime.as_deref(),
+    )
+    .map_err(E::Sandbox)?;
     crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
 
     let mut cfg = Config::new(confined.root.clone());
+    cfg.runtime_dir = confined.runtime_dir.take().map(Arc::new);
     cfg.cache = opt.cache.into();
     cfg.xattr = opt.xattr;
     cfg.readonly = opt.readonly;

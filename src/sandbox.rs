@@ -28,6 +28,21 @@ pub struct Confined {
     /// The socket's name, for the daemon to remove itself: only without a sandbox (with
     /// one, the supervising parent removes it).
     pub socket: Option<SocketName>,
+    /// The private runtime directory for a migration's lock handover, if there is one.
+    pub runtime_dir: Option<crate::passthrough::RuntimeDir>,
+}
+
+/// Opens the runtime directory `path` (prepared before), logging once why there is none.
+fn runtime_dir(path: Option<&Path>, confined: bool) -> Option<crate::passthrough::RuntimeDir> {
+    let path = path?;
+    crate::passthrough::RuntimeDir::open(path, confined)
+        .map_err(|e| {
+            log::info!(
+                "no lock handover on migration (runtime directory {}: {e}); locks are taken again",
+                path.display()
+            )
+        })
+        .ok()
 }
 
 fn err(what: &str, e: io::Error) -> String {
@@ -72,6 +87,7 @@ pub fn enter(
     shared_dir: &Path,
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
     socket: Option<SocketName>,
+    runtime: Option<&Path>,
 ) -> Result<Confined, String> {
     if id_maps.is_some() && mode != Sandbox::Namespace {
         return Err("--uid-map/--gid-map need --sandbox namespace".into());
@@ -81,6 +97,7 @@ pub fn enter(
             root: shared_dir.to_path_buf(),
             proc_self_fd: open_proc_self_fd()?,
             socket,
+            runtime_dir: runtime_dir(runtime, false),
         }),
         Sandbox::Chroot => {
             // SAFETY: geteuid has no preconditions.
@@ -91,6 +108,7 @@ pub fn enter(
             // it, so the socket's directory stays with a parent that never serves.
             fork_supervised(socket)?;
             let proc_self_fd = open_proc_self_fd()?;
+            let runtime_dir = runtime_dir(runtime, true);
             let dir = cpath(shared_dir)?;
             // SAFETY: plain syscalls with a NUL-terminated path.
             cvt(unsafe { libc::chroot(dir.as_ptr()) }).map_err(|e| err("chroot", e))?;
@@ -99,9 +117,10 @@ pub fn enter(
                 root: PathBuf::from("/"),
                 proc_self_fd,
                 socket: None,
+                runtime_dir,
             })
         }
-        Sandbox::Namespace => namespace(shared_dir, id_maps, socket),
+        Sandbox::Namespace => namespace(shared_dir, id_maps, socket, runtime),
     }
 }
 
@@ -139,6 +158,7 @@ fn namespace(
     shared_dir: &Path,
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
     socket: Option<SocketName>,
+    runtime: Option<&Path>,
 ) -> Result<Confined, String> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -175,6 +195,8 @@ fn namespace(
     }
     // The new pid namespace applies to children: fork, and let the parent wait.
     fork_supervised(socket)?;
+    // In the new mount namespace, where this process may clone a mount.
+    let runtime_dir = runtime_dir(runtime, true);
 
     let mount = |src: Option<&CString>, target: &CString, fstype: Option<&CString>, flags: u64| {
         // SAFETY: all pointers are NUL-terminated strings or null.
@@ -243,6 +265,7 @@ fn namespace(
         root: PathBuf::from("/"),
         proc_self_fd,
         socket: None,
+        runtime_dir,
     })
 }
 

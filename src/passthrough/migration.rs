@@ -47,10 +47,17 @@ use crate::sys;
 /// The first bytes of a vfsd device state.
 pub const MAGIC: [u8; 8] = *b"VFSDSTAT";
 /// The format this vfsd writes and reads.
-pub const VERSION: u32 = 2;
-/// The largest state accepted (a million nodes with long names; decoding takes about ten
-/// times this in memory).
+pub const VERSION: u32 = 3;
+/// The largest state accepted: about a million nodes with 255-byte names under
+/// find-paths (docs/design.md, Bounds).
 pub const MAX_STATE: usize = 256 << 20;
+/// The most nodes a state may carry: checked as the count is read, before any is decoded,
+/// so a stream of minimal nodes (7 bytes each, 128 in memory) can't cost the destination
+/// more than this many.
+pub const MAX_NODES: usize = 1 << 21;
+/// The most handles: each is an open file on the source, within its fd limit (the
+/// kernel's nr_open default).
+pub const MAX_HANDLES: usize = 1 << 20;
 /// Node and handle numbers a state may continue from: past the largest it names by at
 /// most this, and far from wrapping.
 const MAX_ID_GAP: u64 = 1 << 32;
@@ -91,6 +98,8 @@ pub enum StateError {
     Version(u32),
     #[error("device state of {0} bytes is over the limit of {MAX_STATE}")]
     TooLarge(u64),
+    #[error("{0} nodes, over the {MAX_NODES} a destination loads")]
+    TooManyNodes(usize),
     #[error("device state truncated: {got} of {want} bytes")]
     Truncated { got: usize, want: usize },
     #[error("malformed device state: {0}")]
@@ -113,12 +122,145 @@ struct State {
     flags: u64,
     next_node: u64,
     next_handle: u64,
+    #[serde(deserialize_with = "caps::nodes")]
     nodes: Vec<NodeState>,
+    #[serde(deserialize_with = "caps::handles")]
     handles: Vec<HandleState>,
+    #[serde(deserialize_with = "caps::owners")]
     owners: Vec<OwnerState>,
-    /// Where the destination takes the source's own descriptions (`handover`).
-    handover: Option<handover::Offer>,
+    #[serde(deserialize_with = "caps::in_flight")]
     in_flight: Vec<InFlight>,
+    /// Where the destination takes the source's own descriptions (`handover`). Last, so
+    /// the save can check its size before it binds the socket (`save_state`).
+    handover: Option<handover::Offer>,
+}
+
+/// Caps on what a load decodes: each sequence's length is checked as it is read, before
+/// any of its elements, so what a stream can make the destination allocate is bounded by
+/// the counts, not by how compactly the stream encodes them (docs/design.md, Bounds).
+mod caps {
+    use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy, Debug)]
+    pub struct Caps {
+        pub nodes: usize,
+        pub handles: usize,
+        pub owners: usize,
+        /// Lock ranges over all owners.
+        pub ranges: usize,
+        pub in_flight: usize,
+    }
+
+    thread_local! {
+        static CAPS: Cell<Option<Caps>> = const { Cell::new(None) };
+        /// Ranges still allowed in this decode (their cap is over all owners).
+        static RANGES_LEFT: Cell<usize> = const { Cell::new(0) };
+        /// Elements decoded under a cap in this decode (for the tests).
+        static DECODED: Cell<usize> = const { Cell::new(0) };
+        /// Why a cap refused (postcard keeps no message of a custom error).
+        static REFUSED: Cell<Option<String>> = const { Cell::new(None) };
+    }
+
+    /// Why the last decode on this thread was refused by a cap, if it was.
+    pub fn refusal() -> Option<String> {
+        REFUSED.take()
+    }
+
+    /// Runs `f` (a decode) under `caps`.
+    pub fn with<T>(caps: Caps, f: impl FnOnce() -> T) -> T {
+        CAPS.set(Some(caps));
+        RANGES_LEFT.set(caps.ranges);
+        DECODED.set(0);
+        REFUSED.set(None);
+        let r = f();
+        CAPS.set(None);
+        r
+    }
+
+    /// Elements the last decode on this thread took.
+    #[cfg(test)]
+    pub fn decoded() -> usize {
+        DECODED.get()
+    }
+
+    fn capped<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+        what: &'static str,
+        cap: impl Fn(&Caps) -> usize,
+        shared: bool,
+    ) -> Result<Vec<T>, D::Error> {
+        struct V<T, F> {
+            what: &'static str,
+            max: usize,
+            shared: bool,
+            _t: std::marker::PhantomData<(T, F)>,
+        }
+        impl<'de, T: Deserialize<'de>, F> Visitor<'de> for V<T, F> {
+            type Value = Vec<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "at most {} {}", self.max, self.what)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                // postcard gives the exact length up front.
+                let n = seq
+                    .size_hint()
+                    .ok_or_else(|| A::Error::custom(format!("{} without a count", self.what)))?;
+                if n > self.max {
+                    let why = format!("{n} {}, over the limit of {}", self.what, self.max);
+                    REFUSED.set(Some(why.clone()));
+                    return Err(A::Error::custom(why));
+                }
+                if self.shared {
+                    RANGES_LEFT.set(RANGES_LEFT.get() - n);
+                }
+                let mut v = Vec::with_capacity(n.min(4096));
+                while let Some(x) = seq.next_element()? {
+                    DECODED.set(DECODED.get() + 1);
+                    v.push(x);
+                }
+                Ok(v)
+            }
+        }
+        let caps = CAPS
+            .get()
+            .ok_or_else(|| D::Error::custom("decoded outside a load"))?;
+        let max = if shared {
+            RANGES_LEFT.get()
+        } else {
+            cap(&caps)
+        };
+        d.deserialize_seq(V::<T, ()> {
+            what,
+            max,
+            shared,
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    pub fn nodes<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        capped(d, "nodes", |c| c.nodes, false)
+    }
+    pub fn handles<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        capped(d, "handles", |c| c.handles, false)
+    }
+    pub fn owners<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        capped(d, "lock owners", |c| c.owners, false)
+    }
+    pub fn ranges<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        capped(d, "lock ranges", |c| c.ranges, true)
+    }
+    pub fn in_flight<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        capped(d, "requests in flight", |c| c.in_flight, false)
+    }
 }
 
 /// A request popped from a ring and not answered when the ring stopped (a SETLKW still
@@ -170,7 +312,9 @@ struct OwnerState {
     node: u64,
     owner: u64,
     pid: u32,
+    #[serde(deserialize_with = "caps::handles")]
     handles: Vec<u64>,
+    #[serde(deserialize_with = "caps::ranges")]
     ranges: Vec<(u64, u64, i32)>,
 }
 
@@ -232,24 +376,23 @@ impl PassthroughFs {
     /// The device state of this session, header included, with the requests `in_flight`
     /// that the destination must answer.
     pub fn save_state(&self, in_flight: &[InFlight]) -> Result<Vec<u8>, StateError> {
+        self.save_state_within(in_flight, MAX_STATE)
+    }
+
+    /// `save_state`, refusing a state over `limit` bytes before anything is offered.
+    fn save_state_within(
+        &self,
+        in_flight: &[InFlight],
+        limit: usize,
+    ) -> Result<Vec<u8>, StateError> {
         let mcfg = self.cfg.migration;
         let (records, next_node) = self.inodes.export();
-        // The source's own descriptions for a destination on this host (`handover`).
-        let root_fd = self.inodes.get(ROOT_ID)?.path_fd()?;
-        // Not on a read-only share: the socket would be a file the guest sees appear.
-        let bound = match self.cfg.readonly {
-            true => Err(io::Error::other("a read-only share")),
-            false => handover::Listener::bind(root_fd.as_raw_fd()),
-        };
-        let listener = match bound {
-            Ok(l) => Some(l),
-            Err(e) => {
-                log::info!(
-                    "migration: no lock handover socket in the share ({e}); locks are taken again"
-                );
-                None
-            }
-        };
+        if records.len() > MAX_NODES {
+            return Err(StateError::TooManyNodes(records.len()));
+        }
+        // The source's own descriptions for a destination on this host (`handover`), if
+        // this daemon has a private directory to offer them in.
+        let runtime = self.cfg.runtime_dir.clone();
         let mut pass: Vec<(Item, OwnedFd)> = Vec::new();
         let mut nodes = Vec::with_capacity(records.len());
         for r in records {
@@ -282,7 +425,7 @@ impl PassthroughFs {
                     n.error = Some(why);
                 }
             }
-            if n.name.is_none() && n.path.is_none() && listener.is_some() {
+            if n.name.is_none() && n.path.is_none() && runtime.is_some() {
                 // Open but unlinked, say: only its own fd can move it.
                 if let Ok(fd) = r.inode.path_fd().and_then(|f| sys::dup(f.as_raw_fd())) {
                     pass.push((Item::Node(n.id), fd));
@@ -291,7 +434,7 @@ impl PassthroughFs {
             nodes.push(n);
         }
         let (open, next_handle) = self.handles.export();
-        if listener.is_some() {
+        if runtime.is_some() {
             for (fh, h) in &open {
                 if let Ok(fd) = h.fd.try_clone() {
                     pass.push((Item::Handle(*fh), fd));
@@ -331,28 +474,46 @@ impl PassthroughFs {
             nodes,
             handles,
             owners,
-            handover: listener.as_ref().map(|l| l.offer()),
             in_flight: in_flight.to_vec(),
+            handover: None,
         };
-        if let Some(l) = listener {
-            // From now on a reset only closes: the destination may hold copies.
-            self.locks
-                .shared
-                .store(true, std::sync::atomic::Ordering::Release);
-            let root = sys::dup(root_fd.as_raw_fd())?;
-            std::thread::Builder::new()
-                .name("vfsd-handover".into())
-                .spawn(move || {
-                    if l.serve(root, pass) {
-                        log::info!(
-                            "migration: the destination took this daemon's open files and locks"
-                        );
-                    }
-                })?;
+        let mut body = postcard::to_stdvec(&state).map_err(|e| malformed(e.to_string()))?;
+        // Its size is known before the socket exists: the offer (the last field) has a
+        // fixed size. A state too large binds, shares and starts nothing.
+        let offer_len = postcard::to_stdvec(&Some(handover::Offer::sized()))
+            .map_err(|e| malformed(e.to_string()))?
+            .len();
+        let full = body.len() - 1 + if runtime.is_some() { offer_len } else { 1 };
+        if HEADER_LEN + full > limit {
+            return Err(StateError::TooLarge((HEADER_LEN + full) as u64));
         }
-        let body = postcard::to_stdvec(&state).map_err(|e| malformed(e.to_string()))?;
-        if body.len() > MAX_STATE - HEADER_LEN {
-            return Err(StateError::TooLarge(body.len() as u64));
+        if let Some(dir) = &runtime {
+            match handover::Listener::bind(dir.fd()) {
+                Ok(l) => {
+                    // The encoded `None` gives way to the offer.
+                    body.pop();
+                    let offer = postcard::to_stdvec(&Some(l.offer()))
+                        .map_err(|e| malformed(e.to_string()))?;
+                    body.extend_from_slice(&offer);
+                    // From now on a reset only closes: the destination may hold copies.
+                    self.locks
+                        .shared
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    let dir = sys::dup(dir.fd())?;
+                    std::thread::Builder::new()
+                        .name("vfsd-handover".into())
+                        .spawn(move || {
+                            if l.serve(dir, pass) {
+                                log::info!(
+                                    "migration: the destination took this daemon's open files and locks"
+                                );
+                            }
+                        })?;
+                }
+                Err(e) => {
+                    log::info!("migration: no lock handover socket ({e}); locks are taken again")
+                }
+            }
         }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&MAGIC);
@@ -435,7 +596,8 @@ impl PassthroughFs {
                 want: len,
             });
         }
-        let state: State = postcard::from_bytes(body).map_err(|e| malformed(e.to_string()))?;
+        let state: State = caps::with(self.load_caps(), || postcard::from_bytes(body))
+            .map_err(|e| malformed(caps::refusal().unwrap_or_else(|| e.to_string())))?;
         // A fresh session, as after DESTROY: a load replaces whatever was there.
         self.reset();
         let r = self.restore(&state);
@@ -443,6 +605,19 @@ impl PassthroughFs {
             self.reset();
         }
         r
+    }
+
+    /// What a load decodes at most: nodes and handles as `MAX_NODES`, `MAX_HANDLES`;
+    /// owners and ranges what this daemon's `--max-locks` lets a guest hold (a granted
+    /// wait may pass it by one range per waiter, twice), requests in flight its waiters.
+    fn load_caps(&self) -> caps::Caps {
+        caps::Caps {
+            nodes: MAX_NODES,
+            handles: MAX_HANDLES,
+            owners: self.cfg.max_locks,
+            ranges: self.cfg.max_locks + 2 * self.cfg.max_lock_waiters,
+            in_flight: self.cfg.max_lock_waiters,
+        }
     }
 
     fn restore(self: &Arc<Self>, state: &State) -> Result<LoadReport, StateError> {
@@ -499,9 +674,15 @@ impl PassthroughFs {
             Mode::FileHandles => Some(self.inodes.root_anchor()?),
             Mode::FindPaths => None,
         };
-        let mut passed = match &state.handover {
-            Some(offer) => {
-                match handover::receive(root.path_fd()?.as_raw_fd(), offer, &expected(state)) {
+        let mut passed = match (&state.handover, &self.cfg.runtime_dir) {
+            (Some(_), None) => {
+                log::info!(
+                    "migration: no runtime directory for the lock handover; locks are taken again"
+                );
+                HashMap::new()
+            }
+            (Some(offer), Some(dir)) => {
+                match handover::receive(dir.fd(), offer, &expected(state)) {
                     Ok(p) => {
                         self.locks
                             .shared
@@ -514,7 +695,7 @@ impl PassthroughFs {
                     }
                 }
             }
-            None => HashMap::new(),
+            (None, _) => HashMap::new(),
         };
         for n in &state.nodes {
             if n.id <= ROOT_ID || n.id >= state.next_node || restored.contains_key(&n.id) {
@@ -1228,6 +1409,101 @@ mod tests {
             ..empty()
         };
         assert!(fs.load_state(&bytes(&dir_as_root)).is_err());
+    }
+
+    /// A body: `empty()`'s fields around `nodes` given encoded by hand.
+    fn with_raw_nodes(count: usize, each: &[u8]) -> Vec<u8> {
+        let mut body = postcard::to_stdvec(&(Mode::FindPaths, 0u64, 2u64, 1u64)).unwrap();
+        body.extend_from_slice(&postcard::to_stdvec(&(count as u64)).unwrap()[..]);
+        for _ in 0..count {
+            body.extend_from_slice(each);
+        }
+        // No handles, owners, requests in flight or handover.
+        body.extend_from_slice(&[0, 0, 0, 0]);
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[test]
+    fn a_stream_with_more_nodes_than_the_cap_is_refused_before_any_is_decoded() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        // The smallest node there is: id 3, no lookups, no type, no name: 7 bytes, about
+        // 128 in memory once decoded.
+        let minimal = [3, 0, 0, 0, 0, 0, 0];
+        let ok = with_raw_nodes(1, &minimal);
+        assert!(fs.load_state(&ok).is_err()); // id 3 is past next_node: decoded, refused
+        assert_eq!(caps::decoded(), 1, "the count does not see decoded nodes");
+        let flood = with_raw_nodes(MAX_NODES + 1, &minimal);
+        assert!(flood.len() < MAX_STATE);
+        match fs.load_state(&flood) {
+            Err(StateError::Malformed(why)) => assert!(why.contains("over the limit"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            caps::decoded(),
+            0,
+            "nodes decoded before the count was checked"
+        );
+    }
+
+    #[test]
+    fn lock_ranges_over_what_the_destination_lets_a_guest_hold_are_refused_before_decoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let cap = fs.cfg.max_locks + 2 * fs.cfg.max_lock_waiters;
+        let owner = |n: usize| OwnerState {
+            node: 2,
+            owner: 1,
+            pid: 1,
+            handles: vec![1],
+            ranges: vec![(0, 0, libc::F_WRLCK); n],
+        };
+        // Over all owners: two of more than half the cap each.
+        let half = cap / 2 + 1;
+        let s = State {
+            owners: vec![owner(half), owner(half)],
+            ..empty()
+        };
+        match fs.load_state(&bytes(&s)) {
+            Err(StateError::Malformed(why)) => assert!(why.contains("lock ranges"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // The first owner's ranges and the two owners' handle lists: not the second's ranges.
+        assert_eq!(caps::decoded(), 2 + half + 1);
+    }
+
+    #[test]
+    fn a_save_too_large_binds_no_handover_socket_and_shares_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o700);
+        std::fs::set_permissions(run.path(), private).unwrap();
+        let rd = sys::openat(
+            libc::AT_FDCWD,
+            &CString::new(run.path().as_os_str().as_encoded_bytes()).unwrap(),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .unwrap();
+        let mut cfg = Config::new(dir.path());
+        cfg.runtime_dir = Some(Arc::new(handover::RuntimeDir::from_fd(rd).unwrap()));
+        let fs = Arc::new(PassthroughFs::new(cfg).unwrap());
+        let sockets = || std::fs::read_dir(run.path()).unwrap().count();
+        assert!(matches!(
+            fs.save_state_within(&[], HEADER_LEN + 8),
+            Err(StateError::TooLarge(_))
+        ));
+        assert_eq!(sockets(), 0, "a handover socket for a state never sent");
+        assert!(!fs.locks.shared.load(Ordering::Acquire));
+        // Within the limit: offered.
+        fs.save_state_within(&[], MAX_STATE).unwrap();
+        assert_eq!(sockets(), 1);
+        assert!(fs.locks.shared.load(Ordering::Acquire));
     }
 
     #[test]

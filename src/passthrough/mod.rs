@@ -15,6 +15,7 @@ mod file;
 pub mod filelocks;
 pub mod handle;
 mod handover;
+pub use handover::RuntimeDir;
 pub mod idtranslate;
 pub mod inode;
 pub mod ioctl;
@@ -109,6 +110,8 @@ pub struct Config {
     /// `--migration-*`: how the device state names files, and what a load does with one
     /// it can't find.
     pub migration: migration::MigrationConfig,
+    /// Where a migration's lock handover listens (`handover`); none: no handover.
+    pub runtime_dir: Option<Arc<handover::RuntimeDir>>,
 }
 
 impl Config {
@@ -137,6 +140,7 @@ impl Config {
             id_translate: idtranslate::IdTranslate::default(),
             xattrmap: xattrmap::XattrMap::builtin(),
             migration: Default::default(),
+            runtime_dir: None,
         }
     }
 

@@ -143,6 +143,21 @@ fn until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The runtime directory the daemons (run as root, without $XDG_RUNTIME_DIR) keep their
+/// handover sockets in.
+const RUNTIME_DIR: &str = "/run/vfsd";
+
+/// The handover socket `state` offers: the one in the runtime directory whose name the
+/// state carries (other tests' daemons may have theirs there too).
+fn handover_socket(state: &[u8]) -> std::path::PathBuf {
+    std::fs::read_dir(RUNTIME_DIR)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| state.windows(n.len()).any(|w| w == n.as_bytes()))
+        .map(|n| std::path::Path::new(RUNTIME_DIR).join(n))
+        .expect("the state's handover socket in the runtime directory")
+}
+
 /// `set_up`'s guest moved to a second daemon without the handover (as between two hosts
 /// over a distributed file system), while the source still holds the guest's locks.
 struct Retaking {
@@ -160,12 +175,7 @@ fn retaking() -> Retaking {
     let c = src.client();
     let g = set_up(&c);
     let state = c.fe.save_state().unwrap();
-    for e in std::fs::read_dir(&src.share).unwrap() {
-        let name = e.unwrap().file_name().into_string().unwrap();
-        if name.starts_with(".vfsd-handover-") {
-            std::fs::remove_file(src.path(&name)).unwrap();
-        }
-    }
+    std::fs::remove_file(handover_socket(&state)).unwrap();
     let dst = Daemon::start_on(&src.share.clone(), &[]);
     let n = destination(&dst);
     n.fe.load_state(&state).unwrap();
@@ -841,34 +851,17 @@ fn confirm_paths_sends_the_current_path_of_a_file_renamed_on_the_host() {
 
 #[test]
 #[ignore = "needs root"]
-fn a_host_user_who_takes_the_handover_socket_gets_no_token() {
-    require_root("needs root to run the rogue listener as another user");
+fn a_host_user_can_not_reach_the_handover_socket() {
+    require_root("needs root to try the socket as another user");
     let src = Daemon::start(&[]);
     let c = src.client();
     let g = set_up(&c);
     let state = c.fe.save_state().unwrap();
-    // A host user who may write the share moves the source's socket aside and listens
-    // under its name, hoping for the token and the guest's fds.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&src.share, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let name = std::fs::read_dir(&src.share)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().into_string().unwrap())
-        .find(|n| n.starts_with(".vfsd-handover-"))
-        .expect("the handover socket");
-    std::fs::rename(src.path(&name), src.path("aside")).unwrap();
-    let got = src.dir.path().join("rogue-got");
+    let sock = handover_socket(&state);
     let script = format!(
-        "import socket,os,sys\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(1)\n\
-         open({:?},'w').write('listening')\ns.settimeout(20)\nc,_=s.accept()\nc.settimeout(3)\n\
-         try:\n d=c.recv(64)\nexcept Exception:\n d=b''\nopen({:?},'w').write('got %d' % len(d))\n",
-        src.path(&name),
-        got,
-        got
+        "import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect({sock:?})\n print('connected')\nexcept PermissionError:\n print('refused')\n"
     );
-    std::fs::set_permissions(src.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut rogue = std::process::Command::new("setpriv")
+    let out = std::process::Command::new("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -877,26 +870,91 @@ fn a_host_user_who_takes_the_handover_socket_gets_no_token() {
             "-c",
             &script,
         ])
-        .spawn()
+        .output()
         .expect("setpriv python3");
-    let t = Instant::now();
-    while std::fs::read_to_string(&got).unwrap_or_default() != "listening" {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the rogue did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "refused");
     let dst = Daemon::start_on(&src.share.clone(), &[]);
     let n = destination(&dst);
-    // The load goes on without the handover (locks taken again), and the rogue hears
-    // nothing: the destination checks who listens before it sends the token.
     n.fe.load_state(&state).unwrap();
     assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
-    rogue.wait().unwrap();
-    let said = std::fs::read_to_string(&got).unwrap();
-    assert!(
-        said == "got 0" || said == "listening",
-        "the rogue received: {said}"
-    );
+    assert!(!host_can_lock(&dst.path("d/f")));
+}
+
+/// An open file with no name left (only the handover moves it under `abort`) and its data.
+fn an_unlinked_open_file(c: &FuseClient) -> (u64, u64) {
+    let (e, o) = c.create(ROOT, "gone", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(e.nodeid, o.fh, 0, b"still here").unwrap();
+    c.unlink(ROOT, "gone").unwrap();
+    (e.nodeid, o.fh)
+}
+
+#[test]
+fn a_peer_with_a_wrong_token_or_none_does_not_end_the_handover() {
+    use std::io::{Read, Write};
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let (node, fh) = an_unlinked_open_file(&c);
+    let state = c.fe.save_state().unwrap();
+    let sock = handover_socket(&state);
+    // A peer with a wrong token is dropped (it reads the end of the stream, no fd)...
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(&[0u8; 16]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(s.read(&mut [0u8; 4]).unwrap(), 0, "the source answered it");
+    // ... and one that sends part of a token and goes.
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(&[1u8; 3]).unwrap();
+    drop(s);
+    // The destination still gets everything: the unlinked file moves only that way.
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(node, fh, 0, 10).unwrap(), b"still here");
+    assert_eq!(dst.stats()["lock_owners"].as_u64(), Some(1));
+    assert!(!host_can_lock(&dst.path("d/f")) && !host_can_flock(&dst.path("d/f")));
+    unlock(&n, &g);
+    assert!(!sock.exists(), "the socket outlived the handover");
+}
+
+#[test]
+fn the_handover_socket_is_private_to_the_daemons_user_and_not_in_the_share() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let src = Daemon::start(&[]);
+    let c = src.client();
+    let g = set_up(&c);
+    let names = |c: &FuseClient| -> BTreeSet<Vec<u8>> {
+        c.readdir_all(ROOT, false)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    let host_names = || -> BTreeSet<std::ffi::OsString> {
+        std::fs::read_dir(&src.share)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
+    // Another guest on the same share, through its own daemon.
+    let other = Daemon::start_on(&src.share.clone(), &[]);
+    let o = other.client();
+    let (before, host_before) = (names(&o), host_names());
+    let state = c.fe.save_state().unwrap();
+    // While the source offers the handover (its rings stopped), neither that guest nor
+    // the host sees anything new in the share.
+    assert_eq!(names(&o), before);
+    assert_eq!(host_names(), host_before);
+    let sock = handover_socket(&state);
+    let m = std::fs::symlink_metadata(&sock).unwrap();
+    assert!(m.file_type().is_socket());
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+    let d = std::fs::symlink_metadata(RUNTIME_DIR).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(d.uid(), unsafe { libc::geteuid() });
+    assert_eq!(d.permissions().mode() & 0o7777, 0o700);
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(g.file, g.fh, 0, 7).unwrap(), b"before ");
 }
