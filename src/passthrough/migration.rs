@@ -62,6 +62,9 @@ pub const MAX_HANDLES: usize = 1 << 20;
 /// most this, and far from wrapping.
 const MAX_ID_GAP: u64 = 1 << 32;
 const MAX_ID: u64 = 1 << 62;
+/// How long a load waits, over all its handles, for host lease holders to let go of the
+/// files it opens again (`reopen_for_load`).
+const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// Header: magic, version (le32), body length (le64).
 pub const HEADER_LEN: usize = 8 + 4 + 8;
 
@@ -729,9 +732,10 @@ impl PassthroughFs {
         self.inodes.continue_ids_from(state.next_node);
 
         let mut waits = Vec::new();
+        let lease_deadline = std::time::Instant::now() + LEASE_WAIT;
         for h in &state.handles {
             let fd = passed.remove(&Item::Handle(h.fh));
-            match self.restore_handle(h, state.next_handle, &restored, fd) {
+            match self.restore_handle(h, state.next_handle, &restored, fd, lease_deadline) {
                 Ok(Some(w)) => waits.push(w),
                 Ok(None) => {}
                 Err(why) => {
@@ -914,6 +918,7 @@ impl PassthroughFs {
         next: u64,
         restored: &HashMap<u64, Arc<Inode>>,
         passed: Option<OwnedFd>,
+        lease_deadline: std::time::Instant,
     ) -> Result<Option<LockWait>, String> {
         let inode = restored
             .get(&h.node)
@@ -940,7 +945,7 @@ impl PassthroughFs {
         };
         let fd = match passed.filter(usable) {
             Some(fd) => fd,
-            None => self.reopen(inode, flags).map_err(|e| e.to_string())?,
+            None => self.reopen_for_load(inode, flags, lease_deadline)?,
         };
         let nowait = !h.dir && self.nowait_unsupported.worth_trying(inode.key.mnt_id);
         let handle = Handle {
@@ -978,6 +983,35 @@ impl PassthroughFs {
                 }))
             }
             Err(e) => Err(format!("flock: {e}")),
+        }
+    }
+
+    /// Opens a handle's file again without waiting on a host lease: a blocking open would
+    /// wait `lease-break-time` (45 s by default) for each leased file while the VM is
+    /// paused. The open (O_NONBLOCK) tells the holder to let go; the load tries again
+    /// until `deadline`, one for the whole load, and then gives the handle up.
+    fn reopen_for_load(
+        &self,
+        inode: &Arc<Inode>,
+        flags: i32,
+        deadline: std::time::Instant,
+    ) -> Result<OwnedFd, String> {
+        loop {
+            match self.reopen(inode, flags | libc::O_NONBLOCK) {
+                Ok(fd) => {
+                    if flags & libc::O_NONBLOCK == 0 {
+                        sys::clear_nonblock(fd.as_raw_fd()).map_err(|e| e.to_string())?;
+                    }
+                    return Ok(fd);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err("a host lease holds it, and its holder did not let go".into());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
 
