@@ -1025,6 +1025,11 @@ impl PassthroughFs {
             .get(&o.node)
             .filter(|i| i.lookups() > 0 && i.is_reg())
             .ok_or_else(|| format!("its node {} was not restored", o.node))?;
+        // An owner locks through the guest's handles: with all of them left out, nobody
+        // could ever unlock it short of a FORGET (under `guest-error`).
+        if !o.handles.is_empty() && !self.handles_open(o.node, &o.handles) {
+            return Err("its handles were all left out".into());
+        }
         let mut ranges = Vec::with_capacity(o.ranges.len());
         for &(start, end, typ) in &o.ranges {
             ranges.push(Range::new(start, end, typ as u32).map_err(|_| "a bad range")?);

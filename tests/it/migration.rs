@@ -1000,3 +1000,31 @@ fn a_host_lease_on_a_file_the_guest_has_open_does_not_stall_the_load() {
     assert_eq!(n.getattr(e.nodeid).unwrap().attr.size, 4);
     drop(lease);
 }
+
+#[test]
+fn an_owner_whose_handles_were_all_left_out_is_not_restored_and_holds_no_lock() {
+    use std::os::unix::fs::MetadataExt;
+    let mut src = Daemon::start(&[]);
+    let c = src.client();
+    let (e, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    c.setlk(e.nodeid, o.fh, OWNER, Lock::range(0, 9, libc::F_RDLCK, 42))
+        .unwrap();
+    let state = c.fe.save_state().unwrap();
+    drop(c);
+    assert!(src.wait_exit(Duration::from_secs(10)).is_some());
+    // A host lease keeps the read-write handle from being opened again.
+    let lease = HostLease::take(&src.path("f"));
+    let ino = std::fs::metadata(src.path("f")).unwrap().ino();
+    let dst = Daemon::start_on(&src.share.clone(), &["--migration-on-error", "guest-error"]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(errno(n.read(e.nodeid, o.fh, 0, 1)), libc::EBADF);
+    assert_eq!(leases(ino), 1);
+    // Its owner went with it: no host lock for a handle the guest can't use.
+    assert_eq!(dst.stats()["lock_owners"].as_u64(), Some(0));
+    drop(lease);
+    assert!(
+        host_can_lock(&dst.path("f")),
+        "the owner's read lock is held"
+    );
+}
