@@ -477,6 +477,7 @@ impl FsDevice {
                     && heads.insert(r.head)
                     && positions.insert(r.position)
                     && self.server.resumable(r)
+                    && reply_buffer(mem, q, r.head) == Some(r.reply_at)
             });
             if list.is_empty() {
                 return;
@@ -643,6 +644,55 @@ fn avail_slot(mem: &GuestMem, q: &impl QueueT, position: u16) -> Option<u16> {
         .avail_ring()
         .checked_add(4 + 2 * u64::from(position % size))?;
     mem.read_obj::<u16>(GuestAddress(at)).ok().map(u16::from_le)
+}
+
+/// Where a request on the chain at `head` of `q`'s descriptor table gets its reply, as
+/// the request path takes it: the first device-writable buffer, if it holds a reply
+/// header. Read from the guest's table as it is now, so a resumed wait answers only into
+/// its own chain's buffer, not where a device state says.
+fn reply_buffer(mem: &GuestMem, q: &impl QueueT, head: u16) -> Option<u64> {
+    use virtio_bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
+    // struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }
+    let desc = |table: u64, i: u16| -> Option<(u64, u32, u16, u16)> {
+        let at = table.checked_add(16 * u64::from(i))?;
+        let mut b = [0u8; 16];
+        mem.read_slice(&mut b, GuestAddress(at)).ok()?;
+        Some((
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            u16::from_le_bytes(b[12..14].try_into().unwrap()),
+            u16::from_le_bytes(b[14..16].try_into().unwrap()),
+        ))
+    };
+    let (mut table, mut count, mut i) = (q.desc_table(), u32::from(q.size()), head);
+    let mut indirect = false;
+    for _ in 0..crate::server::MAX_DESCS {
+        if u32::from(i) >= count {
+            return None;
+        }
+        let (addr, len, flags, next) = desc(table, i)?;
+        let flags = u32::from(flags);
+        if flags & VRING_DESC_F_INDIRECT != 0 {
+            // One indirect table, at the chain's top level, as the queue's iterator takes it.
+            if indirect || len == 0 || len % 16 != 0 {
+                return None;
+            }
+            (indirect, table, count, i) = (true, addr, len / 16, 0);
+            continue;
+        }
+        if flags & VRING_DESC_F_WRITE != 0 {
+            let room =
+                len as usize >= std::mem::size_of::<fuse_backend_rs::abi::fuse_abi::OutHeader>();
+            return room.then_some(addr);
+        }
+        if flags & VRING_DESC_F_NEXT == 0 {
+            return None;
+        }
+        i = next;
+    }
+    None
 }
 
 impl VhostUserBackend for FsDevice {

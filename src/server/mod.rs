@@ -51,7 +51,7 @@ mod xattr;
 pub use crate::passthrough::wake::install_wake_handler;
 use crate::stats::Stats;
 use chain::Descs;
-pub use chain::Popped;
+pub use chain::{Popped, MAX_DESCS};
 use fast_read::FastRead;
 pub use locks::{Deferred, Slot};
 pub use opcode::Opcode;

@@ -1028,3 +1028,67 @@ fn an_owner_whose_handles_were_all_left_out_is_not_restored_and_holds_no_lock() 
         "the owner's read lock is held"
     );
 }
+
+/// `state` with its one request in flight answering at `reply_at` + `delta` instead: the
+/// state ends with that request (its reply address as a varint, the request's length and
+/// its 88 bytes) and the handover offer (43 bytes).
+fn reply_moved(state: &[u8], delta: u64) -> (Vec<u8>, u64) {
+    let end = state.len() - 43 - 88 - 1;
+    assert_eq!(state[end], 88, "not a SETLKW in flight where expected");
+    let mut start = end - 1;
+    while state[start - 1] & 0x80 != 0 {
+        start -= 1;
+    }
+    let (mut v, mut shift) = (0u64, 0);
+    for b in &state[start..end] {
+        v |= u64::from(b & 0x7f) << shift;
+        shift += 7;
+    }
+    let mut moved = v + delta;
+    let mut enc = Vec::new();
+    while moved >= 0x80 {
+        enc.push((moved as u8) | 0x80);
+        moved >>= 7;
+    }
+    enc.push(moved as u8);
+    assert_eq!(
+        enc.len(),
+        end - start,
+        "pick a delta of the same varint length"
+    );
+    let mut s = state.to_vec();
+    s[start..end].copy_from_slice(&enc);
+    (s, v + delta)
+}
+
+#[test]
+fn a_resumed_lock_wait_answers_only_into_its_own_chains_reply_buffer() {
+    use vm_memory::Bytes;
+    let mut src = Daemon::start(&[]);
+    let mut c = src.client();
+    let w = a_guest_waiting_on_a_host_flock(&src, &c);
+    let (state, bases) = c.fe.save_state_with_bases().unwrap();
+    // A stream that says to answer 64 bytes past the wait's own reply buffer (the guest
+    // memory of some other request, or the guest's kernel).
+    let (hostile, elsewhere) = reply_moved(&state, 64);
+    let before: [u8; 16] =
+        c.fe.mem
+            .read_obj(vm_memory::GuestAddress(elsewhere))
+            .unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    c.fe.migrate_to(&dst.sock, &hostile, &bases).unwrap();
+    assert!(src.wait_exit(Duration::from_secs(10)).is_some());
+    drop(w.host);
+    // The wait is dropped, not granted: nothing is written there, nothing answered.
+    std::thread::sleep(Duration::from_millis(300));
+    let after: [u8; 16] =
+        c.fe.mem
+            .read_obj(vm_memory::GuestAddress(elsewhere))
+            .unwrap();
+    assert_eq!(before, after, "the reply went where the stream said");
+    assert!(!answered(&c, w.t, Duration::from_millis(200)));
+    assert!(
+        host_can_flock(&dst.path("f")),
+        "a lock taken for a dropped wait"
+    );
+}
