@@ -297,6 +297,10 @@ struct NodeState {
     /// stale; it then takes the place of `name`.
     path: Option<Vec<u8>>,
     handle: Option<Vec<u8>>,
+    /// The root of a mount other than its parent's (a submount of the share): a handle
+    /// opens only on its own mount, and mount ids differ between daemons, so under
+    /// file-handles the destination finds it by its name and checks its handle.
+    mount_root: bool,
     /// Why the source could not describe it (the destination decides what follows).
     error: Option<String>,
 }
@@ -406,6 +410,11 @@ impl PassthroughFs {
                 name: r.name.as_ref().map(|(p, n)| (*p, n.to_bytes().to_vec())),
                 path: None,
                 handle: None,
+                mount_root: r.name.as_ref().is_some_and(|(p, _)| {
+                    self.inodes
+                        .get(*p)
+                        .is_ok_and(|p| p.key.mnt_id != r.inode.key.mnt_id)
+                }),
                 error: None,
             };
             let want_handle = mcfg.mode == Mode::FileHandles || mcfg.verify_handles;
@@ -805,10 +814,41 @@ impl PassthroughFs {
             (Mode::FileHandles, Some(anchor)) => {
                 let h = n.handle.as_ref().ok_or("no file handle in the state")?;
                 let h = sys::FileHandle::from_bytes(h).map_err(|_| "a malformed file handle")?;
-                let fd = sys::open_by_handle(anchor.as_raw_fd(), &h, nofollow)
-                    .map_err(|e| format!("its file handle does not open: {e}"))?;
-                self.check_inside_share(&fd, name.as_ref(), root)?;
-                fd
+                match &name {
+                    // A submount's root: by its name in its parent (inside the share by
+                    // construction), and only if it is the very directory the source had.
+                    Some((parent, cname)) if n.mount_root => {
+                        let pfd = parent.path_fd().map_err(|e| e.to_string())?;
+                        let fd = sys::openat(pfd.as_raw_fd(), cname, nofollow, 0)
+                            .map_err(|e| format!("{cname:?}: {e}"))?;
+                        let now = sys::name_to_handle(fd.as_raw_fd())
+                            .map_err(|e| format!("no file handle to check: {e}"))?;
+                        if now.0.as_bytes() != h.as_bytes() {
+                            return Err("another file is at its name (file handles differ)".into());
+                        }
+                        fd
+                    }
+                    _ => {
+                        // Decoded on its parent's mount (restored before it), which is its
+                        // own: the share's root's for a node with no name.
+                        let parent_dir = match &name {
+                            Some((parent, _)) => {
+                                let pfd = parent.path_fd().map_err(|e| e.to_string())?;
+                                let dir = libc::O_RDONLY | libc::O_DIRECTORY;
+                                Some(
+                                    sys::openat(pfd.as_raw_fd(), c".", dir, 0)
+                                        .map_err(|e| e.to_string())?,
+                                )
+                            }
+                            None => None,
+                        };
+                        let mount_fd = parent_dir.as_ref().unwrap_or(anchor);
+                        let fd = sys::open_by_handle(mount_fd.as_raw_fd(), &h, nofollow)
+                            .map_err(|e| format!("its file handle does not open: {e}"))?;
+                        self.check_inside_share(&fd, name.as_ref(), root)?;
+                        fd
+                    }
+                }
             }
             _ => {
                 let fd = match (&n.path, &name) {
@@ -1430,6 +1470,7 @@ mod tests {
             name: Some((ROOT_ID, b"f".to_vec())),
             path: None,
             handle: None,
+            mount_root: false,
             error: None,
         };
         let s = State {

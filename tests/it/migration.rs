@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::common::{errno, host_flock, host_ofd_lock, require_root, Daemon, HostLease, ROOT};
+use crate::common::{
+    errno, host_flock, host_ofd_lock, require_root, Daemon, HostLease, Tmpfs, ROOT,
+};
 use vfsd::frontend::fuse::*;
 use vfsd::frontend::FrontendConfig;
 
@@ -1091,4 +1093,31 @@ fn a_resumed_lock_wait_answers_only_into_its_own_chains_reply_buffer() {
         host_can_flock(&dst.path("f")),
         "a lock taken for a dropped wait"
     );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn file_handles_mode_restores_nodes_and_open_files_on_a_submount() {
+    require_root("mounting a tmpfs and open_by_handle_at need root");
+    let top = tempfile::tempdir().unwrap();
+    let share = top.path().join("share");
+    std::fs::create_dir_all(share.join("sub")).unwrap();
+    let _mnt = Tmpfs::mount(&share.join("sub"), None);
+    std::fs::create_dir(share.join("sub/d")).unwrap();
+    std::fs::write(share.join("sub/d/f"), b"on the submount").unwrap();
+    let mode = ["--migration-mode", "file-handles"];
+    let src = Daemon::start_on(&share, &mode);
+    let c = src.client();
+    let sub = c.lookup(ROOT, "sub").unwrap().nodeid;
+    let d = c.lookup(sub, "d").unwrap().nodeid;
+    let f = c.lookup(d, "f").unwrap().nodeid;
+    let fh = c.open(f, libc::O_RDWR as u32).unwrap().fh;
+    let state = c.fe.save_state().unwrap();
+
+    let dst = Daemon::start_on(&share, &mode);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    assert_eq!(n.read(f, fh, 0, 15).unwrap(), b"on the submount");
+    assert_eq!(n.lookup(d, "f").unwrap().nodeid, f);
+    assert_eq!(n.lookup(ROOT, "sub").unwrap().nodeid, sub);
 }
