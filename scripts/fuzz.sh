@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Malformed-input fuzzing of vfsd's request path (see docs/fuzzing.md).
+# Malformed-input fuzzing of vfsd's request path and migration stream (see docs/fuzzing.md).
 #
 #   scripts/fuzz.sh [SECONDS]     run every target for SECONDS (default 60) each, in turn
 #
 # Environment:
-#   FUZZ_TARGETS   targets to run (default: "fuse_request descriptor_chain")
+#   FUZZ_TARGETS   targets to run (default: every target in fuzz/fuzz_targets/)
 #   FUZZ_JOBS      cargo build jobs (default: 2)
 #   FUZZ_ARGS      extra libFuzzer arguments (e.g. "-seed=1")
 #
@@ -18,7 +18,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET=${1:-60}
-TARGETS=${FUZZ_TARGETS:-"fuse_request descriptor_chain"}
+# Every target there is, so a new one runs in CI without being named here.
+TARGETS=${FUZZ_TARGETS:-$(for f in fuzz/fuzz_targets/*.rs; do basename "$f" .rs; done)}
 JOBS=${FUZZ_JOBS:-2}
 CARGO_FUZZ_VERSION=0.13.2
 export RUSTC_BOOTSTRAP=1

@@ -9,6 +9,8 @@
 //!   input, served in order against one server).
 //! - [`chain`]: the `descriptor_chain` target (the guest writes arbitrary descriptor tables,
 //!   avail rings and indirect tables).
+//! - [`state`]: the `migration_state` target (arbitrary bytes loaded as a migration's
+//!   device state into a fresh filesystem).
 //!
 //! Besides "no panic, no hang", every request is checked for:
 //! - a used length no larger than the chain's writable bytes;
@@ -18,6 +20,7 @@
 
 pub mod chain;
 pub mod request;
+pub mod state;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -148,6 +151,11 @@ impl Fixture {
     /// policy, 5 allow_direct_io, 6 no parallel direct writes, 7 announce_submounts and
     /// nodes named by file handles (`--inode-file-handles prefer`).
     pub fn new(opts: u8) -> Fixture {
+        Self::with(opts, |_| {})
+    }
+
+    /// `new`, with the configuration changed by `tweak` before the filesystem is made.
+    pub fn with(opts: u8, tweak: impl FnOnce(&mut Config)) -> Fixture {
         let dir = tempfile::Builder::new()
             .prefix("vfsd-fuzz-")
             .tempdir_in(tmp_base())
@@ -171,6 +179,7 @@ impl Fixture {
         } else {
             FileHandleMode::Never
         };
+        tweak(&mut cfg);
         let fs = Arc::new(PassthroughFs::new(cfg).expect("PassthroughFs::new"));
         Fixture {
             server: FuseServer::new(fs),

@@ -337,6 +337,11 @@ impl Seq {
     pub fn bytes(&self) -> Vec<u8> {
         encode(self.cfg, &self.recs)
     }
+
+    /// The requests, to serve them directly (the migration target's seeds).
+    pub fn records(&self) -> &[Record] {
+        &self.recs
+    }
 }
 
 /// INIT's body; with FUSE_INIT_EXT (bit 30) the second flags word follows.
