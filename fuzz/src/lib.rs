@@ -278,6 +278,10 @@ pub fn init() {
     // ignore the signal again before every input so EFBIG reaches the daemon code instead.
     // SAFETY: setting a signal's disposition to SIG_IGN.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // So is its SIGUSR2 handler (it ends the run "gracefully"), and SIGUSR2 is the signal
+    // that breaks a lock waiter or a migration's lock retake off: the daemon's own handler
+    // again, as `daemon::run` installs it.
+    vfsd::server::install_wake_handler();
     INIT.call_once(|| {
         limit_file_size();
         let _ = log::set_logger(&SINK);

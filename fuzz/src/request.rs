@@ -17,8 +17,8 @@
 //! buffers, unknown opcodes and huge sizes all reach the server as a guest would send them.
 
 use fuse_backend_rs::abi::fuse_abi::*;
-use virtio_queue::QueueT;
 use vfsd::server::GuestMem;
+use virtio_queue::QueueT;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use crate::*;

@@ -152,13 +152,17 @@ mod caps {
         pub owners: usize,
         /// Lock ranges over all owners.
         pub ranges: usize,
+        /// Handles the owners name, over all owners.
+        pub owner_handles: usize,
         pub in_flight: usize,
     }
 
     thread_local! {
         static CAPS: Cell<Option<Caps>> = const { Cell::new(None) };
-        /// Ranges still allowed in this decode (their cap is over all owners).
+        /// Ranges and owners' handles still allowed in this decode (their caps are over
+        /// all owners).
         static RANGES_LEFT: Cell<usize> = const { Cell::new(0) };
+        static OWNER_HANDLES_LEFT: Cell<usize> = const { Cell::new(0) };
         /// Elements decoded under a cap in this decode (for the tests).
         static DECODED: Cell<usize> = const { Cell::new(0) };
         /// Why a cap refused (postcard keeps no message of a custom error).
@@ -174,6 +178,7 @@ mod caps {
     pub fn with<T>(caps: Caps, f: impl FnOnce() -> T) -> T {
         CAPS.set(Some(caps));
         RANGES_LEFT.set(caps.ranges);
+        OWNER_HANDLES_LEFT.set(caps.owner_handles);
         DECODED.set(0);
         REFUSED.set(None);
         let r = f();
@@ -187,19 +192,25 @@ mod caps {
         DECODED.get()
     }
 
+    /// A cap of its own per sequence, or a budget all owners share.
+    #[derive(Clone, Copy)]
+    enum Cap {
+        Own(fn(&Caps) -> usize),
+        Shared(&'static std::thread::LocalKey<Cell<usize>>),
+    }
+
     fn capped<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
         what: &'static str,
-        cap: impl Fn(&Caps) -> usize,
-        shared: bool,
+        cap: Cap,
     ) -> Result<Vec<T>, D::Error> {
-        struct V<T, F> {
+        struct V<T> {
             what: &'static str,
             max: usize,
-            shared: bool,
-            _t: std::marker::PhantomData<(T, F)>,
+            cap: Cap,
+            _t: std::marker::PhantomData<T>,
         }
-        impl<'de, T: Deserialize<'de>, F> Visitor<'de> for V<T, F> {
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
             type Value = Vec<T>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 write!(f, "at most {} {}", self.max, self.what)
@@ -214,8 +225,8 @@ mod caps {
                     REFUSED.set(Some(why.clone()));
                     return Err(A::Error::custom(why));
                 }
-                if self.shared {
-                    RANGES_LEFT.set(RANGES_LEFT.get() - n);
+                if let Cap::Shared(left) = self.cap {
+                    left.set(left.get() - n);
                 }
                 let mut v = Vec::with_capacity(n.min(4096));
                 while let Some(x) = seq.next_element()? {
@@ -228,41 +239,49 @@ mod caps {
         let caps = CAPS
             .get()
             .ok_or_else(|| D::Error::custom("decoded outside a load"))?;
-        let max = if shared {
-            RANGES_LEFT.get()
-        } else {
-            cap(&caps)
+        let max = match cap {
+            Cap::Own(f) => f(&caps),
+            Cap::Shared(left) => left.get(),
         };
-        d.deserialize_seq(V::<T, ()> {
+        d.deserialize_seq(V::<T> {
             what,
             max,
-            shared,
+            cap,
             _t: std::marker::PhantomData,
         })
     }
 
     pub fn nodes<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
-        capped(d, "nodes", |c| c.nodes, false)
+        capped(d, "nodes", Cap::Own(|c| c.nodes))
     }
     pub fn handles<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
     ) -> Result<Vec<T>, D::Error> {
-        capped(d, "handles", |c| c.handles, false)
+        capped(d, "handles", Cap::Own(|c| c.handles))
     }
     pub fn owners<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
     ) -> Result<Vec<T>, D::Error> {
-        capped(d, "lock owners", |c| c.owners, false)
+        capped(d, "lock owners", Cap::Own(|c| c.owners))
     }
     pub fn ranges<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
     ) -> Result<Vec<T>, D::Error> {
-        capped(d, "lock ranges", |c| c.ranges, true)
+        capped(d, "lock ranges", Cap::Shared(&RANGES_LEFT))
+    }
+    pub fn owner_handles<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        capped(
+            d,
+            "handles of lock owners",
+            Cap::Shared(&OWNER_HANDLES_LEFT),
+        )
     }
     pub fn in_flight<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
     ) -> Result<Vec<T>, D::Error> {
-        capped(d, "requests in flight", |c| c.in_flight, false)
+        capped(d, "requests in flight", Cap::Own(|c| c.in_flight))
     }
 }
 
@@ -319,7 +338,7 @@ struct OwnerState {
     node: u64,
     owner: u64,
     pid: u32,
-    #[serde(deserialize_with = "caps::handles")]
+    #[serde(deserialize_with = "caps::owner_handles")]
     handles: Vec<u64>,
     #[serde(deserialize_with = "caps::ranges")]
     ranges: Vec<(u64, u64, i32)>,
@@ -628,6 +647,7 @@ impl PassthroughFs {
             handles: MAX_HANDLES,
             owners: self.cfg.max_locks,
             ranges: self.cfg.max_locks + 2 * self.cfg.max_lock_waiters,
+            owner_handles: MAX_HANDLES,
             in_flight: self.cfg.max_lock_waiters,
         }
     }
@@ -1554,6 +1574,21 @@ mod tests {
         }
         // The first owner's ranges and the two owners' handle lists: not the second's ranges.
         assert_eq!(caps::decoded(), 2 + half + 1);
+        // The handles owners name, the same way: 8 bytes in memory for each byte.
+        let many = |n: usize| OwnerState {
+            handles: vec![1; n],
+            ..owner(1)
+        };
+        let half = MAX_HANDLES / 2 + 1;
+        let s = State {
+            owners: vec![many(half), many(half)],
+            ..empty()
+        };
+        match fs.load_state(&bytes(&s)) {
+            Err(StateError::Malformed(why)) => assert!(why.contains("handles of lock"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(caps::decoded(), half + 1 + 1);
     }
 
     #[test]
