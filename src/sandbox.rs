@@ -9,8 +9,10 @@
 //!
 //! Every mode first closes every fd the daemon does not need. The confined daemon keeps
 //! no directory outside the share (an fd of one is a way out: `openat(fd, "..")`): the
-//! statistics file is kept as the file's own fd, and the socket's name is removed by the
-//! parent, which never serves the guest, after the daemon exits.
+//! statistics file is kept as the file's own fd, the socket's name is removed by the
+//! parent, which never serves the guest, after the daemon exits, and the lock handover's
+//! runtime directory is a detached copy of that one directory's mount, whose `..` leads
+//! nowhere (`passthrough::RuntimeDir`).
 
 use std::ffi::{CStr, CString};
 use std::io;

@@ -114,8 +114,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_pwait,
     libc::SYS_ppoll,
-    // A migration's lock handover: a unix socket in the share (`passthrough::handover`;
-    // socket: AF_UNIX only, see `rules`).
+    // A migration's lock handover: a unix socket in the private runtime directory
+    // (`passthrough::handover`; socket: AF_UNIX only, see `rules`).
     libc::SYS_bind,
     libc::SYS_listen,
     libc::SYS_connect,

@@ -352,6 +352,19 @@ pub fn open_fds() -> usize {
         .unwrap_or(0)
 }
 
+/// What the open file descriptors are (for a leak's message).
+fn fd_targets() -> Vec<String> {
+    let Ok(d) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .map(|e| {
+            let to = std::fs::read_link(e.path()).unwrap_or_default();
+            format!("{}: {}", e.file_name().to_string_lossy(), to.display())
+        })
+        .collect()
+}
+
 /// Runs `f` and asserts that it leaves no file descriptor open.
 pub fn no_fd_leak<R>(f: impl FnOnce() -> R) -> R {
     let before = open_fds();
@@ -359,7 +372,8 @@ pub fn no_fd_leak<R>(f: impl FnOnce() -> R) -> R {
     let after = open_fds();
     assert!(
         after <= before,
-        "file descriptors leaked: {before} open before the input, {after} after"
+        "file descriptors leaked: {before} open before the input, {after} after: {:?}",
+        fd_targets()
     );
     r
 }

@@ -92,6 +92,15 @@ pub fn run(data: &[u8]) {
         // The session ends (the VMM resets the device, or the guest unmounts): every lock
         // retake is called off and waited for, every node and handle goes.
         fs.destroy();
+        // A retake thread that had not started when DESTROY called it off ends on its
+        // own, soon, dropping its share of the filesystem: wait for that (bounded; one
+        // that never lets go shows as a leak below).
+        let t = std::time::Instant::now();
+        while std::sync::Arc::strong_count(&fs) > 2
+            && t.elapsed() < std::time::Duration::from_secs(2)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         drop(fs);
         drop(f);
     });

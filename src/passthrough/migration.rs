@@ -1250,20 +1250,24 @@ impl LockWait {
             }
         };
         let session = fs.session();
-        fs.register_retake(retake);
+        fs.register_retake(retake.clone());
+        drop(fs);
         let r = std::thread::Builder::new()
             .name("vfsd-lock-retake".into())
             .stack_size(RETAKE_STACK)
             .spawn(move || {
+                // Finished last, after the wait and its filesystem are dropped: whoever
+                // waits for the thread (the session's end) finds nothing of it left.
+                let _done = Finish(&retake);
+                let this = self;
                 let live = |fs: &PassthroughFs| fs.session() == session;
-                match &self {
+                match &this {
                     LockWait::Flock {
                         fs,
                         handle,
                         typ,
                         retake,
                     } => {
-                        let _done = Finish(retake);
                         let fd = handle.fd.as_raw_fd();
                         let got = retake.start()
                             && live(fs)
@@ -1291,7 +1295,6 @@ impl LockWait {
                         }
                     }
                     LockWait::Posix { fs, rec, retake } => {
-                        let _done = Finish(retake);
                         let (node, owner) = (rec.node, rec.owner);
                         if !retake.start() || !live(fs) {
                             fs.locks.drop_pending(node, owner, retake);
