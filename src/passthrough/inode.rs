@@ -212,8 +212,35 @@ impl Inode {
         Ok(base)
     }
 
-    /// `name` in the directory `dir`, if it is this node's file.
+    /// Whether the file `st` describes (with file handle `handle`, where the host gives
+    /// durable ones) is this node's: its inode number, its birth time and its handle. A
+    /// node that holds its fd holds its inode, so the number can't have gone to another
+    /// file; one that gave its fd up and has neither a birth time nor a handle can't be
+    /// told from a later file with its number, and is taken for another.
+    fn is_file(&self, st: &sys::StatX, handle: Option<&sys::FileHandle>) -> bool {
+        if InodeKey::of(st) != self.key {
+            return false;
+        }
+        if self.fd.lock().unwrap().is_some() {
+            return true;
+        }
+        let btime_differs = self.btime.is_some() && st.btime != self.btime;
+        let handle_differs = match (&self.handle, handle) {
+            (Some(old), Some(new)) => old.handle != *new,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        self.identifiable() && !btime_differs && !handle_differs
+    }
+
+    /// `name` in the directory `dir`, if it is this node's file. A node that can't be
+    /// told from a later file with its inode number (`identifiable`) gave up its fd only
+    /// past the bound on pinned nodes: ESTALE then, and the guest's next lookup of the
+    /// name gets a node of its own, rather than another file's data by inode number.
     fn open_at(&self, dir: &PathFd, name: &CStr) -> io::Result<OwnedFd> {
+        if !self.identifiable() {
+            return Err(sys::errno(libc::ESTALE));
+        }
         let fd = match sys::openat(dir.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Err(sys::errno(libc::ESTALE))
@@ -714,14 +741,13 @@ impl InodeTable {
         }
         let handle = self.handle_of(&fd)?;
         // A known node of this file, if any. A node whose fd is gone may name a file since
-        // deleted whose inode number was reused: a different handle means a different
-        // file, which gets a node of its own (the old one answers ESTALE).
+        // deleted whose inode number was reused: another file gets a node of its own, and
+        // the old one answers ESTALE (`Inode::open_at`).
         let known = |m: &Maps| {
             let inode = m.by_id.get(m.by_key.get(&key)?)?;
-            match (&inode.handle, &handle) {
-                (Some(old), Some((new, _, _))) if old.handle != *new => None,
-                _ => Some(inode.clone()),
-            }
+            inode
+                .is_file(st, handle.as_ref().map(|(h, _, _)| h))
+                .then(|| inode.clone())
         };
         if let Some(inode) = known(&self.maps.read().unwrap()) {
             // A count raised under the read lock can't race a removal: forget takes the
