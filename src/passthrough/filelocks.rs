@@ -14,6 +14,26 @@
 //! to memory cgroups): `--max-locks` byte ranges per connection, counted with a model of
 //! each owner's ranges that merges and splits as the kernel does (`RangeSet`), and
 //! `--max-lock-waiters` blocked SETLKW requests. Past either, ENOLCK.
+//!
+//! Deadlocks. The host does no deadlock detection for OFD locks, and the virtio-fs guest
+//! never sends FUSE_INTERRUPT, so a cycle of SETLKW waits among the guest's owners would
+//! hang those guest processes for good: a process blocked in a forwarded F_SETLKW can't
+//! even be killed until the daemon answers. So a SETLKW that must wait is first checked
+//! for a cycle among the owners this table serves, as Linux's `posix_locks_deadlock`
+//! checks processes (`Owners::closes_cycle`): the wait that would close one gets EDEADLK.
+//! The guest's OFD locks get the same check. FUSE can't tell them from its POSIX locks
+//! (the guest's `fuse_lk_fill` sends the owner id, range, type and pid, and no
+//! FL_OFDLCK), and while Linux gives OFD waits no EDEADLK, there a signal ends such a
+//! wait; here nothing would. Not found: waits on locks of other daemons' guests or host
+//! processes (the walk ends at a holder it doesn't know), cycles longer than
+//! `DEADLOCK_DEPTH` or past `DEADLOCK_STEPS`, and cycles closed by a change while a waiter
+//! already sleeps in the host's F_OFD_SETLKW (a holder taking another range a waiter
+//! needs; Linux checks again whenever a waiter wakes, the host does that for us unseen).
+//! A wait that never ends is over only when its holder lets go: in the guest, end or
+//! unlock the holding process (`/proc/locks` in the guest doesn't list forwarded locks;
+//! the host's does, with vfsd as holder); otherwise the holder on the host or in the
+//! other guest must go, or the guest be reset (a new INIT or DESTROY cancels every wait
+//! with EINTR).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -159,6 +179,21 @@ impl RangeSet {
         s
     }
 
+    /// Whether a range of this set conflicts with `r` (they overlap and either is a write
+    /// lock). Each range looked at costs one of `budget`; none left: false.
+    fn conflicts(&self, r: &Range, budget: &mut usize) -> bool {
+        for (_, &(e, t)) in self.ranges.range(..=r.end).rev() {
+            if e < r.start || *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            if t == libc::F_WRLCK || r.typ == libc::F_WRLCK {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Whether a range of this set is `r` exactly (the GETLK answer is one of ours).
     fn holds(&self, r: &Range) -> bool {
         self.ranges.get(&r.start) == Some(&(r.end, r.typ))
@@ -205,11 +240,131 @@ struct Owners {
     /// node -> guest lock owner -> entry.
     by_node: HashMap<u64, HashMap<u64, Entry>>,
     count: usize,
+    /// The POSIX waits, for the deadlock check. Under the table's mutex: a wait is
+    /// checked and registered in one critical section, so of two waits that close a
+    /// cycle together the second sees the first, and the lock order stays the table,
+    /// then an owner's state.
+    waits: Waits,
+}
+
+/// The SETLKWs waiting on their threads, by guest lock owner: what each waits for.
+/// An owner here is the guest's lock owner id, whatever node it locks: a process holding
+/// a range of one file may wait for another file.
+#[derive(Default)]
+struct Waits {
+    by_owner: HashMap<u64, Vec<WaitRecord>>,
+    next_id: u64,
+}
+
+struct WaitRecord {
+    id: u64,
+    node: u64,
+    range: Range,
+}
+
+/// Hops the deadlock walk follows from a new wait (an owner waiting for an owner that
+/// waits for ...), as Linux's `MAX_DEADLK_ITERATIONS`; a longer cycle is not found.
+pub const DEADLOCK_DEPTH: usize = 10;
+/// Owners and ranges the walk may look at, in all: it runs under the table's mutex.
+/// Past it, no EDEADLK.
+pub const DEADLOCK_STEPS: usize = 4096;
+
+impl Waits {
+    fn add(&mut self, owner: u64, node: u64, range: Range) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_owner
+            .entry(owner)
+            .or_default()
+            .push(WaitRecord { id, node, range });
+        id
+    }
+
+    fn remove(&mut self, owner: u64, id: u64) {
+        if let Some(v) = self.by_owner.get_mut(&owner) {
+            v.retain(|w| w.id != id);
+            if v.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
 }
 
 impl Owners {
     fn get(&self, node: u64, owner: u64) -> Option<&Entry> {
         self.by_node.get(&node)?.get(&owner)
+    }
+
+    /// Whether `me` waiting for `range` of `node` would close a cycle of waits among
+    /// this table's owners, as Linux's `posix_locks_deadlock` finds one among processes.
+    /// A wait is blocked by each other owner of its node whose ranges conflict with it;
+    /// only an owner that itself waits (or `me`) leads on. Holders this table does not
+    /// know (host processes, other daemons) end the walk. At most `DEADLOCK_DEPTH` hops
+    /// and `DEADLOCK_STEPS` owners and ranges looked at; past either, no cycle.
+    fn closes_cycle(&self, me: u64, node: u64, range: Range) -> bool {
+        let mut budget = DEADLOCK_STEPS;
+        let mut seen = std::collections::HashSet::from([me]);
+        let mut frontier = vec![(node, range, me)];
+        for _ in 0..DEADLOCK_DEPTH {
+            let mut next = Vec::new();
+            for (node, range, waiter) in frontier {
+                let Some(owners) = self.by_node.get(&node) else {
+                    continue;
+                };
+                // Those that may lead on: the waiting owners with an entry on the node,
+                // found from the smaller side.
+                let leads =
+                    |k: u64| k != waiter && (k == me || self.waits.by_owner.contains_key(&k));
+                let candidates: Vec<(u64, &Entry)> =
+                    if owners.len() <= self.waits.by_owner.len() + 1 {
+                        budget = budget.saturating_sub(owners.len());
+                        owners
+                            .iter()
+                            .filter(|(&k, _)| leads(k))
+                            .map(|(&k, e)| (k, e))
+                            .collect()
+                    } else {
+                        budget = budget.saturating_sub(self.waits.by_owner.len() + 1);
+                        self.waits
+                            .by_owner
+                            .keys()
+                            .copied()
+                            .chain(std::iter::once(me))
+                            .filter(|&k| leads(k))
+                            .filter_map(|k| owners.get(&k).map(|e| (k, e)))
+                            .collect()
+                    };
+                for (k, e) in candidates {
+                    if budget == 0 {
+                        return false;
+                    }
+                    budget -= 1;
+                    if !e
+                        .owner
+                        .state
+                        .lock()
+                        .unwrap()
+                        .ranges
+                        .conflicts(&range, &mut budget)
+                    {
+                        continue;
+                    }
+                    if k == me {
+                        return true;
+                    }
+                    if seen.insert(k) {
+                        for w in self.waits.by_owner.get(&k).into_iter().flatten() {
+                            next.push((w.node, w.range, k));
+                        }
+                    }
+                }
+            }
+            if next.is_empty() {
+                return false;
+            }
+            frontier = next;
+        }
+        false
     }
 
     fn remove(&mut self, node: u64, owner: u64) -> Option<Arc<Owner>> {
@@ -239,6 +394,8 @@ pub struct LockCounters {
     pub held: AtomicUsize,
     pub waiters: AtomicUsize,
     pub enolck: AtomicU64,
+    /// SETLKWs answered EDEADLK (they would have closed a cycle of waits).
+    pub edeadlk: AtomicU64,
     /// Owners in the table, each with a host open file description.
     pub owners: AtomicUsize,
 }
@@ -272,6 +429,8 @@ pub enum Wait {
         key: u64,
         owner: Arc<Owner>,
         range: Range,
+        /// Its record for the deadlock check (0: none yet).
+        record: u64,
     },
     Flock {
         locks: Arc<FileLocks>,
@@ -288,8 +447,12 @@ impl Drop for Wait {
                 node,
                 key,
                 owner,
+                record,
                 ..
             } => {
+                if *record != 0 {
+                    locks.owners.lock().unwrap().waits.remove(*key, *record);
+                }
                 owner.state.lock().unwrap().waiting -= 1;
                 locks.drop_if_unused(*node, *key, owner);
                 locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
@@ -531,13 +694,28 @@ impl FileLocks {
                     Ok(()) => {
                         st.waiting += 1;
                         drop(st);
-                        return Ok(Some(Wait::Posix {
+                        let mut w = Wait::Posix {
                             locks: self.clone(),
                             node,
                             key: owner,
                             owner: o,
                             range: r,
-                        }));
+                            record: 0,
+                        };
+                        // The owner stays (it waits) while its state is let go: the
+                        // check takes the table and then owners' states.
+                        let mut m = self.owners.lock().unwrap();
+                        if m.closes_cycle(owner, node, r) {
+                            drop(m);
+                            self.counters.edeadlk.fetch_add(1, Ordering::Relaxed);
+                            // Dropping the wait gives its place back.
+                            drop(w);
+                            return Err(errno(libc::EDEADLK));
+                        }
+                        if let Wait::Posix { record, .. } = &mut w {
+                            *record = m.waits.add(owner, node, r);
+                        }
+                        return Ok(Some(w));
                     }
                     Err(e) => Err(e),
                 },
@@ -624,10 +802,11 @@ impl FileLocks {
         self.pending.lock().unwrap().clear();
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
-            let all = std::mem::take(&mut *m);
+            // The waits' records stay: each goes with its wait, which is cancelled.
+            let all = std::mem::take(&mut m.by_node);
+            m.count = 0;
             self.counters.owners.store(0, Ordering::Relaxed);
-            all.by_node
-                .into_values()
+            all.into_values()
                 .flat_map(|owners| owners.into_values().map(|e| e.owner))
                 .collect()
         };
