@@ -28,7 +28,10 @@
 //! processes (the walk ends at a holder it doesn't know), cycles longer than
 //! `DEADLOCK_DEPTH` or past `DEADLOCK_STEPS`, and cycles closed by a change while a waiter
 //! already sleeps in the host's F_OFD_SETLKW (a holder taking another range a waiter
-//! needs; Linux checks again whenever a waiter wakes, the host does that for us unseen).
+//! needs; Linux checks again whenever a waiter wakes, the host does that for us unseen),
+//! and waits whose holder waits for something else of the waiter's, such as its exit (a
+//! parent that kills its child, blocked in a forwarded F_SETLKW for the parent's lock, and
+//! waits for it before closing the file: the signal can't end the child's wait here).
 //! A wait that never ends is over only when its holder lets go: in the guest, end or
 //! unlock the holding process (`/proc/locks` in the guest doesn't list forwarded locks;
 //! the host's does, with vfsd as holder); otherwise the holder on the host or in the
