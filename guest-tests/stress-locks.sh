@@ -7,22 +7,22 @@
 # still running past its deadline is reported as hung and the script gives up on it,
 # unless all it waits for is a killed child's wait that its parent stands behind (see
 # killed_child_waits): those parents are ended, and the run counted apart.
-# Usage: /guest-tests/stress-locks.sh [-d DIR] [-t SECS] [-r ROUNDS]
+# Usage: /guest-tests/stress-locks.sh [-d DIR] [-t SECS] [-r PASSES]
 #   -d DIR     directory to test in (default $VFSD_SHARE)
 #   -t SECS    seconds per stressor (default 4)
-#   -r ROUNDS  rounds as root (default 3; one more runs as fsgqa)
-# Prints "stress-locks: <user> round N <stressor>: <bogo ops> ops" per run and
+#   -r PASSES  passes as root (default 3; one more runs as fsgqa)
+# Prints "stress-locks: <user> pass N <stressor>: <bogo ops> ops" per run and
 # "stress-locks: N runs, M failed, K ..."; exits 1 if any run failed or hung. A run whose
 # only wait is a killed child's (see killed_child_waits) counts as K, not as failed.
 DIR=${VFSD_SHARE:-}
 SECS=4
-ROUNDS=3
+PASSES=3
 while getopts d:t:r: o; do
     case $o in
         d) DIR=$OPTARG ;;
         t) SECS=$OPTARG ;;
-        r) ROUNDS=$OPTARG ;;
-        *) echo "usage: $0 [-d DIR] [-t SECS] [-r ROUNDS]"; exit 2 ;;
+        r) PASSES=$OPTARG ;;
+        *) echo "usage: $0 [-d DIR] [-t SECS] [-r PASSES]"; exit 2 ;;
     esac
 done
 [ -n "$DIR" ] || { echo "stress-locks: no directory (-d) and VFSD_SHARE unset"; exit 2; }
@@ -64,9 +64,9 @@ killed_child_waits() {
     done
     echo $out
 }
-# run USER ROUND STRESSOR
+# run USER PASS STRESSOR
 run() {
-    local user=$1 round=$2 s=$3 out=/tmp/stress-locks.out pid waited=0 rc known= parents
+    local user=$1 pass=$2 s=$3 out=/tmp/stress-locks.out pid waited=0 rc known= parents
     local cmd="$SNG --$s 2 -t $SECS --metrics-brief --temp-path $T"
     RUNS=$((RUNS + 1))
     rm -f "$out"
@@ -82,13 +82,13 @@ run() {
             parents=$(killed_child_waits)
             if [ -n "$parents" ]; then
                 known=1
-                echo "stress-locks: KNOWN: $user round $round $s: a killed child's forwarded lock wait, its parent waiting for it while it holds the lock; ending the parents ($parents)"
+                echo "stress-locks: KNOWN: $user pass $pass $s: a killed child's forwarded lock wait, its parent waiting for it while it holds the lock; ending the parents ($parents)"
                 show_procs
                 kill -9 $parents
             fi
         fi
         if [ "$waited" -ge $((SECS * 2 + 30)) ]; then
-            echo "stress-locks: FAIL: $user round $round $s: still running after ${waited}s (a lock wait that never ends)"
+            echo "stress-locks: FAIL: $user pass $pass $s: still running after ${waited}s (a lock wait that never ends)"
             grep -E 'stress-ng: (fail|error)' "$out" | head -5 | sed 's/^/stress-locks:   | /'
             show_procs
             FAILED=$((FAILED + 1))
@@ -105,17 +105,17 @@ run() {
     fi
     ops=$(sed -n "s/^stress-ng: metrc: \[[0-9]*\] $s  *\([0-9][0-9]*\) .*/\1/p" "$out")
     if [ "$rc" != 0 ] || [ -z "$ops" ]; then
-        echo "stress-locks: FAIL: $user round $round $s: exit status $rc"
+        echo "stress-locks: FAIL: $user pass $pass $s: exit status $rc"
         grep -vE 'stress-ng: (info|metrc)' "$out" | head -5 | sed 's/^/stress-locks:   | /'
         FAILED=$((FAILED + 1))
         return
     fi
-    echo "stress-locks: $user round $round $s: $ops ops in ${SECS}s"
+    echo "stress-locks: $user pass $pass $s: $ops ops in ${SECS}s"
 }
 
 HUNG=0
 r=1
-while [ "$r" -le "$ROUNDS" ] && [ "$HUNG" = 0 ]; do
+while [ "$r" -le "$PASSES" ] && [ "$HUNG" = 0 ]; do
     for s in locka lockf lockofd; do [ "$HUNG" = 0 ] && run root "$r" "$s"; done
     r=$((r + 1))
 done

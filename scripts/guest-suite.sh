@@ -16,7 +16,7 @@
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
 #                     locks,stress-locks,migrate,libvirt,xfstests
 #                     (and twohosts, with --gluster). stress-locks: stress-ng's locka,
-#                     lockf and lockofd stressors, two instances each, three rounds as
+#                     lockf and lockofd stressors, two instances each, three passes as
 #                     root and one as a user; a lock wait left unanswered fails it,
 #                     but a killed child's wait that its parent waits for is broken
 #                     and counted apart (guest-tests/stress-locks.sh; about 2 minutes). migrate: live migration between two
