@@ -2,7 +2,7 @@
 # Build the initramfs for the vfsd guest tests.
 #
 # Contents: busybox (static), fio, pjdfstest, fsx, the host's sleep, and
-# getfattr/setfattr when present, each with the shared libraries ldd reports; guest-tests/ at
+# getfattr/setfattr and stress-ng when present, each with the shared libraries ldd reports; guest-tests/ at
 # /guest-tests; scripts/guest-init.sh as /init.
 #
 # Usage: scripts/build-initramfs.sh [-o OUTPUT] [--force] [--no-tools]
@@ -78,7 +78,7 @@ if [ "$TOOLS" = 1 ]; then
     BINS+=("$FIO")
     BINS+=("$(cargo_tool pjdfstest pjdfstest "$PJDFSTEST_VERSION")")
     BINS+=("$(cargo_tool fsx fsx "$FSX_VERSION")")
-    for t in getfattr setfattr getfacl setfacl chattr lsattr; do
+    for t in getfattr setfattr getfacl setfacl chattr lsattr stress-ng; do
         p=$(find_tool $t); [ -n "$p" ] && BINS+=("$p")
     done
     # A real sleep binary: pjdfstest's ETXTBSY tests copy `which sleep` under

@@ -14,8 +14,12 @@
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of:
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
-#                     locks,migrate,libvirt,xfstests
-#                     (and twohosts, with --gluster). migrate: live migration between two
+#                     locks,stress-locks,migrate,libvirt,xfstests
+#                     (and twohosts, with --gluster). stress-locks: stress-ng's locka,
+#                     lockf and lockofd stressors, two instances each, three passes as
+#                     root and one as a user; a lock wait left unanswered fails it,
+#                     but a killed child's wait that its parent waits for is broken
+#                     and counted apart (guest-tests/stress-locks.sh; about 2 minutes). migrate: live migration between two
 #                     QEMU on this host, over a unix socket and through a file
 #                     (scripts/guest-migrate.sh; about 3 minutes). libvirt: libvirt 11
 #                     starts the daemon as its virtiofs <binary>; virsh save/restore and
@@ -96,9 +100,9 @@ if [ "$GLUSTER" = 1 ]; then
 elif [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
-ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,migrate,libvirt,xfstests}
+ONLY=${ONLY:-selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,locks,stress-locks,migrate,libvirt,xfstests}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|xfstests|migrate|libvirt) ;;
+    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|stress-locks|xfstests|migrate|libvirt) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
@@ -409,6 +413,20 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
                 --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
             grep -E 'guest-locks:   guest' "$TEST_DIR/guest-$name.log" | sed "s/^guest-locks:   /guest-suite:     $name: /"
         done
+    fi
+
+    if wanted stress-locks; then
+        # A cycle of POSIX lock waits among the stressors' processes must end (EDEADLK),
+        # never hang them; vfsd's --stats show how many it broke.
+        stats=
+        [ "$daemon" = vfsd ] && stats="--stats $LOGS/$label-stress-locks-stats.json"
+        run_test "$daemon" "$label" stress-locks 0 300 "/guest-tests/stress-locks.sh -t 4 -r 3" "$stats"
+        finish_test "$label" stress-locks
+        show '^stress-locks: '
+        if [ -n "$stats" ] && [ -s "$LOGS/$label-stress-locks-stats.json" ]; then
+            python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))
+print("guest-suite:     vfsd --stats: lock_edeadlk %s, lock_enolck %s" % (s.get("lock_edeadlk", "?"), s.get("lock_enolck", "?")))' "$LOGS/$label-stress-locks-stats.json" || true
+        fi
     fi
 
     if wanted migrate && [ "$daemon" != vfsd ] && [ "$daemon" != virtiofsd ]; then

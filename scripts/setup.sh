@@ -46,7 +46,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     busybox-static fio cpio gcc libc6-dev debian-archive-keyring \
     xz-utils zstd kmod strace e2fsprogs mount acl attr bindfs \
-    libseccomp-dev libcap-ng-dev >/dev/null
+    libseccomp-dev libcap-ng-dev stress-ng >/dev/null
 echo "== installing QEMU${QEMU_FROM[*]:+ from ${QEMU_FROM[1]}}"
 $SUDO apt-get install -y -qq --no-install-recommends "${QEMU_FROM[@]}" qemu-system-x86 >/dev/null
 qv=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9][0-9.]*\).*/\1/p')

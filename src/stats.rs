@@ -151,6 +151,7 @@ impl Stats {
             "locks_held": fs.locks_held,
             "lock_waiters": fs.lock_waiters,
             "lock_enolck": fs.lock_enolck,
+            "lock_edeadlk": fs.lock_edeadlk,
             "lock_owners": fs.lock_owners,
             "nowait_unsupported": fs.nowait_unsupported,
             "live_inodes": fs.live_inodes,

@@ -274,6 +274,9 @@ impl FsDevice {
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         loop {
             let mut served_inline = false;
+            // What a pop stopped at its room left in the ring: taken up at the completion
+            // that makes room (`TrackedVring::throttle`), or at once if one did meanwhile.
+            let (left_for_room, pop_again);
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
@@ -287,12 +290,21 @@ impl FsDevice {
                 }
                 let q = state.get_queue_mut();
                 let first = q.next_avail();
+                let size = q.size();
+                // Never more in flight than the ring holds (`TrackedVring::room`).
+                let room = vring.room(size);
                 let popped: SmallVec<[RawChain; vring::ON_STACK]> = match q.iter(mem.clone()) {
-                    Ok(it) => it.collect(),
+                    Ok(it) => it.take(room).collect(),
                     // Stopped (GET_VRING_BASE, reset) since the kick: nothing to do.
                     Err(virtio_queue::Error::QueueNotReady) => return Ok(()),
                     Err(e) => return Err(io::Error::other(e)),
                 };
+                let more = popped.len() == room
+                    && q.avail_idx(&*mem, Ordering::Acquire)
+                        .is_ok_and(|i| i.0 != q.next_avail());
+                // Under the ring's lock, which completions take first: none is missed.
+                left_for_room = more && vring.throttle(size);
+                pop_again = more && !left_for_room;
                 // Registered under the ring's lock, so a stop sees them.
                 let tickets = vring.popped(first, popped.len());
                 (popped, tickets)
@@ -410,6 +422,12 @@ impl FsDevice {
                         }
                     }
                 }
+            }
+            if left_for_room {
+                return Ok(());
+            }
+            if pop_again {
+                continue;
             }
             // Only with nothing of this queue left to the pool: its workers need the CPU.
             if served_inline && vring.in_flight() == 0 && self.poll.worth(queue) {

@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use log::warn;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
@@ -42,18 +42,28 @@ pub type Tickets = SmallVec<[Ticket; ON_STACK]>;
 /// How long stopping a ring waits for its requests in flight.
 pub const STOP_WAIT: Duration = Duration::from_secs(3);
 
-/// Where a request came from: its ring generation and its avail-ring position.
+/// Where a request came from: its ring generation and its avail-ring position, and the
+/// number of its pop among all of the ring's, which tells it apart from every other
+/// request in flight (positions repeat every 65,536 requests).
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket {
     generation: u64,
     position: u16,
+    seq: u64,
 }
 
 impl Ticket {
     pub fn position(&self) -> u16 {
         self.position
     }
+
+    fn key(&self) -> Key {
+        (self.generation, self.seq)
+    }
 }
+
+/// A request in flight: its generation and pop number (`Ticket`).
+type Key = (u64, u64);
 
 /// A reply already in the guest's buffers, or the function that writes it.
 enum Reply<'w> {
@@ -65,10 +75,15 @@ enum Reply<'w> {
 #[derive(Default)]
 struct Track {
     generation: AtomicU64,
-    /// Generation and avail-ring position of the requests popped and not yet completed.
-    /// The keys are vfsd's generation and consecutive ring positions, at most a queue's
-    /// size of them, so a fast unseeded hash is safe in these sets.
-    pending: Mutex<FxHashSet<(u64, u16)>>,
+    /// The requests popped and not yet completed, with their avail-ring positions. The
+    /// keys are vfsd's own counters (`Key`), at most a queue's size of them (`room`), so a
+    /// fast unseeded hash is safe in these maps.
+    pending: Mutex<FxHashMap<Key, u16>>,
+    /// The number the next pop gets (`Ticket::seq`); changed under `pending`'s lock.
+    next_seq: AtomicU64,
+    /// A pop left requests in the ring for want of room (`throttle`): the next completion
+    /// kicks the ring. Set and cleared under `pending`'s lock.
+    throttled: AtomicBool,
     idle: Condvar,
     /// Completions dropped because their ring had been stopped.
     dropped: AtomicU64,
@@ -80,12 +95,12 @@ struct Track {
     /// A stop is waiting on `idle` (set and read under `pending`'s lock).
     stopping: AtomicBool,
     /// Requests suspended (`forget`) in the generation a stop is ending: neither late nor
-    /// completed, for the stop's count of what it may pop again.
-    forgotten: Mutex<FxHashSet<(u64, u16)>>,
+    /// completed, for the stop's count of what it may pop again, with their positions.
+    forgotten: Mutex<FxHashMap<Key, u16>>,
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
-type Cancellers = FxHashMap<(u64, u16), Canceller>;
+type Cancellers = FxHashMap<Key, Canceller>;
 
 #[derive(Clone)]
 pub struct TrackedVring {
@@ -103,16 +118,40 @@ impl TrackedVring {
     pub fn popped(&self, first: u16, n: usize) -> Tickets {
         let generation = self.track.generation.load(Ordering::Acquire);
         let mut pending = self.track.pending.lock().unwrap();
+        let seq = self.track.next_seq.fetch_add(n as u64, Ordering::Relaxed);
         (0..n)
             .map(|i| {
-                let position = first.wrapping_add(i as u16);
-                pending.insert((generation, position));
-                Ticket {
+                let t = Ticket {
                     generation,
-                    position,
-                }
+                    position: first.wrapping_add(i as u16),
+                    seq: seq + i as u64,
+                };
+                pending.insert(t.key(), t.position);
+                t
             })
             .collect()
+    }
+
+    /// How many more requests a pop may take from a ring of `size` entries. A guest can't
+    /// have more in flight than that (each holds a head it may not reuse until answered),
+    /// but nothing in the avail ring stops it naming one head in every slot and raising
+    /// its index again as soon as the device catches up: popped regardless, every such
+    /// request would wait for a worker, holding memory, without bound.
+    pub fn room(&self, size: u16) -> usize {
+        let pending = self.track.pending.lock().unwrap();
+        (size as usize).saturating_sub(pending.len())
+    }
+
+    /// A pop stopped at `room` with more in the ring: unless a completion made room
+    /// meanwhile (then false, and the caller pops again), the next completion kicks the
+    /// ring, and until then the queue thread leaves it.
+    pub fn throttle(&self, size: u16) -> bool {
+        let pending = self.track.pending.lock().unwrap();
+        if pending.len() < size as usize {
+            return false;
+        }
+        self.track.throttled.store(true, Ordering::Release);
+        true
     }
 
     /// Puts finished requests on the used ring, except those of a stopped generation, and
@@ -136,8 +175,8 @@ impl TrackedVring {
     /// SETLKW on its waiter thread), so it is suspended (`forget`) or answered before the
     /// stop ends.
     pub fn on_stop(&self, t: Ticket, cancel: Canceller) {
-        let key = (t.generation, t.position);
-        if !self.track.pending.lock().unwrap().contains(&key) {
+        let key = t.key();
+        if !self.track.pending.lock().unwrap().contains_key(&key) {
             return;
         }
         let mut c = self.track.cancellers.lock().unwrap();
@@ -164,23 +203,30 @@ impl TrackedVring {
     /// Stops tracking request `t` without a used entry: it stays in flight for the guest,
     /// suspended (a lock wait the device takes up again when the ring runs).
     pub fn forget(&self, t: Ticket) {
-        self.untrack(std::iter::once(t), true);
+        if self.untrack(std::iter::once(t), true) {
+            self.kick_self();
+        }
     }
 
     /// Takes requests off the in-flight set (and their cancellers with them), noting the
     /// `suspended` ones for the stop under way, and wakes a stop once none is left.
-    fn untrack(&self, done: impl Iterator<Item = Ticket> + Clone, suspended: bool) {
+    /// Returns whether a throttled ring now has room: the caller kicks it, once it no
+    /// longer holds the ring's lock (`kick_self`).
+    #[must_use]
+    fn untrack(&self, done: impl Iterator<Item = Ticket> + Clone, suspended: bool) -> bool {
         let mut pending = self.track.pending.lock().unwrap();
         for t in done.clone() {
-            let key = (t.generation, t.position);
-            if pending.remove(&key) && suspended {
-                self.track.forgotten.lock().unwrap().insert(key);
+            let key = t.key();
+            if let Some(position) = pending.remove(&key) {
+                if suspended {
+                    self.track.forgotten.lock().unwrap().insert(key, position);
+                }
             }
         }
         if self.track.waits.load(Ordering::Acquire) > 0 {
             let mut c = self.track.cancellers.lock().unwrap();
             for t in done {
-                if c.0.remove(&(t.generation, t.position)).is_some() {
+                if c.0.remove(&t.key()).is_some() {
                     self.track.waits.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -190,15 +236,16 @@ impl TrackedVring {
         if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
             self.track.idle.notify_all();
         }
+        self.track.throttled.swap(false, Ordering::AcqRel)
     }
 
     fn complete_each(&self, done: &mut [(Ticket, u16, Reply<'_>)]) {
-        let notify = {
+        let (notify, room_again) = {
             let mut state = self.inner.get_mut();
             // Forgotten before the used entries appear, so a guest that sends its next
             // request on seeing this reply finds the queue with nothing in flight
             // (`in_flight`). Under the ring's lock, so a stop still sees them in order.
-            self.untrack(done.iter().map(|(t, _, _)| *t), false);
+            let room_again = self.untrack(done.iter().map(|(t, _, _)| *t), false);
             // Read under the ring's lock: a stop moves the generation under it too.
             let current = self.track.generation.load(Ordering::Acquire);
             let mut added = false;
@@ -216,7 +263,7 @@ impl TrackedVring {
                     Err(e) => warn!("could not return descriptor {head}: {e}"),
                 }
             }
-            added.then(|| state.needs_notification())
+            (added.then(|| state.needs_notification()), room_again)
         };
         match notify {
             Some(Ok(true)) => {
@@ -226,6 +273,9 @@ impl TrackedVring {
             }
             Some(Err(e)) => warn!("used ring: {e}"),
             _ => {}
+        }
+        if room_again {
+            self.kick_self();
         }
     }
 
@@ -287,17 +337,17 @@ impl TrackedVring {
         let mut pending = self.track.pending.lock().unwrap();
         let late: Vec<u16> = pending
             .iter()
-            .filter(|(g, _)| *g == old)
-            .map(|&(_, p)| p)
+            .filter(|((g, _), _)| *g == old)
+            .map(|(_, &p)| p)
             .collect();
         let suspended: Vec<u16> = {
             let mut f = self.track.forgotten.lock().unwrap();
             let mine = f
                 .iter()
-                .filter(|(g, _)| *g == old)
-                .map(|&(_, p)| p)
+                .filter(|((g, _), _)| *g == old)
+                .map(|(_, &p)| p)
                 .collect();
-            f.retain(|(g, _)| *g > old);
+            f.retain(|(g, _), _| *g > old);
             mine
         };
         if late.is_empty() {
@@ -331,7 +381,7 @@ impl TrackedVring {
                 " and the base stays (later requests completed)"
             }
         );
-        pending.retain(|(g, _)| *g != old);
+        pending.retain(|(g, _), _| *g != old);
     }
 }
 

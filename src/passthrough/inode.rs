@@ -212,8 +212,35 @@ impl Inode {
         Ok(base)
     }
 
-    /// `name` in the directory `dir`, if it is this node's file.
+    /// Whether the file `st` describes (with file handle `handle`, where the host gives
+    /// durable ones) is this node's: its inode number, its birth time and its handle. A
+    /// node that holds its fd holds its inode, so the number can't have gone to another
+    /// file; one that gave its fd up and has neither a birth time nor a handle can't be
+    /// told from a later file with its number, and is taken for another.
+    fn is_file(&self, st: &sys::StatX, handle: Option<&sys::FileHandle>) -> bool {
+        if InodeKey::of(st) != self.key {
+            return false;
+        }
+        if self.fd.lock().unwrap().is_some() {
+            return true;
+        }
+        let btime_differs = self.btime.is_some() && st.btime != self.btime;
+        let handle_differs = match (&self.handle, handle) {
+            (Some(old), Some(new)) => old.handle != *new,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        self.identifiable() && !btime_differs && !handle_differs
+    }
+
+    /// `name` in the directory `dir`, if it is this node's file. A node that can't be
+    /// told from a later file with its inode number (`identifiable`) gave up its fd only
+    /// past the bound on pinned nodes: ESTALE then, and the guest's next lookup of the
+    /// name gets a node of its own, rather than another file's data by inode number.
     fn open_at(&self, dir: &PathFd, name: &CStr) -> io::Result<OwnedFd> {
+        if !self.identifiable() {
+            return Err(sys::errno(libc::ESTALE));
+        }
         let fd = match sys::openat(dir.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 return Err(sys::errno(libc::ESTALE))
@@ -288,9 +315,12 @@ impl Inode {
     /// Before the name it was found by goes (an unlink, a rename over it, through vfsd):
     /// the node takes its fd and keeps it, since nothing else might find its file.
     /// (A handle may not reopen an unlinked file either: some file systems answer ESTALE.)
+    /// Pinned first, so no sweep takes the fd `path_fd` gives between the two.
     pub fn hold_for_name_change(self: &Arc<Self>) {
-        if self.path_fd().is_ok() {
-            self.pin();
+        let was = self.pinned.load(Ordering::Acquire);
+        let pinned = self.pin();
+        if self.path_fd().is_err() && pinned && !was {
+            self.unpin();
         }
     }
 
@@ -322,14 +352,26 @@ impl Inode {
 
     /// Keeps the node's fd from the sweep, within the cache's bound on pinned nodes
     /// (past it the node stays sweepable: a guest can't pin unbounded fds).
+    /// The place in the bound is taken before the node's flag is set, and each set flag
+    /// holds exactly one place: a flag set only for a moment would let a concurrent
+    /// `unpin` give a place back twice, or a concurrent `pin` see a pin that failed.
     fn pin(&self) -> bool {
-        if self.pinned.swap(true, Ordering::AcqRel) {
+        if self.pinned.load(Ordering::Acquire) {
             return true;
         }
-        if self.cache.pinned.fetch_add(1, Ordering::AcqRel) >= self.cache.max_pinned() {
-            self.cache.pinned.fetch_sub(1, Ordering::AcqRel);
-            self.pinned.store(false, Ordering::Release);
+        let max = self.cache.max_pinned();
+        let place = self
+            .cache
+            .pinned
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if place.is_err() {
             return false;
+        }
+        if self.pinned.swap(true, Ordering::AcqRel) {
+            // Pinned by another request meanwhile, with a place of its own.
+            self.cache.pinned.fetch_sub(1, Ordering::AcqRel);
         }
         true
     }
@@ -714,14 +756,13 @@ impl InodeTable {
         }
         let handle = self.handle_of(&fd)?;
         // A known node of this file, if any. A node whose fd is gone may name a file since
-        // deleted whose inode number was reused: a different handle means a different
-        // file, which gets a node of its own (the old one answers ESTALE).
+        // deleted whose inode number was reused: another file gets a node of its own, and
+        // the old one answers ESTALE (`Inode::open_at`).
         let known = |m: &Maps| {
             let inode = m.by_id.get(m.by_key.get(&key)?)?;
-            match (&inode.handle, &handle) {
-                (Some(old), Some((new, _, _))) if old.handle != *new => None,
-                _ => Some(inode.clone()),
-            }
+            inode
+                .is_file(st, handle.as_ref().map(|(h, _, _)| h))
+                .then(|| inode.clone())
         };
         if let Some(inode) = known(&self.maps.read().unwrap()) {
             // A count raised under the read lock can't race a removal: forget takes the
@@ -822,7 +863,9 @@ impl InodeTable {
         for inode in m.by_id.values() {
             let mut chain = Vec::new();
             let mut cur = inode.clone();
-            while seen.insert(cur.nodeid) && chain.len() < MAX_DEPTH {
+            // Up to the first ancestor already out, however deep: `seen` ends the walk
+            // on a loop of names, and one marked seen is always sent.
+            while seen.insert(cur.nodeid) {
                 let parent = cur.name.lock().unwrap().as_ref().map(|n| n.parent.clone());
                 chain.push(cur);
                 match parent {
@@ -985,5 +1028,75 @@ fn found_as(inode: &Arc<Inode>, name: Option<(&Arc<Inode>, &CStr)>) {
         if !inode.is_at(p, n) {
             inode.seen_at(p, n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node of a new file in `dir`, with no name (so it would keep its fd).
+    fn node(t: &InodeTable, dir: &std::path::Path, name: &str) -> Arc<Inode> {
+        let p = dir.join(name);
+        std::fs::write(&p, b"").unwrap();
+        let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        let fd = sys::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
+        let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH).unwrap();
+        t.lookup_insert(fd, &st, None).unwrap()
+    }
+
+    /// The count of pinned nodes stays the number of nodes pinned, whatever pins and
+    /// unpins race: with it drifting below, pinned fds could pass the bound until EMFILE.
+    #[test]
+    fn racing_pins_and_unpins_keep_the_pinned_count_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        // A bound of 2 fds: one pinned node at most.
+        let t = InodeTable::with_file_handles(FileHandleMode::Never, 2);
+        let kept = node(&t, dir.path(), "kept");
+        assert!(kept.pinned.load(Ordering::Acquire));
+        let a = node(&t, dir.path(), "a");
+        assert!(
+            !a.pinned.load(Ordering::Acquire),
+            "past the bound on pinned nodes"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicBool::new(false));
+        let unpinner = {
+            let (a, stop, started) = (a.clone(), stop.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.store(true, Ordering::Release);
+                while !stop.load(Ordering::Relaxed) {
+                    a.unpin();
+                }
+            })
+        };
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        for _ in 0..2_000_000 {
+            assert!(!a.pin(), "a pin past the bound succeeded");
+        }
+        stop.store(true, Ordering::Relaxed);
+        unpinner.join().unwrap();
+        a.unpin();
+        assert_eq!(
+            t.cache.pinned.load(Ordering::Acquire),
+            1,
+            "only `kept` is pinned"
+        );
+        // And with a place free, one of two racing pins takes it once.
+        kept.unpin();
+        let pins: Vec<_> = (0..2)
+            .map(|_| {
+                let a = a.clone();
+                std::thread::spawn(move || a.pin())
+            })
+            .collect();
+        for p in pins {
+            assert!(p.join().unwrap());
+        }
+        assert_eq!(t.cache.pinned.load(Ordering::Acquire), 1);
+        a.unpin();
+        assert_eq!(t.cache.pinned.load(Ordering::Acquire), 0);
     }
 }

@@ -167,6 +167,8 @@ pub struct FsCounters {
     pub locks_held: usize,
     pub lock_waiters: usize,
     pub lock_enolck: u64,
+    /// SETLKWs answered EDEADLK (a cycle of waits).
+    pub lock_edeadlk: u64,
     /// Lock owners, each with a host open file description.
     pub lock_owners: usize,
     /// O_PATH fds nodes hold, and their bound (`inode::FdCache`).
@@ -286,6 +288,11 @@ impl PassthroughFs {
                 .locks
                 .counters
                 .enolck
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lock_edeadlk: self
+                .locks
+                .counters
+                .edeadlk
                 .load(std::sync::atomic::Ordering::Relaxed),
             lock_owners: self
                 .locks

@@ -137,12 +137,9 @@ where
         self.descs.as_ref().map_or(0, Descs::heap_bytes)
     }
 
-    /// The chain, its descriptors (read again if the request was parked) and the copy,
+    /// The chain's descriptors (read again if the request was parked) and the copy,
     /// finished (`request::finish`) from those descriptors.
-    pub(super) fn parts(
-        &mut self,
-        mem: &GuestMem,
-    ) -> (&DescriptorChain<M>, &Descs, &Result<Request, BadRequest>) {
+    pub(super) fn parts(&mut self, mem: &GuestMem) -> (&Descs, &Result<Request, BadRequest>) {
         let descs = self.descs.get_or_insert_with(|| Descs::read(&self.chain));
         match &mut self.copy {
             // Refused whole (EINVAL): nothing more of it is read.
@@ -154,7 +151,7 @@ where
             }
             Err(_) => {}
         }
-        (&self.chain, descs, &self.copy)
+        (descs, &self.copy)
     }
 
     /// The chain's head, for the used ring.
@@ -398,7 +395,7 @@ mod tests {
         // Nothing to park: it stays refused, and is never read again.
         p.park();
         assert!(p.descs.is_some());
-        let (_, d, copy) = p.parts(&mem);
+        let (d, copy) = p.parts(&mem);
         assert!(d.overlong() && copy.is_ok());
         // A reply buffer among the first MAX_DESCS is all an overlong chain keeps.
         let hdr = InHeader {
@@ -446,7 +443,7 @@ mod tests {
         let mut p = pop(&mem, &[(0x8000, total as u32, false), (0x9000, 16, true)]);
         assert_eq!(p.copy.as_ref().unwrap().bytes, &req[..request::HEAD]);
         p.park();
-        let (_, _, copy) = p.parts(&mem);
+        let (_, copy) = p.parts(&mem);
         assert_eq!(copy.as_ref().unwrap().bytes, req);
         // In 12 pieces, the list outgrows the stack: parked, it is read again, and the
         // rest copied after the head's 256 bytes, mid-descriptor.
@@ -465,7 +462,7 @@ mod tests {
         assert!(p.heap_bytes() > 0);
         p.park();
         assert!(p.descs.is_none() && p.heap_bytes() == 0);
-        let (_, d, copy) = p.parts(&mem);
+        let (d, copy) = p.parts(&mem);
         assert_eq!(d.all().len(), 13);
         assert_eq!(copy.as_ref().unwrap().bytes, req);
         // Small requests are whole at the pop.
@@ -478,7 +475,7 @@ mod tests {
             &[(0x8000, 300, false), (MEM, 100, false), (0x9000, 16, true)],
         );
         assert!(p.copy.is_ok());
-        let (_, _, copy) = p.parts(&mem);
+        let (_, copy) = p.parts(&mem);
         assert!(matches!(copy, Err(BadRequest { hdr: Some(h), .. }) if h.unique == 8));
     }
 }

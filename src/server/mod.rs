@@ -3,14 +3,13 @@
 //! vfsd decodes and dispatches every opcode itself (`Opcode`, one match in `serve`): INIT
 //! with the full 64-bit flags, request extensions, locks, WRITE and READ straight between
 //! guest memory and host files, and the rest (`ops`) onto the passthrough filesystem's
-//! `FileSystem` methods. fuse-backend-rs gives the ABI structs and the guest-buffer writer.
+//! `FileSystem` methods. fuse-backend-rs gives the ABI structs.
 //!
 //! Each chain's descriptors are read from the guest's table once and its readable part
 //! copied out of guest memory once (`chain::Popped`, `request`): the head of the copy
 //! when it is popped, the rest on the thread that serves it. Everything is decided on
-//! that reading: where it runs, what it does, and where its reply goes (READ's and
-//! READDIR's general path, which fill their buffers through the crate's writer, walk the
-//! chain once more; neither has an effect to check first). A guest rewriting its buffers
+//! that reading: where it runs, what it does, and where its reply goes, READ's data and
+//! READDIR's entries too (`ops::ReplyData`). A guest rewriting its buffers
 //! or its table mid-request can't change the opcode, the arguments or the reply's room
 //! between two reads. WRITE's data goes straight from guest
 //! memory to the host file (`write`); READ's usual shape is served on the queue thread
@@ -30,7 +29,6 @@ use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader,
 use fuse_backend_rs::api::filesystem::FileSystem;
 use log::{debug, error, warn};
 use smallvec::SmallVec;
-use virtio_queue::DescriptorChain;
 use vm_memory::{Address, ByteValued, GuestAddress};
 
 use crate::passthrough::migration::InFlight;
@@ -281,7 +279,7 @@ impl FuseServer {
         M: Deref<Target = GuestMem> + Clone,
     {
         let start = Instant::now();
-        let (chain, descs, copy) = popped.parts(mem);
+        let (descs, copy) = popped.parts(mem);
         // The room an effect's check finds (`outcome`) is the room its reply is written to.
         let bufs = descs.writable_bufs();
         let (len, op, bad) = match copy {
@@ -307,7 +305,7 @@ impl FuseServer {
             Ok(req) => {
                 let op = req.hdr.opcode;
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.serve(mem, chain, descs, &bufs, req, defer, wait)
+                    self.serve(mem, descs, &bufs, req, defer, wait)
                 }));
                 match served {
                     Ok(Served::Answered(Some(a))) => {
@@ -441,7 +439,7 @@ impl FuseServer {
     where
         M: Deref<Target = GuestMem> + Clone,
     {
-        let (_, descs, Ok(req)) = popped.parts(mem) else {
+        let (descs, Ok(req)) = popped.parts(mem) else {
             return None;
         };
         if descs.overlong() {
@@ -475,22 +473,17 @@ impl FuseServer {
     /// later. Every reply is written here, by `answer`, from what the opcode's handler
     /// came to, into `bufs`, the writable buffers of `descs` (the chain's descriptors, read
     /// once).
-    #[allow(clippy::too_many_arguments)]
-    fn serve<M>(
+    fn serve(
         &self,
         mem: &GuestMem,
-        chain: &DescriptorChain<M>,
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
         req: &request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
-    ) -> Served
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
+    ) -> Served {
         let hdr = req.hdr;
-        match self.outcome(mem, chain, descs, bufs, req, defer, wait) {
+        match self.outcome(mem, descs, bufs, req, defer, wait) {
             // Nothing is written: the guest hears of it from the worker that serves it.
             Outcome::Reply(Err(e)) if wait == OpenWait::Never && nowait::is_would_wait(&e) => {
                 Served::WouldWait
@@ -500,20 +493,15 @@ impl FuseServer {
     }
 
     /// What request `req` comes to: the one `match` on its opcode, one handler each.
-    #[allow(clippy::too_many_arguments)]
-    fn outcome<M>(
+    fn outcome(
         &self,
         mem: &GuestMem,
-        chain: &DescriptorChain<M>,
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
         req: &request::Request,
         defer: &mut dyn FnMut() -> Box<dyn Deferred>,
         wait: OpenWait,
-    ) -> Outcome
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
+    ) -> Outcome {
         use Outcome::*;
         let hdr = req.hdr;
         if Some(hdr.nodeid) == self.panic_nodeid && hdr.opcode != Opcode::Init as u32 {
@@ -593,13 +581,13 @@ impl FuseServer {
             Opcode::Statx => Reply(newer::statx(fs, &hdr, args)),
             Opcode::Setupmapping | Opcode::Removemapping => Reply(Err(errno(libc::ENOSYS))),
             Opcode::Read => match body(req) {
-                Ok(b) => Outcome::written(ops::read(fs, mem, chain, &hdr, b)),
+                Ok(b) => Outcome::written(ops::read(fs, mem, bufs, &hdr, b)),
                 Err(e) => Malformed(e),
             },
             Opcode::Readdir | Opcode::Readdirplus => match body(req) {
                 Ok(b) => {
                     let plus = op == Opcode::Readdirplus;
-                    Outcome::written(ops::readdir(fs, mem, chain, &hdr, b, plus))
+                    Outcome::written(ops::readdir(fs, mem, bufs, &hdr, b, plus))
                 }
                 Err(e) => Malformed(e),
             },
@@ -1019,5 +1007,54 @@ mod tests {
         // A bad buffer the reply doesn't reach is never looked at.
         let (len, _) = reply_to_writable(&[(0x8000, 64), (MEM + 0x1000, 64)], Ok(vec![1; 8]));
         assert_eq!(len as usize, HDR + 8);
+    }
+
+    /// READ's data goes where its descriptors said when it was popped: a guest that
+    /// rewrites its descriptor table meanwhile (another vCPU) gets nothing written where
+    /// it points now. Writing through the crate's writer walked the chain again, without
+    /// the descriptor cap (`chain::MAX_DESCS`) the pop applied.
+    #[test]
+    fn a_read_writes_where_its_descriptors_pointed_when_it_was_popped() {
+        use fuse_backend_rs::abi::fuse_abi::ReadIn;
+        use fuse_backend_rs::api::filesystem::{Context, ROOT_ID};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"the file's data").unwrap();
+        let fs = Arc::new(
+            crate::passthrough::PassthroughFs::new(crate::passthrough::Config::new(dir.path()))
+                .unwrap(),
+        );
+        let ctx = Context::default();
+        let node = fs
+            .lookup(&ctx, ROOT_ID, &std::ffi::CString::new("f").unwrap())
+            .unwrap()
+            .inode;
+        let (fh, _, _) = fs.open(&ctx, node, libc::O_RDONLY as u32, 0).unwrap();
+        let server = FuseServer::new(fs.clone());
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let args = ReadIn {
+            fh: fh.unwrap(),
+            size: 15,
+            ..Default::default()
+        };
+        let hdr = InHeader {
+            len: (size_of::<InHeader>() + size_of::<ReadIn>()) as u32,
+            opcode: Opcode::Read as u32,
+            unique: 9,
+            nodeid: node,
+            ..Default::default()
+        };
+        let mut req = hdr.as_slice().to_vec();
+        req.extend_from_slice(args.as_slice());
+        mem.write_slice(&req, GuestAddress(0x4000)).unwrap();
+        let chain = chain::mock_chain(&mem, &[(0x4000, req.len() as u32, R), (0x8000, 4096, W)]);
+        let popped = Popped::new(&mem, chain);
+        // The mock queue's table is at 0; the reply's descriptor is its second.
+        mem.write_obj(0x9000u64, GuestAddress(16)).unwrap();
+        let mut later = || -> Box<dyn Deferred> { unreachable!("a READ is answered at once") };
+        let len = server.handle(&mem, popped, &mut later).unwrap();
+        assert_eq!(len as usize, HDR + 15);
+        assert_eq!(out_header(&mem, 0x8000).unique, 9);
+        assert_eq!(bytes_at(&mem, 0x8000 + HDR as u64, 15), b"the file's data");
+        assert_eq!(bytes_at(&mem, 0x9000, HDR + 15), vec![0; HDR + 15]);
     }
 }

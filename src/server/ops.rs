@@ -9,7 +9,6 @@
 use std::ffi::CStr;
 use std::io::{self, Write};
 use std::mem::size_of;
-use std::ops::Deref;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{
@@ -22,10 +21,10 @@ use fuse_backend_rs::abi::fuse_abi::{
 use fuse_backend_rs::api::filesystem::{
     Context, DirEntry, Entry, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyWriter,
 };
+use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
-use fuse_backend_rs::transport::VirtioFsWriter;
-use virtio_queue::DescriptorChain;
-use vm_memory::ByteValued;
+use smallvec::SmallVec;
+use vm_memory::{Address, ByteValued, GuestAddress, GuestMemory};
 
 use super::request::decode;
 use super::{GuestMem, Opcode, Outcome};
@@ -296,79 +295,173 @@ pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Out
     }
 }
 
-/// The ZeroCopyWriter the filesystem's READ writes its data through: the chain's buffers
-/// after the reply header.
-struct DataWriter<'a>(Writer<'a>);
+/// Where READ's data and READDIR's entries go: a chain's writable buffers after the reply
+/// header, as they were read at the pop (`chain::Descs::writable_bufs`, at most
+/// `chain::MAX_DESCS`). The chain is never walked again, so a guest that rewrote its
+/// descriptor table since has no say in where the reply goes.
+struct ReplyData<'a> {
+    mem: &'a GuestMem,
+    /// The pieces (guest address, length) not yet filled, in order; each lies in one
+    /// memory region (checked by `new`).
+    left: SmallVec<[(GuestAddress, usize); 8]>,
+    written: usize,
+}
 
-impl ZeroCopyWriter for DataWriter<'_> {
+impl<'a> ReplyData<'a> {
+    /// The room in `bufs` after a reply header; EINVAL if any buffer lies outside guest
+    /// memory or across two of its regions, or there is no room for the header.
+    fn new(mem: &'a GuestMem, bufs: &[(GuestAddress, u32)]) -> io::Result<ReplyData<'a>> {
+        let mut header = size_of::<OutHeader>();
+        let mut left = SmallVec::new();
+        for &(addr, len) in bufs {
+            let len = len as usize;
+            if len == 0 {
+                continue;
+            }
+            mem.get_slice(addr, len).map_err(|_| inval())?;
+            let skip = header.min(len);
+            header -= skip;
+            if skip < len {
+                // Within the buffer just checked.
+                left.push((addr.unchecked_add(skip as u64), len - skip));
+            }
+        }
+        if header > 0 {
+            return Err(inval());
+        }
+        Ok(ReplyData {
+            mem,
+            left,
+            written: 0,
+        })
+    }
+
+    fn available_bytes(&self) -> usize {
+        self.left.iter().map(|&(_, len)| len).sum()
+    }
+
+    fn bytes_written(&self) -> usize {
+        self.written
+    }
+
+    /// The first `count` bytes of the room, as pieces; an error if there are fewer.
+    fn room_for(&self, count: usize) -> io::Result<SmallVec<[(GuestAddress, usize); 8]>> {
+        let mut want = count;
+        let mut out = SmallVec::new();
+        for &(addr, len) in &self.left {
+            if want == 0 {
+                break;
+            }
+            let n = len.min(want);
+            out.push((addr, n));
+            want -= n;
+        }
+        if want > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{count} bytes for {} of room", self.available_bytes()),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Marks the first `n` bytes of the room written.
+    fn consume(&mut self, mut n: usize) {
+        self.written += n;
+        while n > 0 {
+            let (addr, len) = &mut self.left[0];
+            if n < *len {
+                *addr = addr.unchecked_add(n as u64);
+                *len -= n;
+                return;
+            }
+            n -= *len;
+            self.left.remove(0);
+        }
+    }
+}
+
+impl ZeroCopyWriter for ReplyData<'_> {
     fn write_from(
         &mut self,
         f: &mut dyn FileReadWriteVolatile,
         count: usize,
         off: u64,
     ) -> io::Result<usize> {
-        self.0.write_from_at(f, count, off)
+        let pieces = self.room_for(count)?;
+        let slices = pieces
+            .iter()
+            .map(|&(addr, len)| self.mem.get_slice(addr, len).map_err(|_| inval()))
+            .collect::<io::Result<SmallVec<[_; 8]>>>()?;
+        let files: SmallVec<[FileVolatileSlice; 8]> = slices
+            .iter()
+            .map(FileVolatileSlice::from_volatile_slice)
+            .collect();
+        let n = f.read_vectored_at_volatile(&files, off)?;
+        // The file wrote past vm-memory, which logs its own writes only.
+        let mut logged = n;
+        for &(addr, len) in &pieces {
+            let len = len.min(logged);
+            if len == 0 {
+                break;
+            }
+            super::log_guest_write(self.mem, addr, len);
+            logged -= len;
+        }
+        self.consume(n);
+        Ok(n)
     }
 
     fn available_bytes(&self) -> usize {
-        self.0.available_bytes()
+        ReplyData::available_bytes(self)
     }
 }
 
-impl io::Write for DataWriter<'_> {
+impl io::Write for ReplyData<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
+        let mut done = 0;
+        for (addr, len) in self.room_for(buf.len())? {
+            super::chain::write_guest(self.mem, &buf[done..done + len], addr)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            done += len;
+        }
+        self.consume(done);
+        Ok(done)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
+        Ok(())
     }
 }
 
-type Writer<'a> = VirtioFsWriter<'a, crate::dirty_log::DirtyBitmap>;
-
-/// The chain's writable buffers for the reply header, a second writer past them for the
-/// data, and how many bytes the chain can take in all.
-fn writers<'a, M>(
-    mem: &'a GuestMem,
-    chain: &DescriptorChain<M>,
-) -> io::Result<(Writer<'a>, Writer<'a>, usize)>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
-    let mut w = VirtioFsWriter::new(mem, chain.clone()).map_err(|_| inval())?;
-    let room = w.available_bytes();
-    let data = w.split_at(size_of::<OutHeader>()).map_err(|_| inval())?;
-    Ok((w, data, room))
-}
-
-/// Writes the header of a reply whose `len` data bytes the second writer of `writers`
-/// already wrote; gives the used length.
-fn finish(mut w: Writer<'_>, hdr: &InHeader, len: usize) -> io::Result<u32> {
+/// Writes the header of a reply whose `len` data bytes are in its buffers already; gives
+/// the used length.
+fn finish(
+    mem: &GuestMem,
+    bufs: &[(GuestAddress, u32)],
+    hdr: &InHeader,
+    len: usize,
+) -> io::Result<u32> {
     let out = OutHeader {
         len: (size_of::<OutHeader>() + len) as u32,
         error: 0,
         unique: hdr.unique,
     };
-    w.write_all(out.as_slice())?;
+    super::write_into(mem, bufs, &[out.as_slice()])?;
     Ok(out.len)
 }
 
 /// READ (the general path: the queue thread's no-wait READ is `fast_read`). Ok: the used
 /// length (the reply written); Err: the errno to answer with.
-pub fn read<M>(
+pub fn read(
     fs: &PassthroughFs,
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    bufs: &[(GuestAddress, u32)],
     hdr: &InHeader,
     body: &[u8],
-) -> io::Result<u32>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+) -> io::Result<u32> {
     let a: ReadIn = args(body)?;
-    let (w, data, _) = writers(mem, chain)?;
-    let mut data = DataWriter(data);
+    let mut data = ReplyData::new(mem, bufs)?;
     let owner = (a.read_flags & READ_LOCKOWNER != 0).then_some(a.lock_owner);
     let n = fs.read(
         &Context::from(hdr),
@@ -380,12 +473,17 @@ where
         owner,
         a.flags,
     )?;
-    finish(w, hdr, n)
+    finish(mem, bufs, hdr, n)
 }
 
 /// One directory entry (with its node's entry for READDIRPLUS) into the reply, padded to
 /// 8 bytes; 0 when it doesn't fit in `max` (the filesystem stops there).
-fn add_dirent(w: &mut Writer<'_>, max: usize, d: DirEntry, e: Option<Entry>) -> io::Result<usize> {
+fn add_dirent(
+    w: &mut ReplyData<'_>,
+    max: usize,
+    d: DirEntry,
+    e: Option<Entry>,
+) -> io::Result<usize> {
     let overflow = || io::Error::from_raw_os_error(libc::EOVERFLOW);
     let namelen = u32::try_from(d.name.len()).map_err(|_| overflow())?;
     let len = size_of::<Dirent>() + d.name.len();
@@ -411,19 +509,18 @@ fn add_dirent(w: &mut Writer<'_>, max: usize, d: DirEntry, e: Option<Entry>) -> 
 
 /// READDIR and READDIRPLUS. Ok: the used length (the reply written); Err: the errno to
 /// answer with.
-pub fn readdir<M>(
+pub fn readdir(
     fs: &PassthroughFs,
     mem: &GuestMem,
-    chain: &DescriptorChain<M>,
+    bufs: &[(GuestAddress, u32)],
     hdr: &InHeader,
     body: &[u8],
     plus: bool,
-) -> io::Result<u32>
-where
-    M: Deref<Target = GuestMem> + Clone,
-{
+) -> io::Result<u32> {
     let a: ReadIn = args(body)?;
-    let (w, mut data, room) = writers(mem, chain)?;
+    let mut data = ReplyData::new(mem, bufs)?;
+    // As the crate's writer counted it: the header's room too.
+    let room = size_of::<OutHeader>() + data.available_bytes();
     if room < a.size as usize {
         return Err(io::Error::from_raw_os_error(libc::ENOMEM));
     }
@@ -440,5 +537,5 @@ where
         })?;
     }
     let n = data.bytes_written();
-    finish(w, hdr, n)
+    finish(mem, bufs, hdr, n)
 }

@@ -91,35 +91,42 @@ pub fn finish(mem: &GuestMem, descs: &Descs, req: &mut Request) -> Result<(), Ba
     Ok(())
 }
 
-/// Appends the readable bytes of `descs` after the `bytes.len()` already copied, up to
-/// `limit` in all (WRITE's header and arguments only, once the header says WRITE).
-/// Ok(true) if the readable part ended before the limit. On an error, `bytes` holds what
-/// was read before it.
-fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Result<bool, String> {
-    let is_write =
-        |b: &[u8]| decode::<InHeader>(b).is_some_and(|h| h.opcode == Opcode::Write as u32);
-    let mut limit = if is_write(bytes) {
-        limit.min(WRITE_IN_LEN)
+/// Where the copy of a request whose copy starts with `b` ends, once its header is there:
+/// at its header's length (what a request is, `server::body`; never inside the header),
+/// for WRITE at its header and arguments (its data stays in guest memory).
+fn request_end(b: &[u8]) -> Option<usize> {
+    let h = decode::<InHeader>(b)?;
+    let end = (h.len as usize).max(HDR_LEN);
+    Some(if h.opcode == Opcode::Write as u32 {
+        end.min(WRITE_IN_LEN)
     } else {
-        limit
-    };
+        end
+    })
+}
+
+/// Appends the readable bytes of `descs` after the `bytes.len()` already copied, up to
+/// the request's end (`request_end`) and `limit` in all. Ok(true) if the copy reached the
+/// request's end or the readable part ended first. On an error, `bytes` holds what was
+/// read before it.
+fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Result<bool, String> {
+    let mut end = request_end(bytes);
     let mut skip = bytes.len();
     for d in descs.readable() {
         let len = d.len() as usize;
         let mut off = skip.min(len);
         skip -= off;
         while off < len {
+            if end.is_some_and(|e| bytes.len() >= e) {
+                return Ok(true);
+            }
             if bytes.len() >= limit {
                 return Ok(false);
             }
-            // Stop at the header's end first: its opcode decides how much more is worth
-            // copying (never a WRITE's data, even when one descriptor holds it all).
-            let end = if bytes.len() < HDR_LEN {
-                HDR_LEN
-            } else {
-                limit
-            };
-            let take = (len - off).min(end - bytes.len());
+            // Stop at the header's end first: its length and opcode decide how much more
+            // is worth copying (never a WRITE's data, even when one descriptor holds it
+            // all, nor what a guest put after its request).
+            let stop = end.map_or(HDR_LEN, |e| e.min(limit));
+            let take = (len - off).min(stop - bytes.len());
             let at = bytes.len();
             let Some(addr) = d.addr().checked_add(off as u64) else {
                 return Err("readable descriptor past the end of the address space".into());
@@ -130,8 +137,8 @@ fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Res
                 return Err(format!("bad readable descriptor: {e}"));
             }
             off += take;
-            if at < HDR_LEN && bytes.len() == HDR_LEN && is_write(bytes) {
-                limit = limit.min(WRITE_IN_LEN);
+            if end.is_none() {
+                end = request_end(bytes);
             }
         }
     }
@@ -218,5 +225,36 @@ mod tests {
         let e = copy_chain(&mem, &[(0x8000, 8), (MEM, 0x100)]).unwrap_err();
         assert!(e.hdr.is_none());
         assert!(copy_chain(&mem, &[(0x8000, 8)]).unwrap_err().hdr.is_none());
+    }
+
+    #[test]
+    fn the_copy_ends_where_the_header_says_the_request_does() {
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        // 16 bytes of arguments, then 32 KiB more of readable bytes the header leaves out.
+        let mut req = header(Opcode::Open as u32, HDR_LEN as u32 + 16);
+        req.resize(HDR_LEN + 16 + 0x8000, 0x5a);
+        mem.write_slice(&req, GuestAddress(0x1000)).unwrap();
+        let r = copy_chain(&mem, &[(0x1000, req.len() as u32)]).unwrap();
+        assert_eq!(r.bytes, &req[..HDR_LEN + 16]);
+        // The same past HEAD, over several descriptors: the copy stops inside the second.
+        let n = HEAD + 100;
+        let mut req = header(Opcode::Setxattr as u32, n as u32);
+        req.resize(0x4000, 0x33);
+        mem.write_slice(&req, GuestAddress(0x1000)).unwrap();
+        let r = copy_chain(&mem, &[(0x1000, 200), (0x10c8, 0x4000 - 200)]).unwrap();
+        assert_eq!(r.bytes, &req[..n]);
+        // The copy at the pop holds no more than the request either.
+        let descs: Vec<_> = [(0x1000, 0x4000, false)].to_vec();
+        let chain = crate::server::chain::mock_chain(&mem, &descs);
+        let r = copy_head(&mem, &Descs::read(&chain)).unwrap();
+        assert_eq!(r.bytes.len(), HEAD);
+        assert!(!r.whole);
+        // A header claiming less than itself still yields the header (the server answers
+        // EINVAL from it).
+        let mut req = header(Opcode::Getattr as u32, 3);
+        req.resize(HDR_LEN + 64, 0);
+        mem.write_slice(&req, GuestAddress(0x1000)).unwrap();
+        let r = copy_chain(&mem, &[(0x1000, req.len() as u32)]).unwrap();
+        assert_eq!(r.bytes.len(), HDR_LEN);
     }
 }

@@ -592,3 +592,151 @@ fn a_lookup_at_the_fd_limit_makes_room_instead_of_failing() {
     }
     assert_eq!(d.stats()["fds_exhausted"].as_u64().unwrap(), 0);
 }
+
+/// An overlay mount without `nfs_export`, as containers and Kata share: no file handles,
+/// a birth time. Unmounted on drop.
+struct Overlay(std::path::PathBuf);
+
+impl Overlay {
+    fn mount(dir: &std::path::Path) -> Overlay {
+        for d in ["lower", "upper", "work", "merged"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            dir.join("lower").display(),
+            dir.join("upper").display(),
+            dir.join("work").display()
+        );
+        let st = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(dir.join("merged"))
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t overlay");
+        Overlay(dir.join("merged"))
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Host-side `rm x; touch y` that gives `y` the inode number `x` had (ext4 hands a freed
+/// number out again at once), in directory `dir`; `y` holds `data`.
+fn reuse_inode_number(dir: &std::path::Path, x: &str, y: &str, data: &[u8]) {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(dir.join(x)).unwrap().ino();
+    std::fs::remove_file(dir.join(x)).unwrap();
+    for i in 0..100 {
+        std::fs::write(dir.join(y), data).unwrap();
+        if std::fs::metadata(dir.join(y)).unwrap().ino() == ino {
+            return;
+        }
+        std::fs::rename(dir.join(y), dir.join(format!("not-reused{i}"))).unwrap();
+    }
+    panic!("the host never gave inode number {ino} out again");
+}
+
+/// On a share without file handles (overlayfs without nfs_export, a FUSE host), a node
+/// that gave up its fd past the bound names a file whose inode number the host may hand
+/// to a new one. The new file's lookup or create must get a node of its own: given the old
+/// node, every path operation on it answered ESTALE for good (a MKDIR's directory could
+/// not be created in), or, without a birth time to tell them apart, served the new file
+/// under the old node. The old node answers ESTALE.
+#[test]
+#[ignore = "needs root"]
+fn a_reused_inode_number_gets_a_node_of_its_own_on_a_share_without_file_handles() {
+    require_root("overlayfs and bindfs mounts");
+    let dir = tempfile::tempdir().unwrap();
+    let overlay = Overlay::mount(&dir.path().join("ov"));
+    let bindfs_src = dir.path().join("bsrc");
+    let bindfs_mnt = dir.path().join("bmnt");
+    std::fs::create_dir_all(&bindfs_src).unwrap();
+    std::fs::create_dir_all(&bindfs_mnt).unwrap();
+    let st = std::process::Command::new("bindfs")
+        .arg(&bindfs_src)
+        .arg(&bindfs_mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "bindfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _bindfs = Unmount(bindfs_mnt.clone());
+    // Overlayfs keeps birth times; bindfs (FUSE) gives none.
+    for share in [overlay.0.clone(), bindfs_mnt.clone()] {
+        let d = Daemon::start_on(&share, &["--rlimit-nofile", "256"]);
+        for n in ["x", "dir-x", "create-x"] {
+            std::fs::write(share.join(n), n).unwrap();
+        }
+        for j in 0..400 {
+            std::fs::write(share.join(format!("filler{j}")), b"").unwrap();
+        }
+        let c = d.client();
+        // Where nodes can't be told from later files (bindfs), they keep their fds up to
+        // the bound on pinned nodes (half of the 128 fds): past it, these three.
+        for j in 0..100 {
+            c.lookup(ROOT, &format!("filler{j}")).unwrap();
+        }
+        let old: Vec<u64> = ["x", "dir-x", "create-x"]
+            .iter()
+            .map(|n| c.lookup(ROOT, n).unwrap().nodeid)
+            .collect();
+        // So that the three give up their fds.
+        for j in 100..400 {
+            c.lookup(ROOT, &format!("filler{j}")).unwrap();
+        }
+        let s = d.stats();
+        assert!(
+            s["inode_fds"].as_u64().unwrap() <= s["inode_fd_limit"].as_u64().unwrap(),
+            "{s}"
+        );
+        let what = share.display();
+        // A LOOKUP of the new file.
+        reuse_inode_number(&share, "x", "y", b"the new file");
+        let y = c.lookup(ROOT, "y").unwrap();
+        assert_ne!(y.nodeid, old[0], "{what}: the new file got the old node");
+        let fh = c.open(y.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+        assert_eq!(c.read(y.nodeid, fh, 0, 64).unwrap(), b"the new file");
+        match c.getattr(old[0]) {
+            Ok(a) => panic!(
+                "{what}: the old node answers for another file: {:?}",
+                a.attr
+            ),
+            Err(e) => assert_eq!(e.errno(), Some(libc::ESTALE), "{what}"),
+        }
+        // A MKDIR whose directory takes the number: it can be created in.
+        std::fs::remove_file(share.join("dir-x")).unwrap();
+        let m = c.mkdir(ROOT, "newdir", 0o755).unwrap();
+        assert_ne!(
+            m.nodeid, old[1],
+            "{what}: the new directory got the old node"
+        );
+        c.mkdir(m.nodeid, "inside", 0o755)
+            .unwrap_or_else(|e| panic!("{what}: mkdir in the new directory: {e:?}"));
+        // A CREATE of the new name.
+        reuse_inode_number(&share, "create-x", "created-on-host", b"");
+        std::fs::remove_file(share.join("created-on-host")).unwrap();
+        let (e, o) = c.create(ROOT, "z", libc::O_RDWR as u32, 0o644).unwrap();
+        assert_ne!(
+            e.nodeid, old[2],
+            "{what}: the created file got the old node"
+        );
+        c.write(e.nodeid, o.fh, 0, b"written").unwrap();
+        assert_eq!(std::fs::read(share.join("z")).unwrap(), b"written");
+        drop(c);
+        drop(d);
+    }
+}

@@ -451,3 +451,95 @@ fn a_chain_of_more_descriptors_than_any_request_needs_gets_einval() {
         }
     }
 }
+
+/// A guest that names one chain in every avail slot and raises its avail index by the
+/// ring's size whenever the device has caught up (`avail_event`), never taking a used
+/// entry, can't make the device hold more requests than the ring has entries: popped
+/// regardless, each would wait for a worker in the pool's queue, and with the pool busy
+/// (here its one worker waits on a host lease) that queue grew without bound until the
+/// daemon ran out of memory. The requests left in the ring are served once replies make
+/// room, so none is lost.
+#[test]
+fn a_guest_reposting_one_chain_never_has_more_requests_in_flight_than_its_ring_holds() {
+    use vfsd::frontend::FrontendConfig;
+    let d = Daemon::start(&["--thread-pool-size", "1"]);
+    let mut c = d.client_with(FrontendConfig {
+        slots: 4,
+        descs_per_slot: 4,
+        ..Default::default()
+    });
+    c.timeout = Duration::from_secs(20);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let node = c.lookup(ROOT, "f").unwrap().nodeid;
+    let lease = common::HostLease::take(&d.path("f"));
+    // An OPEN for writing waits on the lease in the pool's only worker.
+    let open = fuse_backend_rs::abi::fuse_abi::OpenIn {
+        flags: libc::O_WRONLY as u32,
+        fuse_flags: 0,
+    };
+    let t = c
+        .submit(
+            1,
+            FUSE_OPEN,
+            node,
+            &[vm_memory::ByteValued::as_slice(&open)],
+            4096,
+        )
+        .unwrap();
+    lease.wait_broken();
+    let (size, avail, used, head) = {
+        let q = c.fe.queues[1].lock().unwrap();
+        (q.geo.size, q.geo.avail, q.geo.used, t.slot as u16 * 4)
+    };
+    let mem = &c.fe.mem;
+    let avail_idx = || mem.read_obj::<u16>(GuestAddress(avail + 2)).unwrap();
+    // With EVENT_IDX the device writes the avail index it has popped up to after the
+    // used ring's entries.
+    let avail_event = || {
+        mem.read_obj::<u16>(GuestAddress(used + 4 + 8 * u64::from(size)))
+            .unwrap()
+    };
+    const ROUNDS: usize = 8;
+    let mut raised = 0;
+    for _ in 0..ROUNDS {
+        let idx = avail_idx();
+        let t0 = Instant::now();
+        while avail_event() != idx && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if avail_event() != idx {
+            break;
+        }
+        for i in 0..size {
+            let slot = avail + 4 + 2 * u64::from(idx.wrapping_add(i) % size);
+            mem.write_obj(head, GuestAddress(slot)).unwrap();
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        mem.write_obj(idx.wrapping_add(size), GuestAddress(avail + 2))
+            .unwrap();
+        c.fe.queues[1].lock().unwrap().notify().unwrap();
+        raised += 1;
+    }
+    // The first raise put one more than the ring's size in flight: the device stops at
+    // its size, short of catching up, so the guest can't raise again.
+    assert_eq!(
+        raised, 1,
+        "the device caught up {raised} times with one OPEN already in flight"
+    );
+    drop(lease);
+    // Every request the guest made available is served, the one left in the ring too.
+    let want = 1 + raised as u64 * u64::from(size);
+    let t0 = Instant::now();
+    loop {
+        let s = d.stats();
+        let n = s["opcodes"]["OPEN"]["count"].as_u64().unwrap_or(0);
+        if n == want {
+            break;
+        }
+        assert!(
+            n < want && t0.elapsed() < Duration::from_secs(20),
+            "{n} OPENs served of the {want} made available: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

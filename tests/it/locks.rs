@@ -1,4 +1,4 @@
-//! File locks forwarded to the host (issue 11), through the real socket: two daemons on
+//! File locks forwarded to the host, through the real socket: two daemons on
 //! one directory stand for two guests, and the test process for a host program.
 
 use std::time::{Duration, Instant};
@@ -620,4 +620,303 @@ fn a_wait_outlives_a_flush_of_its_owner() {
         "B was granted the lock"
     );
     assert_eq!(stat(&d2, "lock_waiters"), 0);
+}
+
+/// Runs a cycle of classic POSIX locks (F_SETLKW) among processes on the host, as the
+/// kernel arbitrates them on a local directory. Process `i` (0 the caller, the others
+/// forked) holds a write lock on byte `ranges[i].1` of file `ranges[i].0` and then waits
+/// for the next one's (`ranges[(i + 1) % n]`). The children wait first; the caller's wait
+/// closes the cycle. Returns the caller's errno (0 if it was granted), after it let go of
+/// its own lock and every child was granted its wait and exited.
+fn host_posix_cycle(ranges: &[(std::path::PathBuf, u64)]) -> i32 {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let n = ranges.len();
+    let paths: Vec<CString> = ranges
+        .iter()
+        .map(|(p, _)| CString::new(p.as_os_str().as_bytes()).unwrap())
+        .collect();
+    let lock = |fd: i32, typ: i32, byte: u64, cmd: i32| -> i32 {
+        // SAFETY: plain data; all-zero is valid.
+        let mut f: libc::flock = unsafe { std::mem::zeroed() };
+        f.l_type = typ as libc::c_short;
+        f.l_whence = libc::SEEK_SET as libc::c_short;
+        f.l_start = byte as libc::off_t;
+        f.l_len = 1;
+        // SAFETY: plain fcntl on an fd of this process with a live flock.
+        if unsafe { libc::fcntl(fd, cmd, &f) } == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap()
+        }
+    };
+    let open = |p: &CString| {
+        // SAFETY: a NUL-terminated path built before any fork.
+        let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        fd
+    };
+    // One fd per file for the caller (POSIX locks are per process and file).
+    let my_fds: Vec<i32> = paths.iter().map(open).collect();
+    let mut held = [0i32; 2];
+    let mut go = [0i32; 2];
+    // SAFETY: pipe fills two fds.
+    assert_eq!(unsafe { libc::pipe(held.as_mut_ptr()) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    let mut pids = Vec::new();
+    for i in 1..n {
+        let (hold, want) = (&ranges[i], &ranges[(i + 1) % n]);
+        let (hp, wp) = (&paths[i], &paths[(i + 1) % n]);
+        // SAFETY: the child only makes syscalls (open, fcntl, read, write, _exit) on
+        // memory made before the fork, and allocates nothing.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above: syscalls only, then _exit.
+            unsafe {
+                let hfd = libc::open(hp.as_ptr(), libc::O_RDWR);
+                let wfd = libc::open(wp.as_ptr(), libc::O_RDWR);
+                let mut code = 1;
+                if hfd >= 0 && wfd >= 0 && lock(hfd, libc::F_WRLCK, hold.1, libc::F_SETLK) == 0 {
+                    libc::write(held[1], b"h".as_ptr().cast(), 1);
+                    let mut b = 0u8;
+                    libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                    // Granted once the cycle is broken; exiting lets go of both.
+                    if lock(wfd, libc::F_WRLCK, want.1, libc::F_SETLKW) == 0 {
+                        code = 0;
+                    }
+                }
+                libc::_exit(code);
+            }
+        }
+        pids.push(pid);
+    }
+    for _ in 1..n {
+        let mut b = 0u8;
+        // SAFETY: reads one byte into a live u8.
+        assert_eq!(
+            unsafe { libc::read(held[0], (&mut b as *mut u8).cast(), 1) },
+            1
+        );
+    }
+    assert_eq!(
+        lock(my_fds[0], libc::F_WRLCK, ranges[0].1, libc::F_SETLK),
+        0
+    );
+    for _ in 1..n {
+        // SAFETY: writes one byte from a live buffer.
+        assert_eq!(unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) }, 1);
+    }
+    // Every child blocked: /proc/locks lists each waiter with "->".
+    let t = Instant::now();
+    loop {
+        let s = std::fs::read_to_string("/proc/locks").unwrap();
+        let blocked = s
+            .lines()
+            .filter(|l| l.contains("->"))
+            .filter(|l| {
+                pids.iter()
+                    .any(|p| l.split_whitespace().nth(5) == Some(&p.to_string()))
+            })
+            .count();
+        if blocked == n - 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "children never all waited"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = lock(
+        my_fds[1 % n],
+        libc::F_WRLCK,
+        ranges[1 % n].1,
+        libc::F_SETLKW,
+    );
+    assert_eq!(
+        lock(my_fds[0], libc::F_UNLCK, ranges[0].1, libc::F_SETLK),
+        0
+    );
+    for p in pids {
+        let mut st = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(p, &mut st, 0) }, p);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "a child's wait was not granted"
+        );
+    }
+    for fd in my_fds.into_iter().chain(held).chain(go) {
+        // SAFETY: closes fds this function opened.
+        unsafe { libc::close(fd) };
+    }
+    e
+}
+
+/// The same cycle through vfsd: owner `owners[i]` holds byte `ranges[i].1` of node
+/// `ranges[i].0` (with handle `fhs[i]`) and waits for the next one's; the owners after the
+/// first wait first, and the first's wait closes the cycle. Returns the first's errno (a
+/// reply within a few seconds: a wait that never ends fails the test), then checks that
+/// the other waits go on and are each granted once the cycle is broken: the first lets go,
+/// then each granted owner lets go in turn.
+fn vfsd_cycle(c: &mut FuseClient, d: &Daemon, owners: &[u64], ranges: &[(u64, u64, u64)]) -> i32 {
+    let n = owners.len();
+    for i in 0..n {
+        let (node, fh, byte) = ranges[i];
+        c.setlk(node, fh, owners[i], wr(byte, byte, 100 + i as u32))
+            .unwrap();
+    }
+    let mut tickets = Vec::new();
+    for i in 1..n {
+        let (node, fh, byte) = ranges[(i + 1) % n];
+        tickets.push(
+            c.setlkw(1, node, fh, owners[i], wr(byte, byte, 100 + i as u32))
+                .unwrap(),
+        );
+    }
+    let t = Instant::now();
+    while stat(d, "lock_waiters") < (n - 1) as u64 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the waits never began"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (node, fh, byte) = ranges[1 % n];
+    let last = c
+        .setlkw(1, node, fh, owners[0], wr(byte, byte, 100))
+        .unwrap();
+    c.timeout = Duration::from_secs(3);
+    let e = -c
+        .wait(last)
+        .expect("no answer to the SETLKW that closes the cycle: it waits for ever")
+        .error;
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(c.poll_done(1).unwrap().is_empty(), "another wait ended");
+    // Breaking the cycle: the first lets go, and each owner granted lets go in turn.
+    let (node, fh, byte) = ranges[0];
+    c.setlk(node, fh, owners[0], un(byte, byte)).unwrap();
+    for i in (1..n).rev() {
+        let r = c.wait(tickets[i - 1]).expect("a wait was not granted");
+        assert_eq!(r.error, 0, "owner {i}'s wait");
+        for &(node, fh, _) in ranges {
+            c.setlk(node, fh, owners[i], un(0, EOF)).unwrap();
+        }
+    }
+    e
+}
+
+/// Two owners of one guest, each holding a byte of one file and waiting for the other's:
+/// the wait that closes the cycle gets EDEADLK, as two processes get it from the host
+/// kernel with F_SETLKW, and the other wait is granted once the cycle is broken.
+#[test]
+fn a_two_owner_lock_cycle_gets_edeadlk_as_on_the_host() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let hf = host.path().join("f");
+    std::fs::write(&hf, vec![0u8; 4096]).unwrap();
+    let expected = host_posix_cycle(&[(hf.clone(), 0), (hf, 1)]);
+    assert_eq!(expected, libc::EDEADLK, "the host kernel's answer");
+    let mut c = d.client();
+    let (n, h) = open_f(&c);
+    let e = vfsd_cycle(&mut c, &d, &[A, B], &[(n, h, 0), (n, h, 1)]);
+    assert_eq!(e, expected);
+    assert_eq!(stat(&d, "lock_waiters"), 0);
+    assert_eq!(stat(&d, "lock_edeadlk"), 1);
+}
+
+/// A cycle across two files: one owner holds a byte of file 1 and waits for file 2, the
+/// other the reverse (an owner is a guest process, whatever file it locks).
+#[test]
+fn a_lock_cycle_across_two_files_gets_edeadlk_as_on_the_host() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    std::fs::write(d.path("g"), vec![0u8; 4096]).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let (hf, hg) = (host.path().join("f"), host.path().join("g"));
+    std::fs::write(&hf, b"x").unwrap();
+    std::fs::write(&hg, b"x").unwrap();
+    let expected = host_posix_cycle(&[(hf, 0), (hg, 0)]);
+    assert_eq!(expected, libc::EDEADLK, "the host kernel's answer");
+    let mut c = d.client();
+    let (nf, hf) = open_f(&c);
+    let ng = c.lookup(ROOT, "g").unwrap().nodeid;
+    let hg = c.open(ng, libc::O_RDWR as u32).unwrap().fh;
+    let e = vfsd_cycle(&mut c, &d, &[A, B], &[(nf, hf, 0), (ng, hg, 0)]);
+    assert_eq!(e, expected);
+}
+
+/// Three owners in a ring (A waits for B, B for C, C for A) over two files.
+#[test]
+fn a_three_owner_lock_cycle_gets_edeadlk_as_on_the_host() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    std::fs::write(d.path("g"), vec![0u8; 4096]).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let (hf, hg) = (host.path().join("f"), host.path().join("g"));
+    std::fs::write(&hf, b"xx").unwrap();
+    std::fs::write(&hg, b"x").unwrap();
+    let expected = host_posix_cycle(&[(hf.clone(), 0), (hg, 0), (hf, 1)]);
+    assert_eq!(expected, libc::EDEADLK, "the host kernel's answer");
+    let mut c = d.client();
+    let (nf, hf) = open_f(&c);
+    let ng = c.lookup(ROOT, "g").unwrap().nodeid;
+    let hg = c.open(ng, libc::O_RDWR as u32).unwrap().fh;
+    let e = vfsd_cycle(
+        &mut c,
+        &d,
+        &[A, B, C],
+        &[(nf, hf, 0), (ng, hg, 0), (nf, hf, 1)],
+    );
+    assert_eq!(e, expected);
+}
+
+/// A chain of waits that ends at a holder outside vfsd (a host process) is no cycle: A
+/// waits for B, B for the host's lock, and both are granted in turn when it goes.
+#[test]
+fn a_wait_chain_ending_at_a_host_lock_is_no_deadlock() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
+    let host = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path("f"))
+        .unwrap();
+    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = 2;
+    fl.l_len = 1;
+    let host_lock = |fl: &libc::flock| {
+        // SAFETY: plain fcntl on an fd we own.
+        let r = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&host),
+                libc::F_OFD_SETLK,
+                fl,
+            )
+        };
+        assert_eq!(r, 0);
+    };
+    host_lock(&fl);
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    let (n, h) = open_f(&c);
+    c.setlk(n, h, A, wr(0, 0, 1)).unwrap();
+    c.setlk(n, h, B, wr(1, 1, 2)).unwrap();
+    let tb = c.setlkw(1, n, h, B, wr(2, 2, 2)).unwrap();
+    let ta = c.setlkw(1, n, h, A, wr(1, 1, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.poll_done(1).unwrap().is_empty(), "a wait ended early");
+    assert_eq!(stat(&d, "lock_waiters"), 2);
+    fl.l_type = libc::F_UNLCK as i16;
+    host_lock(&fl);
+    assert_eq!(c.wait(tb).unwrap().error, 0);
+    c.setlk(n, h, B, un(0, EOF)).unwrap();
+    assert_eq!(c.wait(ta).unwrap().error, 0);
+    assert_eq!(stat(&d, "lock_edeadlk"), 0);
 }

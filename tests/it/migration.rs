@@ -1121,3 +1121,47 @@ fn file_handles_mode_restores_nodes_and_open_files_on_a_submount() {
     assert_eq!(n.lookup(d, "f").unwrap().nodeid, f);
     assert_eq!(n.lookup(ROOT, "sub").unwrap().nodeid, sub);
 }
+
+/// A directory chain deeper than any bound on walks (5,000 levels, every ancestor
+/// forgotten by the guest) migrates whole: the state names each ancestor before its
+/// child, so the destination restores the leaf. A walk that stopped at 4,096 ancestors
+/// marked the next one as sent without sending it, and the destination refused its child
+/// ("parent not in the state before it").
+#[test]
+fn a_directory_chain_deeper_than_4096_migrates_whole() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const DEPTH: usize = 5000;
+    let src = Daemon::start(&[]);
+    // Made level by level relative to the one above: the path is longer than PATH_MAX.
+    let mut dir: OwnedFd = std::fs::File::open(src.path("")).unwrap().into();
+    for _ in 0..DEPTH {
+        // SAFETY: plain *at() calls on an fd we own, with a NUL-terminated name.
+        unsafe {
+            assert_eq!(libc::mkdirat(dir.as_raw_fd(), c"d".as_ptr(), 0o755), 0);
+            let fd = libc::openat(
+                dir.as_raw_fd(),
+                c"d".as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY,
+            );
+            assert!(fd >= 0);
+            dir = OwnedFd::from_raw_fd(fd);
+        }
+    }
+    let c = src.client();
+    let mut chain = vec![ROOT];
+    for _ in 0..DEPTH {
+        chain.push(c.lookup(*chain.last().unwrap(), "d").unwrap().nodeid);
+    }
+    let leaf = *chain.last().unwrap();
+    let forgets: Vec<(u64, u64)> = chain[1..DEPTH].iter().map(|&n| (n, 1)).collect();
+    for batch in forgets.chunks(200) {
+        c.batch_forget(batch).unwrap();
+    }
+    let state = c.fe.save_state().unwrap();
+    let dst = Daemon::start_on(&src.share.clone(), &[]);
+    let n = destination(&dst);
+    n.fe.load_state(&state).unwrap();
+    let a = n.getattr(leaf).unwrap();
+    assert_eq!(a.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    n.mkdir(leaf, "below-the-leaf", 0o755).unwrap();
+}

@@ -1,0 +1,126 @@
+#!/bin/sh
+# stress-ng's POSIX, lockf and OFD lock stressors on a virtiofs share: two instances of
+# each, repeated (a cycle of lock waits among the instances is a matter of timing), as
+# root and as the unprivileged user fsgqa. A cycle of lock waits must end (EDEADLK from
+# the daemon, as the kernel gives it on a local file system). A wait the daemon never
+# answers can't be killed in the guest (virtio-fs sends no FUSE_INTERRUPT), so a stressor
+# still running past its deadline is reported as hung and the script gives up on it,
+# unless all it waits for is a killed child's wait that its parent stands behind (see
+# killed_child_waits): those parents are ended, and the run counted apart.
+# Usage: /guest-tests/stress-locks.sh [-d DIR] [-t SECS] [-r PASSES]
+#   -d DIR     directory to test in (default $VFSD_SHARE)
+#   -t SECS    seconds per stressor (default 4)
+#   -r PASSES  passes as root (default 3; one more runs as fsgqa)
+# Prints "stress-locks: <user> pass N <stressor>: <bogo ops> ops" per run and
+# "stress-locks: N runs, M failed, K ..."; exits 1 if any run failed or hung. A run whose
+# only wait is a killed child's (see killed_child_waits) counts as K, not as failed.
+DIR=${VFSD_SHARE:-}
+SECS=4
+PASSES=3
+while getopts d:t:r: o; do
+    case $o in
+        d) DIR=$OPTARG ;;
+        t) SECS=$OPTARG ;;
+        r) PASSES=$OPTARG ;;
+        *) echo "usage: $0 [-d DIR] [-t SECS] [-r PASSES]"; exit 2 ;;
+    esac
+done
+[ -n "$DIR" ] || { echo "stress-locks: no directory (-d) and VFSD_SHARE unset"; exit 2; }
+SNG=$(command -v stress-ng) || { echo "stress-locks: FAIL: stress-ng is not in this initramfs (apt-get install stress-ng, then rebuild it)"; exit 2; }
+
+T=$DIR/stress-locks.$$
+rm -rf "$T"; mkdir -p "$T"; chmod 1777 "$T"
+RUNS=0 FAILED=0 KNOWN=0
+field() { awk -v f="$2" '{print $f}' "/proc/$1/stat" 2>/dev/null; }
+# Prints what each stressor process waits in (a forwarded lock wait shows as a FUSE
+# request wait, request_wait_answer).
+show_procs() {
+    for p in /proc/[0-9]*; do
+        case "$(cat "$p/comm" 2>/dev/null)" in stress-ng*) ;; *) continue ;; esac
+        echo "stress-locks:   pid ${p#/proc/} ppid $(field "${p#/proc/}" 4) state $(field "${p#/proc/}" 3) wchan $(cat "$p/wchan" 2>/dev/null)"
+    done
+}
+# The stressors' own end can hang through any daemon that forwards locks, with no lock
+# cycle: the parent kills its child (SIGKILL) and waits for it before it closes the file
+# and so lets go of its locks, while the child is blocked in a forwarded F_SETLKW for one
+# of them. On a local file system the signal ends that wait; virtio-fs sends no
+# FUSE_INTERRUPT, so the killed child waits for ever. Prints the parents caught so (a
+# stressor process in wait4 whose child waits for a FUSE reply), and nothing if any FUSE
+# wait is not one of those: a wait no exit stands behind is a real hang.
+killed_child_waits() {
+    local p pp out=
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        case "$(cat "/proc/$p/comm" 2>/dev/null)" in stress-ng*) ;; *) continue ;; esac
+        [ "$(cat "/proc/$p/wchan" 2>/dev/null)" = request_wait_answer ] || continue
+        pp=$(field "$p" 4)
+        # Killed: SIGKILL pending, in its own or its process's set.
+        if [ "$(cat "/proc/$pp/wchan" 2>/dev/null)" = do_wait ] &&
+           awk '/^(SigPnd|ShdPnd):/ { if ($2 ~ /[1-9a-f]/) found = 1 } END { exit !found }' "/proc/$p/status"; then
+            out="$out $pp"
+        else
+            return 0
+        fi
+    done
+    echo $out
+}
+# run USER PASS STRESSOR
+run() {
+    local user=$1 pass=$2 s=$3 out=/tmp/stress-locks.out pid waited=0 rc known= parents
+    local cmd="$SNG --$s 2 -t $SECS --metrics-brief --temp-path $T"
+    RUNS=$((RUNS + 1))
+    rm -f "$out"
+    if [ "$user" = root ]; then
+        $cmd > "$out" 2>&1 &
+    else
+        su -s /bin/sh "$user" -c "$cmd" > "$out" 2>&1 &
+    fi
+    pid=$!
+    # stress-ng ends its stressors at SECS and reaps them; allow for a slow (TCG) guest.
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ -z "$known" ] && [ "$waited" -ge $((SECS + 8)) ]; then
+            parents=$(killed_child_waits)
+            if [ -n "$parents" ]; then
+                known=1
+                echo "stress-locks: KNOWN: $user pass $pass $s: a killed child's forwarded lock wait, its parent waiting for it while it holds the lock; ending the parents ($parents)"
+                show_procs
+                kill -9 $parents
+            fi
+        fi
+        if [ "$waited" -ge $((SECS * 2 + 30)) ]; then
+            echo "stress-locks: FAIL: $user pass $pass $s: still running after ${waited}s (a lock wait that never ends)"
+            grep -E 'stress-ng: (fail|error)' "$out" | head -5 | sed 's/^/stress-locks:   | /'
+            show_procs
+            FAILED=$((FAILED + 1))
+            HUNG=1
+            return
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    wait "$pid"; rc=$?
+    if [ -n "$known" ]; then
+        KNOWN=$((KNOWN + 1))
+        return
+    fi
+    ops=$(sed -n "s/^stress-ng: metrc: \[[0-9]*\] $s  *\([0-9][0-9]*\) .*/\1/p" "$out")
+    if [ "$rc" != 0 ] || [ -z "$ops" ]; then
+        echo "stress-locks: FAIL: $user pass $pass $s: exit status $rc"
+        grep -vE 'stress-ng: (info|metrc)' "$out" | head -5 | sed 's/^/stress-locks:   | /'
+        FAILED=$((FAILED + 1))
+        return
+    fi
+    echo "stress-locks: $user pass $pass $s: $ops ops in ${SECS}s"
+}
+
+HUNG=0
+r=1
+while [ "$r" -le "$PASSES" ] && [ "$HUNG" = 0 ]; do
+    for s in locka lockf lockofd; do [ "$HUNG" = 0 ] && run root "$r" "$s"; done
+    r=$((r + 1))
+done
+for s in locka lockf lockofd; do [ "$HUNG" = 0 ] && run fsgqa 1 "$s"; done
+echo "stress-locks: $RUNS runs, $FAILED failed, $KNOWN ended by killing a parent that waited for its killed child"
+# A hung stressor can't be killed or its directory removed: leave both to the reboot.
+[ "$HUNG" = 0 ] && rm -rf "$T"
+[ "$FAILED" = 0 ]
