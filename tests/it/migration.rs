@@ -145,18 +145,23 @@ fn until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// The runtime directory the daemons (run as root, without $XDG_RUNTIME_DIR) keep their
-/// handover sockets in.
-const RUNTIME_DIR: &str = "/run/vfsd";
+/// The runtime directory the daemons (which inherit this environment) keep their handover
+/// sockets in: `$XDG_RUNTIME_DIR/vfsd`, or `/run/vfsd` for root.
+fn runtime_dir() -> std::path::PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => std::path::Path::new(&d).join("vfsd"),
+        None => "/run/vfsd".into(),
+    }
+}
 
 /// The handover socket `state` offers: the one in the runtime directory whose name the
 /// state carries (other tests' daemons may have theirs there too).
 fn handover_socket(state: &[u8]) -> std::path::PathBuf {
-    std::fs::read_dir(RUNTIME_DIR)
+    std::fs::read_dir(runtime_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .find(|n| state.windows(n.len()).any(|w| w == n.as_bytes()))
-        .map(|n| std::path::Path::new(RUNTIME_DIR).join(n))
+        .map(|n| runtime_dir().join(n))
         .expect("the state's handover socket in the runtime directory")
 }
 
@@ -951,7 +956,7 @@ fn the_handover_socket_is_private_to_the_daemons_user_and_not_in_the_share() {
     let m = std::fs::symlink_metadata(&sock).unwrap();
     assert!(m.file_type().is_socket());
     assert_eq!(m.permissions().mode() & 0o7777, 0o600);
-    let d = std::fs::symlink_metadata(RUNTIME_DIR).unwrap();
+    let d = std::fs::symlink_metadata(runtime_dir()).unwrap();
     // SAFETY: geteuid has no preconditions.
     assert_eq!(d.uid(), unsafe { libc::geteuid() });
     assert_eq!(d.permissions().mode() & 0o7777, 0o700);
