@@ -215,9 +215,11 @@ impl TrackedVring {
     #[must_use]
     fn untrack(&self, done: impl Iterator<Item = Ticket> + Clone, suspended: bool) -> bool {
         let mut pending = self.track.pending.lock().unwrap();
+        let mut removed = false;
         for t in done.clone() {
             let key = t.key();
             if let Some(position) = pending.remove(&key) {
+                removed = true;
                 if suspended {
                     self.track.forgotten.lock().unwrap().insert(key, position);
                 }
@@ -236,10 +238,15 @@ impl TrackedVring {
         if pending.is_empty() && self.track.stopping.load(Ordering::Acquire) {
             self.track.idle.notify_all();
         }
-        self.track.throttled.swap(false, Ordering::AcqRel)
+        // Only a request that leaves makes room: an empty completion, or a late one of a
+        // stopped generation, must not wake a ring that would find none and stop again.
+        removed && self.track.throttled.swap(false, Ordering::AcqRel)
     }
 
     fn complete_each(&self, done: &mut [(Ticket, u16, Reply<'_>)]) {
+        if done.is_empty() {
+            return;
+        }
         let (notify, room_again) = {
             let mut state = self.inner.get_mut();
             // Forgotten before the used entries appear, so a guest that sends its next

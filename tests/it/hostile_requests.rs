@@ -526,6 +526,25 @@ fn a_guest_reposting_one_chain_never_has_more_requests_in_flight_than_its_ring_h
         raised, 1,
         "the device caught up {raised} times with one OPEN already in flight"
     );
+    // Left in the ring, the rest waits without the queue thread spinning on it: read
+    // syscalls (the kick eventfd's among them) stay few while nothing completes.
+    let pid = common::serving_pid(d.pid());
+    let reads = || -> u64 {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscr: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = reads();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = reads() - before;
+    assert!(
+        during < 100,
+        "{during} read syscalls in 500 ms with the ring waiting for room"
+    );
     drop(lease);
     // Every request the guest made available is served, the one left in the ring too.
     let want = 1 + raised as u64 * u64::from(size);
