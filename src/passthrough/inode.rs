@@ -132,6 +132,17 @@ pub struct NodeRecord {
     pub file_type: u32,
 }
 
+/// What `Inode::pin` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pin {
+    /// This call pinned the node.
+    Took,
+    /// It was pinned already (by this request earlier, or another).
+    Already,
+    /// The bound on pinned nodes is reached: it stays sweepable.
+    Full,
+}
+
 /// Ancestors followed at most to find a node's file again (a loop of stale names can't
 /// recurse forever).
 const MAX_DEPTH: usize = 4096;
@@ -316,10 +327,11 @@ impl Inode {
     /// the node takes its fd and keeps it, since nothing else might find its file.
     /// (A handle may not reopen an unlinked file either: some file systems answer ESTALE.)
     /// Pinned first, so no sweep takes the fd `path_fd` gives between the two.
+    /// A pin this call took is given back if the file can't be found: one another request
+    /// took stays.
     pub fn hold_for_name_change(self: &Arc<Self>) {
-        let was = self.pinned.load(Ordering::Acquire);
-        let pinned = self.pin();
-        if self.path_fd().is_err() && pinned && !was {
+        let took = self.pin() == Pin::Took;
+        if self.path_fd().is_err() && took {
             self.unpin();
         }
     }
@@ -355,9 +367,9 @@ impl Inode {
     /// The place in the bound is taken before the node's flag is set, and each set flag
     /// holds exactly one place: a flag set only for a moment would let a concurrent
     /// `unpin` give a place back twice, or a concurrent `pin` see a pin that failed.
-    fn pin(&self) -> bool {
+    fn pin(&self) -> Pin {
         if self.pinned.load(Ordering::Acquire) {
-            return true;
+            return Pin::Already;
         }
         let max = self.cache.max_pinned();
         let place = self
@@ -367,13 +379,14 @@ impl Inode {
                 (n < max).then_some(n + 1)
             });
         if place.is_err() {
-            return false;
+            return Pin::Full;
         }
         if self.pinned.swap(true, Ordering::AcqRel) {
             // Pinned by another request meanwhile, with a place of its own.
             self.cache.pinned.fetch_sub(1, Ordering::AcqRel);
+            return Pin::Already;
         }
-        true
+        Pin::Took
     }
 
     fn unpin(&self) {
@@ -1074,7 +1087,7 @@ mod tests {
             std::hint::spin_loop();
         }
         for _ in 0..2_000_000 {
-            assert!(!a.pin(), "a pin past the bound succeeded");
+            assert_eq!(a.pin(), Pin::Full, "a pin past the bound succeeded");
         }
         stop.store(true, Ordering::Relaxed);
         unpinner.join().unwrap();
@@ -1092,9 +1105,15 @@ mod tests {
                 std::thread::spawn(move || a.pin())
             })
             .collect();
+        let mut took = 0;
         for p in pins {
-            assert!(p.join().unwrap());
+            match p.join().unwrap() {
+                Pin::Took => took += 1,
+                Pin::Already => {}
+                Pin::Full => panic!("a pin with a place free failed"),
+            }
         }
+        assert_eq!(took, 1);
         assert_eq!(t.cache.pinned.load(Ordering::Acquire), 1);
         a.unpin();
         assert_eq!(t.cache.pinned.load(Ordering::Acquire), 0);

@@ -296,9 +296,11 @@ pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Out
 }
 
 /// Where READ's data and READDIR's entries go: a chain's writable buffers after the reply
-/// header, as they were read at the pop (`chain::Descs::writable_bufs`, at most
-/// `chain::MAX_DESCS`). The chain is never walked again, so a guest that rewrote its
-/// descriptor table since has no say in where the reply goes.
+/// header, as the request's one reading of its descriptors found them
+/// (`chain::Descs::writable_bufs`, at most `chain::MAX_DESCS`: at the pop, or when a
+/// parked request is served), the reading the effect check used too. The chain is not
+/// walked again, so a guest that rewrote its descriptor table since has no say in where
+/// the reply goes.
 struct ReplyData<'a> {
     mem: &'a GuestMem,
     /// The pieces (guest address, length) not yet filled, in order; each lies in one
