@@ -204,6 +204,12 @@ pub struct Opt {
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub max_locks: usize,
 
+    /// Byte ranges a guest may hold locked on one file; past it, ENOLCK (the host walks
+    /// every lock of a file at each lock call on it, and a migration's destination places
+    /// them all again while the VM is paused)
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_locks_per_file: usize,
+
     /// Blocking lock requests (SETLKW) that may wait at once, each on a small thread of its
     /// own rather than a request worker; past it, ENOLCK
     #[arg(long, value_name = "N", default_value_t = 1024)]

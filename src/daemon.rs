@@ -337,12 +337,13 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     cfg.killpriv_v2 = opt.killpriv_v2 && !opt.no_killpriv_v2;
     cfg.posix_lock = !opt.no_posix_lock;
     cfg.flock = !opt.no_flock;
-    if opt.max_locks == 0 || opt.max_lock_waiters == 0 {
+    if opt.max_locks == 0 || opt.max_locks_per_file == 0 || opt.max_lock_waiters == 0 {
         return Err(E::Option(
-            "--max-locks and --max-lock-waiters must be at least 1".into(),
+            "--max-locks, --max-locks-per-file and --max-lock-waiters must be at least 1".into(),
         ));
     }
     cfg.max_locks = opt.max_locks;
+    cfg.max_locks_per_file = opt.max_locks_per_file;
     cfg.max_lock_waiters = opt.max_lock_waiters;
     cfg.allow_mmap = opt.allow_mmap;
     cfg.allow_project_id = opt.allow_project_id;

@@ -245,6 +245,8 @@ pub struct Plan {
 
 /// One guest lock owner's POSIX locks on one node.
 pub struct Owner {
+    /// The node it locks (for the count per file).
+    node: u64,
     /// Its own host open file description, carrying its OFD locks.
     fd: OwnedFd,
     state: Mutex<OwnerState>,
@@ -440,6 +442,13 @@ pub struct FileLocks {
     pub posix: bool,
     pub flock: bool,
     max_locks: usize,
+    /// Byte ranges all owners together may hold on one file (`--max-locks-per-file`):
+    /// the host walks every lock of the file at each lock call, so a file's locks cost
+    /// each call on it, and a migration's load of n of them n²/2 steps.
+    max_per_file: usize,
+    /// Byte ranges held per node (a leaf lock: taken under an owner's state, takes
+    /// nothing itself).
+    per_file: Mutex<HashMap<u64, usize>>,
     max_waiters: usize,
     /// Host descriptions for owners are opened read-only (`--readonly`).
     readonly: bool,
@@ -505,6 +514,7 @@ impl FileLocks {
         posix: bool,
         flock: bool,
         max_locks: usize,
+        max_per_file: usize,
         max_waiters: usize,
         readonly: bool,
     ) -> Self {
@@ -512,6 +522,8 @@ impl FileLocks {
             posix,
             flock,
             max_locks,
+            max_per_file,
+            per_file: Default::default(),
             max_waiters,
             readonly,
             shared: Default::default(),
@@ -572,6 +584,7 @@ impl FileLocks {
             return Err(errno(libc::EBADF));
         }
         let o = Arc::new(Owner {
+            node,
             fd,
             state: Mutex::new(OwnerState::default()),
             pid: AtomicU32::new(0),
@@ -604,21 +617,56 @@ impl FileLocks {
         }
     }
 
-    /// Checks `--max-locks` for an owner's ranges going from `old` to `new` in number.
-    fn check_bound(&self, old: usize, new: usize) -> io::Result<()> {
-        if new > old && self.counters.held.load(Ordering::Relaxed) + (new - old) > self.max_locks {
+    /// Checks `--max-locks` and `--max-locks-per-file` for an owner's ranges on `node`
+    /// going from `old` to `new` in number.
+    fn check_bound(&self, node: u64, old: usize, new: usize) -> io::Result<()> {
+        if new <= old {
+            return Ok(());
+        }
+        let more = new - old;
+        let on_file = self
+            .per_file
+            .lock()
+            .unwrap()
+            .get(&node)
+            .copied()
+            .unwrap_or(0);
+        if self.counters.held.load(Ordering::Relaxed) + more > self.max_locks
+            || on_file + more > self.max_per_file
+        {
             return Err(self.enolck());
         }
         Ok(())
     }
 
-    fn commit(&self, ranges: &mut RangeSet, plan: Plan) {
+    fn commit(&self, node: u64, ranges: &mut RangeSet, plan: Plan) {
         let (old, now) = (ranges.len(), plan.len_after);
         ranges.commit(plan);
         if now >= old {
-            self.counters.held.fetch_add(now - old, Ordering::Relaxed);
+            self.count(node, now - old);
         } else {
-            self.counters.held.fetch_sub(old - now, Ordering::Relaxed);
+            self.uncount(node, old - now);
+        }
+    }
+
+    /// `n` more ranges held on `node`.
+    fn count(&self, node: u64, n: usize) {
+        self.counters.held.fetch_add(n, Ordering::Relaxed);
+        *self.per_file.lock().unwrap().entry(node).or_default() += n;
+    }
+
+    /// `n` fewer ranges held on `node`.
+    fn uncount(&self, node: u64, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.counters.held.fetch_sub(n, Ordering::Relaxed);
+        let mut m = self.per_file.lock().unwrap();
+        if let Some(c) = m.get_mut(&node) {
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                m.remove(&node);
+            }
         }
     }
 
@@ -711,7 +759,7 @@ impl FileLocks {
             }
             o.pid.store(pid, Ordering::Relaxed);
             let new = st.ranges.plan(r);
-            if let Err(e) = self.check_bound(st.ranges.len(), new.len_after) {
+            if let Err(e) = self.check_bound(node, st.ranges.len(), new.len_after) {
                 drop(st);
                 self.drop_if_unused(node, owner, &o);
                 return Err(e);
@@ -723,7 +771,7 @@ impl FileLocks {
                 |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES));
             let out = match res {
                 Ok(_) => {
-                    self.commit(&mut st.ranges, new);
+                    self.commit(node, &mut st.ranges, new);
                     Ok(None)
                 }
                 Err(e) if wait && busy(&e) => match self.waiter() {
@@ -852,9 +900,7 @@ impl FileLocks {
                 // Only closed: the other daemon's copy of the description keeps them.
                 let mut st = o.state.lock().unwrap();
                 st.dead = true;
-                self.counters
-                    .held
-                    .fetch_sub(st.ranges.len(), Ordering::Relaxed);
+                self.uncount(o.node, st.ranges.len());
                 st.ranges = RangeSet::default();
             } else {
                 self.drop_owner(&o);
@@ -885,9 +931,7 @@ impl FileLocks {
         let f = all.flock();
         // SAFETY: plain fcntl on an fd we own.
         unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) };
-        self.counters
-            .held
-            .fetch_sub(st.ranges.len(), Ordering::Relaxed);
+        self.uncount(o.node, st.ranges.len());
         st.ranges = RangeSet::default();
     }
 
@@ -992,7 +1036,9 @@ impl FileLocks {
         let room = self
             .max_locks
             .saturating_sub(self.counters.held.load(Ordering::Relaxed));
-        if rec.ranges.len() > room {
+        let on_file = self.per_file.lock().unwrap().get(&rec.node).copied();
+        let file_room = self.max_per_file.saturating_sub(on_file.unwrap_or(0));
+        if rec.ranges.len() > room.min(file_room) {
             return Err(self.enolck());
         }
         let ranges = RangeSet::of_sorted(&rec.ranges)?;
@@ -1014,10 +1060,9 @@ impl FileLocks {
                 });
             }
         }
-        self.counters
-            .held
-            .fetch_add(ranges.len(), Ordering::Relaxed);
+        self.count(rec.node, ranges.len());
         let o = Arc::new(Owner {
+            node: rec.node,
             fd,
             state: Mutex::new(OwnerState {
                 ranges,
@@ -1064,6 +1109,7 @@ impl Wait {
                 ..
             } => (locks, owner, range),
         };
+        let node = owner.node;
         let f = range.flock();
         // SAFETY: plain fcntl on an fd we own with a live flock.
         cvt(unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLKW, &f) })?;
@@ -1081,11 +1127,12 @@ impl Wait {
             unsafe { libc::fcntl(owner.fd.as_raw_fd(), libc::F_OFD_SETLK, &un) };
             return Err(errno(libc::EBADF));
         }
-        // Not refused past `--max-locks` now that the host granted it: undoing it would
-        // free bytes the owner held before to others for a moment. A wait adds at most
-        // two ranges, so the count stays within --max-locks + 2 x --max-lock-waiters.
+        // Not refused past `--max-locks` (or `--max-locks-per-file`) now that the host
+        // granted it: undoing it would free bytes the owner held before to others for a
+        // moment. A wait adds at most two ranges, so each count stays within its bound +
+        // 2 x --max-lock-waiters.
         let new = st.ranges.plan(*range);
-        locks.commit(&mut st.ranges, new);
+        locks.commit(node, &mut st.ranges, new);
         Ok(())
     }
 }
@@ -1273,6 +1320,29 @@ mod tests {
         }
     }
 
+    /// An owner from a migration state whose ranges would take its file past
+    /// `--max-locks-per-file`, over all the file's owners, is refused before any of them
+    /// is placed: the host's work to place n locks on one file grows as n².
+    #[test]
+    fn an_owner_past_the_bound_per_file_is_refused_before_it_places_any() {
+        let locks = FileLocks::new(true, true, 1000, 100, 16, false);
+        let (_f, fd) = description();
+        locks.restore_owner(&record(60), fd).unwrap();
+        let (_g, fd) = description();
+        let second = OwnerRecord {
+            owner: 0xb,
+            ..record(60)
+        };
+        let e = locks.restore_owner(&second, fd).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK));
+        assert_eq!(locks.held(), 60);
+        // Another file has room of its own.
+        let (_h, fd) = description();
+        let other = OwnerRecord { node: 3, ..second };
+        locks.restore_owner(&other, fd).unwrap();
+        assert_eq!(locks.held(), 120);
+    }
+
     fn description() -> (tempfile::NamedTempFile, OwnedFd) {
         let f = tempfile::NamedTempFile::new().unwrap();
         let fd = OwnedFd::from(f.reopen().unwrap());
@@ -1285,7 +1355,7 @@ mod tests {
     #[test]
     fn restoring_an_owner_copies_no_range_sets() {
         const N: u64 = 4096;
-        let locks = FileLocks::new(true, true, N as usize, 16, false);
+        let locks = FileLocks::new(true, true, N as usize, N as usize, 16, false);
         let (_f, fd) = description();
         ENTRY_COPIES.with(|c| c.set(0));
         locks.restore_owner(&record(N), fd).unwrap();
@@ -1301,7 +1371,7 @@ mod tests {
     /// any of them is looked at (a bad range at its end is never reached) or placed.
     #[test]
     fn an_owner_past_the_lock_bound_is_refused_before_its_ranges_are_read() {
-        let locks = FileLocks::new(true, true, 100, 16, false);
+        let locks = FileLocks::new(true, true, 100, 100, 16, false);
         let (f, fd) = description();
         let mut rec = record(101);
         rec.ranges.push(Range {
@@ -1329,7 +1399,7 @@ mod tests {
             vec![r(0, 9, libc::F_WRLCK), r(10, 19, libc::F_WRLCK)],
             vec![r(0, 9, libc::F_UNLCK)],
         ] {
-            let locks = FileLocks::new(true, true, 100, 16, false);
+            let locks = FileLocks::new(true, true, 100, 100, 16, false);
             let (_f, fd) = description();
             let mut rec = record(0);
             rec.ranges = bad.clone();
@@ -1338,7 +1408,7 @@ mod tests {
             assert_eq!(locks.held(), 0);
         }
         // Touching with two types is what a set holds: accepted.
-        let locks = FileLocks::new(true, true, 100, 16, false);
+        let locks = FileLocks::new(true, true, 100, 100, 16, false);
         let (_f, fd) = description();
         let mut rec = record(0);
         rec.ranges = vec![r(0, 9, libc::F_WRLCK), r(10, 19, libc::F_RDLCK)];

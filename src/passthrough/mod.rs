@@ -89,6 +89,8 @@ pub struct Config {
     pub flock: bool,
     /// Byte ranges the guest may hold locked at once (`--max-locks`).
     pub max_locks: usize,
+    /// Byte ranges the guest may hold locked on one file (`--max-locks-per-file`).
+    pub max_locks_per_file: usize,
     /// SETLKW requests that may wait at once (`--max-lock-waiters`).
     pub max_lock_waiters: usize,
     /// Offer FUSE_DIRECT_IO_ALLOW_MMAP (`--allow-mmap`): shared mmap of files opened for
@@ -132,6 +134,7 @@ impl Config {
             posix_lock: true,
             flock: true,
             max_locks: 65536,
+            max_locks_per_file: 4096,
             max_lock_waiters: 1024,
             allow_mmap: false,
             allow_project_id: false,
@@ -249,6 +252,7 @@ impl PassthroughFs {
             cfg.posix_lock,
             cfg.flock,
             cfg.max_locks,
+            cfg.max_locks_per_file,
             cfg.max_lock_waiters,
             cfg.readonly,
         ));

@@ -330,7 +330,7 @@ fn a_lock_flood_is_bounded_on_the_host() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(40_000);
     let max = MAX.to_string();
-    let d = Daemon::start(&["--max-locks", &max]);
+    let d = Daemon::start(&["--max-locks", &max, "--max-locks-per-file", &max]);
     std::fs::write(d.path("f"), b"x").unwrap();
     let c = d.client();
     let (node, fh) = open_f(&c);
@@ -919,4 +919,36 @@ fn a_wait_chain_ending_at_a_host_lock_is_no_deadlock() {
     c.setlk(n, h, B, un(0, EOF)).unwrap();
     assert_eq!(c.wait(ta).unwrap().error, 0);
     assert_eq!(stat(&d, "lock_edeadlk"), 0);
+}
+
+/// The host walks every lock of a file at each lock call on it (and a migration's
+/// destination places them all again, n²/2 steps for n, while the VM is paused): past
+/// `--max-locks-per-file` ranges on one file, over all its owners, a lock that would add
+/// one gets ENOLCK, while other files still lock and an unlock gives room back.
+#[test]
+fn locks_past_the_bound_per_file_get_enolck_and_other_files_still_lock() {
+    let d = Daemon::start(&["--max-locks-per-file", "100"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    std::fs::write(d.path("g"), b"x").unwrap();
+    let c = d.client();
+    let (node, fh) = open_f(&c);
+    // Two owners, 50 ranges each, fill the file's bound.
+    for owner in [A, A + 1] {
+        for i in 0..50 {
+            let byte = 2 * (i + 50 * (owner - A));
+            c.setlk(node, fh, owner, rd(byte, byte, 1)).unwrap();
+        }
+    }
+    assert_eq!(stat(&d, "locks_held"), 100);
+    assert_eq!(
+        errno(c.setlk(node, fh, A + 2, rd(1000, 1000, 1))),
+        libc::ENOLCK
+    );
+    // Merging into an existing range adds none: still granted.
+    c.setlk(node, fh, A, rd(1, 1, 1)).unwrap();
+    let g = c.lookup(ROOT, "g").unwrap().nodeid;
+    let gh = c.open(g, libc::O_RDWR as u32).unwrap().fh;
+    c.setlk(g, gh, A, rd(0, 0, 1)).unwrap();
+    c.setlk(node, fh, A + 1, un(0, i64::MAX as u64)).unwrap();
+    c.setlk(node, fh, A + 2, rd(1000, 1000, 1)).unwrap();
 }
