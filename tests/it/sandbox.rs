@@ -339,13 +339,17 @@ fn sigterm_at_any_moment_of_start_up_leaves_no_daemon_behind() {
 }
 
 /// Every directory the serving process holds an fd of: (fd target, whether it is the share,
-/// below the share or on procfs). A directory fd outside the share is a way out of the
-/// sandbox (`openat(fd, "..")`).
+/// below the share, on procfs, or the lock handover's runtime directory as a detached
+/// mount whose `..` is itself). Any other directory fd outside the share is a way out of
+/// the sandbox (`openat(fd, "..")`).
 fn directory_fds(pid: i32, share: &std::path::Path) -> Vec<(PathBuf, bool)> {
     use std::os::unix::fs::MetadataExt;
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
     let id = |m: &std::fs::Metadata| (m.dev(), m.ino());
     let share = id(&std::fs::metadata(share).unwrap());
+    let runtime = vfsd::passthrough::RuntimeDir::path()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| id(&m));
     let mut dirs = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
         let link = e.unwrap().path();
@@ -363,6 +367,11 @@ fn directory_fds(pid: i32, share: &std::path::Path) -> Vec<(PathBuf, bool)> {
         assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
         // Walk up from the directory itself until the share or the top.
         let mut ok = fs.f_type as i64 == PROC_SUPER_MAGIC;
+        let here = id(&std::fs::metadata(&link).unwrap());
+        let up = id(&std::fs::metadata(link.join("..")).unwrap());
+        if Some(here) == runtime && up == here {
+            ok = true;
+        }
         let mut at = link.clone();
         for _ in 0..64 {
             let here = id(&std::fs::metadata(&at).unwrap());
