@@ -13,9 +13,10 @@
 //! body: [u8]    the state's postcard body (or, raw, the whole stream)
 //! ```
 //!
-//! Besides "no panic, no hang, bounded memory", every input is checked for leaked file
-//! descriptors once the session ended and the filesystem was dropped, and for a load that
-//! keeps its word: a state it refused leaves no node but the root.
+//! Besides "no panic, no hang, bounded memory", every input is checked for threads it
+//! leaves running (2 s after the session ended), for leaked file descriptors once those
+//! threads are gone and the filesystem was dropped, and for a load that keeps its word: a
+//! state it refused leaves no node but the root.
 
 use fuse_backend_rs::abi::fuse_abi::*;
 use fuse_backend_rs::api::filesystem::FileSystem;
@@ -74,6 +75,7 @@ pub fn run(data: &[u8]) {
     } else {
         with_header(body)
     };
+    let threads_before = threads();
     no_fd_leak(|| {
         let f = destination(opts);
         let fs = f.server.fs().clone();
@@ -93,17 +95,49 @@ pub fn run(data: &[u8]) {
         // retake is called off and waited for, every node and handle goes.
         fs.destroy();
         // A retake thread that had not started when DESTROY called it off ends on its
-        // own, soon, dropping its share of the filesystem: wait for that (bounded; one
-        // that never lets go shows as a leak below).
+        // own, soon, closing what it holds (its share of the filesystem, then a handle
+        // and with it the handle's fd) on its way out. So wait for the threads this input
+        // started to be gone (bounded), not for the filesystem's count, which drops
+        // before the handle does.
         let t = std::time::Instant::now();
-        while std::sync::Arc::strong_count(&fs) > 2
-            && t.elapsed() < std::time::Duration::from_secs(2)
-        {
+        let mut left = started_since(&threads_before);
+        while !left.is_empty() && t.elapsed() < std::time::Duration::from_secs(2) {
             std::thread::sleep(std::time::Duration::from_millis(1));
+            left = started_since(&threads_before);
         }
+        assert!(
+            left.is_empty(),
+            "threads the input started still run 2 s after DESTROY: {left:?}"
+        );
+        assert_eq!(
+            std::sync::Arc::strong_count(&fs),
+            2,
+            "something besides the server holds the filesystem once the input's threads ended"
+        );
         drop(fs);
         drop(f);
     });
+}
+
+/// The ids of this process's threads.
+fn threads() -> std::collections::BTreeSet<u64> {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The threads not in `before`, with their names. A thread's entry goes once it has
+/// exited, after everything it held was dropped.
+fn started_since(before: &std::collections::BTreeSet<u64>) -> Vec<(u64, String)> {
+    threads()
+        .difference(before)
+        .map(|&tid| {
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"));
+            (tid, comm.unwrap_or_default().trim_end().to_string())
+        })
+        .collect()
 }
 
 /// A session on a fresh share, saved as a source would: INIT, nodes looked up (a file, a
