@@ -16,7 +16,7 @@
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
 #                     locks,stress-locks,migrate,libvirt,xfstests
 #                     (and twohosts, with --gluster). stress-locks: stress-ng's locka,
-#                     lockf and lockofd stressors, two instances each, three passes as
+#                     lockf and lockofd stressors, two instances each, two passes as
 #                     root and one as a user; a lock wait left unanswered fails it,
 #                     but a killed child's wait that its parent waits for is broken
 #                     and counted apart (guest-tests/stress-locks.sh; about 2 minutes). migrate: live migration between two
@@ -420,7 +420,7 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         # never hang them; vfsd's --stats show how many it broke.
         stats=
         [ "$daemon" = vfsd ] && stats="--stats $LOGS/$label-stress-locks-stats.json"
-        run_test "$daemon" "$label" stress-locks 0 300 "/guest-tests/stress-locks.sh -t 4 -r 3" "$stats"
+        run_test "$daemon" "$label" stress-locks 0 300 "/guest-tests/stress-locks.sh -t 4 -r 2" "$stats"
         finish_test "$label" stress-locks
         show '^stress-locks: '
         if [ -n "$stats" ] && [ -s "$LOGS/$label-stress-locks-stats.json" ]; then
