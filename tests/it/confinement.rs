@@ -653,10 +653,12 @@ fn reuse_inode_number(dir: &std::path::Path, x: &str, y: &str, data: &[u8]) {
 #[ignore = "needs root"]
 fn a_reused_inode_number_gets_a_node_of_its_own_on_a_share_without_file_handles() {
     require_root("overlayfs and bindfs mounts");
-    let dir = tempfile::tempdir().unwrap();
-    let overlay = Overlay::mount(&dir.path().join("ov"));
-    let bindfs_src = dir.path().join("bsrc");
-    let bindfs_mnt = dir.path().join("bmnt");
+    // An ext4 of its own: no other test takes the inode number freed here first.
+    let fs = common::LoopFs::new(64);
+    let dir = &fs.mnt;
+    let overlay = Overlay::mount(&dir.join("ov"));
+    let bindfs_src = dir.join("bsrc");
+    let bindfs_mnt = dir.join("bmnt");
     std::fs::create_dir_all(&bindfs_src).unwrap();
     std::fs::create_dir_all(&bindfs_mnt).unwrap();
     let st = std::process::Command::new("bindfs")
