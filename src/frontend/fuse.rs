@@ -552,6 +552,16 @@ impl FuseClient {
     }
 
     /// OPEN with the FUSE `open_flags` (FUSE_OPEN_KILL_SUIDGID, ...).
+    /// Submits an OPEN of `nodeid` with `flags` on queue 1 without waiting for its reply
+    /// (an open that waits on a host lease, say).
+    pub fn submit_open(&self, nodeid: u64, flags: u32) -> FResult<Ticket> {
+        let o = OpenIn {
+            flags,
+            fuse_flags: 0,
+        };
+        self.submit(1, FUSE_OPEN, nodeid, &[o.as_slice()], 4096)
+    }
+
     pub fn open_with(&self, nodeid: u64, flags: u32, open_flags: u32) -> FResult<OpenOut> {
         let o = OpenIn {
             flags,

@@ -661,22 +661,7 @@ fn a_reused_inode_number_gets_a_node_of_its_own_on_a_share_without_file_handles(
     let bindfs_mnt = dir.join("bmnt");
     std::fs::create_dir_all(&bindfs_src).unwrap();
     std::fs::create_dir_all(&bindfs_mnt).unwrap();
-    let st = std::process::Command::new("bindfs")
-        .arg(&bindfs_src)
-        .arg(&bindfs_mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "bindfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _bindfs = Unmount(bindfs_mnt.clone());
+    let _bindfs = crate::fuse_host::Bindfs::mount(&bindfs_src, &bindfs_mnt);
     // Overlayfs keeps birth times; bindfs (FUSE) gives none.
     for share in [overlay.0.clone(), bindfs_mnt.clone()] {
         let d = Daemon::start_on(&share, &["--rlimit-nofile", "256"]);

@@ -12,10 +12,10 @@ use std::time::Duration;
 use crate::common::{require_root, vfsd_bin, Daemon, ROOT};
 
 /// A bindfs mount of `src` at `mnt`, unmounted on drop.
-struct Bindfs(PathBuf);
+pub(crate) struct Bindfs(PathBuf);
 
 impl Bindfs {
-    fn mount(src: &Path, mnt: &Path) -> Bindfs {
+    pub(crate) fn mount(src: &Path, mnt: &Path) -> Bindfs {
         let out = Command::new("bindfs").arg(src).arg(mnt).output().unwrap();
         assert!(
             out.status.success(),

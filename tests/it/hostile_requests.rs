@@ -473,19 +473,7 @@ fn a_guest_reposting_one_chain_never_has_more_requests_in_flight_than_its_ring_h
     let node = c.lookup(ROOT, "f").unwrap().nodeid;
     let lease = common::HostLease::take(&d.path("f"));
     // An OPEN for writing waits on the lease in the pool's only worker.
-    let open = fuse_backend_rs::abi::fuse_abi::OpenIn {
-        flags: libc::O_WRONLY as u32,
-        fuse_flags: 0,
-    };
-    let t = c
-        .submit(
-            1,
-            FUSE_OPEN,
-            node,
-            &[vm_memory::ByteValued::as_slice(&open)],
-            4096,
-        )
-        .unwrap();
+    let t = c.submit_open(node, libc::O_WRONLY as u32).unwrap();
     lease.wait_broken();
     let (size, avail, used, head) = {
         let q = c.fe.queues[1].lock().unwrap();

@@ -666,19 +666,7 @@ fn a_lock_wait_that_begins_while_its_ring_stops_is_carried_without_stalling_the_
     let fh = c.open(f, libc::O_RDONLY as u32).unwrap().fh;
     let g = c.lookup(ROOT, "g").unwrap().nodeid;
     let lease = HostLease::take(&src.path("g"));
-    let open_in = fuse_backend_rs::abi::fuse_abi::OpenIn {
-        flags: libc::O_RDWR as u32,
-        fuse_flags: 0,
-    };
-    let open = c
-        .submit(
-            1,
-            FUSE_OPEN,
-            g,
-            &[vm_memory::ByteValued::as_slice(&open_in)],
-            4096,
-        )
-        .unwrap();
+    let open = c.submit_open(g, libc::O_RDWR as u32).unwrap();
     lease.wait_broken();
     let t = c
         .setlkw(1, f, fh, OWNER, Lock::flock(libc::F_WRLCK))

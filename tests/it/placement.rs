@@ -230,16 +230,7 @@ fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
     let node = c.lookup(ROOT, "f").unwrap().nodeid;
     alone(&d, &c);
     let lease = crate::common::HostLease::take(&d.path("f"));
-    let open = fuse_backend_rs::abi::fuse_abi::OpenIn {
-        flags: libc::O_WRONLY as u32,
-        fuse_flags: 0,
-    };
-    let t = submit_open(
-        &c,
-        vfsd::frontend::fuse::FUSE_OPEN,
-        node,
-        &[vm_memory::ByteValued::as_slice(&open)],
-    );
+    let t = c.submit_open(node, libc::O_WRONLY as u32).unwrap();
     lease.wait_broken();
     // Answered while the OPEN still waits (a blocked queue thread would hold it back).
     for _ in 0..4 {

@@ -14,19 +14,7 @@ fn blocked_open(d: &Daemon, c: &FuseClient) -> (HostLease, u16) {
     let e = c.lookup(ROOT, "f").unwrap();
     let used = c.fe.queues[1].lock().unwrap().used_idx(&c.fe.mem).unwrap();
     let lease = HostLease::take(&d.path("f"));
-    c.submit(
-        1,
-        FUSE_OPEN,
-        e.nodeid,
-        &[vm_memory::ByteValued::as_slice(
-            &fuse_backend_rs::abi::fuse_abi::OpenIn {
-                flags: libc::O_RDWR as u32,
-                fuse_flags: 0,
-            },
-        )],
-        4096,
-    )
-    .unwrap();
+    c.submit_open(e.nodeid, libc::O_RDWR as u32).unwrap();
     lease.wait_broken();
     (lease, used)
 }
