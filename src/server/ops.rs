@@ -303,9 +303,11 @@ pub fn serve(fs: &PassthroughFs, op: Opcode, hdr: &InHeader, body: &[u8]) -> Out
 /// the reply goes.
 struct ReplyData<'a> {
     mem: &'a GuestMem,
-    /// The pieces (guest address, length) not yet filled, in order; each lies in one
-    /// memory region (checked by `new`).
+    /// The room's pieces (guest address, length), in order, each in one memory region
+    /// (checked by `new`); those before `next` are filled, and `next` itself from where
+    /// its entry now starts.
     left: SmallVec<[(GuestAddress, usize); 8]>,
+    next: usize,
     written: usize,
 }
 
@@ -334,12 +336,13 @@ impl<'a> ReplyData<'a> {
         Ok(ReplyData {
             mem,
             left,
+            next: 0,
             written: 0,
         })
     }
 
     fn available_bytes(&self) -> usize {
-        self.left.iter().map(|&(_, len)| len).sum()
+        self.left[self.next..].iter().map(|&(_, len)| len).sum()
     }
 
     fn bytes_written(&self) -> usize {
@@ -350,7 +353,7 @@ impl<'a> ReplyData<'a> {
     fn room_for(&self, count: usize) -> io::Result<SmallVec<[(GuestAddress, usize); 8]>> {
         let mut want = count;
         let mut out = SmallVec::new();
-        for &(addr, len) in &self.left {
+        for &(addr, len) in &self.left[self.next..] {
             if want == 0 {
                 break;
             }
@@ -371,14 +374,14 @@ impl<'a> ReplyData<'a> {
     fn consume(&mut self, mut n: usize) {
         self.written += n;
         while n > 0 {
-            let (addr, len) = &mut self.left[0];
+            let (addr, len) = &mut self.left[self.next];
             if n < *len {
                 *addr = addr.unchecked_add(n as u64);
                 *len -= n;
                 return;
             }
             n -= *len;
-            self.left.remove(0);
+            self.next += 1;
         }
     }
 }
