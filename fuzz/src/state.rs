@@ -92,13 +92,17 @@ pub fn run(data: &[u8]) {
             );
         }
         // The session ends (the VMM resets the device, or the guest unmounts): every lock
-        // retake is called off and waited for, every node and handle goes.
+        // retake is called off and waited for, started or not, until it has dropped all
+        // it held (the filesystem, a handle and with it the handle's fd); every node and
+        // handle goes. So the filesystem's count is exact once `destroy` returns. The
+        // retake threads themselves may take a moment more to exit: wait (bounded) for
+        // every thread this input started to be gone.
         fs.destroy();
-        // A retake thread that had not started when DESTROY called it off ends on its
-        // own, soon, closing what it holds (its share of the filesystem, then a handle
-        // and with it the handle's fd) on its way out. So wait for the threads this input
-        // started to be gone (bounded), not for the filesystem's count, which drops
-        // before the handle does.
+        assert_eq!(
+            std::sync::Arc::strong_count(&fs),
+            2,
+            "something besides the server holds the filesystem once the session ended"
+        );
         let t = std::time::Instant::now();
         let mut left = started_since(&threads_before);
         while !left.is_empty() && t.elapsed() < std::time::Duration::from_secs(2) {
@@ -108,11 +112,6 @@ pub fn run(data: &[u8]) {
         assert!(
             left.is_empty(),
             "threads the input started still run 2 s after DESTROY: {left:?}"
-        );
-        assert_eq!(
-            std::sync::Arc::strong_count(&fs),
-            2,
-            "something besides the server holds the filesystem once the input's threads ended"
         );
         drop(fs);
         drop(f);

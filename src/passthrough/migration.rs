@@ -40,7 +40,7 @@ use super::filelocks::{self, OwnerRecord, Range};
 use super::handle::Handle;
 use super::handover::{self, Item};
 use super::inode::{Inode, InodeKey};
-use super::wake::{Blocker, Finish};
+use super::wake::{Blocker, FinishOwned};
 use super::PassthroughFs;
 use crate::sys;
 
@@ -1033,13 +1033,13 @@ impl PassthroughFs {
                 Ok(None)
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                let retake = Arc::new(Blocker::default());
+                let retake = Arc::new(Blocker::holding_before_start());
                 *handle.flock_pending.lock().unwrap() = Some(retake.clone());
                 Ok(Some(LockWait::Flock {
                     fs: self.clone(),
                     handle,
                     typ: h.flock,
-                    retake,
+                    retake: FinishOwned(retake),
                 }))
             }
             Err(e) => Err(format!("flock: {e}")),
@@ -1116,12 +1116,12 @@ impl PassthroughFs {
         match self.locks.restore_owner(&rec, fd) {
             Ok(()) => Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                let retake = Arc::new(Blocker::default());
+                let retake = Arc::new(Blocker::holding_before_start());
                 self.locks.set_pending(rec.node, rec.owner, retake.clone());
                 Ok(Some(LockWait::Posix {
                     fs: self.clone(),
                     rec,
-                    retake,
+                    retake: FinishOwned(retake),
                 }))
             }
             Err(e) => Err(e.to_string()),
@@ -1180,18 +1180,20 @@ fn unlinked_node(
 
 /// A lock the destination must wait for: the source (or someone) holds it now. `retake`
 /// is the thread's, which a guest lock call for that handle or owner, or the session's
-/// end, calls off.
+/// end, calls off. It is the last field, so it is finished only once the filesystem and
+/// the handle or record were dropped: a cancel that returns (the session's end) leaves
+/// nothing of the wait held, even if its thread had not started yet.
 enum LockWait {
     Flock {
         fs: Arc<PassthroughFs>,
         handle: Arc<Handle>,
         typ: i32,
-        retake: Arc<Blocker>,
+        retake: FinishOwned,
     },
     Posix {
         fs: Arc<PassthroughFs>,
         rec: OwnerRecord,
-        retake: Arc<Blocker>,
+        retake: FinishOwned,
     },
 }
 
@@ -1246,19 +1248,18 @@ impl LockWait {
     fn spawn(self) {
         let (fs, retake) = match &self {
             LockWait::Flock { fs, retake, .. } | LockWait::Posix { fs, retake, .. } => {
-                (fs.clone(), retake.clone())
+                (fs.clone(), retake.0.clone())
             }
         };
         let session = fs.session();
-        fs.register_retake(retake.clone());
+        fs.register_retake(retake);
         drop(fs);
+        // The wait is finished when `this` is dropped, on every way out of the thread (or
+        // here, if there is no thread): whoever waits for it finds nothing of it left.
         let r = std::thread::Builder::new()
             .name("vfsd-lock-retake".into())
             .stack_size(RETAKE_STACK)
             .spawn(move || {
-                // Finished last, after the wait and its filesystem are dropped: whoever
-                // waits for the thread (the session's end) finds nothing of it left.
-                let _done = Finish(&retake);
                 let this = self;
                 let live = |fs: &PassthroughFs| fs.session() == session;
                 match &this {
@@ -1273,7 +1274,7 @@ impl LockWait {
                             && live(fs)
                             && granted(retake, || filelocks::flock(fd, *typ, true));
                         let mut pending = handle.flock_pending.lock().unwrap();
-                        if !pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, retake)) {
+                        if !pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, &retake.0)) {
                             // The guest's own flock call took over. It waited for this
                             // thread, then converted or dropped what was granted; unless it
                             // gave up waiting (a lock call that ignores the signal), and
@@ -1297,25 +1298,25 @@ impl LockWait {
                     LockWait::Posix { fs, rec, retake } => {
                         let (node, owner) = (rec.node, rec.owner);
                         if !retake.start() || !live(fs) {
-                            fs.locks.drop_pending(node, owner, retake);
+                            fs.locks.drop_pending(node, owner, &retake.0);
                             return;
                         }
                         let fd = match fs.lock_description(node)(fs.cfg.readonly) {
                             Ok(fd) => fd,
                             Err(e) => {
                                 log::warn!("migration: lock owner {owner:#x}: {e}");
-                                fs.locks.drop_pending(node, owner, retake);
+                                fs.locks.drop_pending(node, owner, &retake.0);
                                 return;
                             }
                         };
                         // On a fresh description; called off, closing it drops what it took.
                         let got = take_all(retake, fd.as_raw_fd(), &rec.ranges);
                         if !got {
-                            fs.locks.drop_pending(node, owner, retake);
+                            fs.locks.drop_pending(node, owner, &retake.0);
                             return;
                         }
                         let keep = || live(fs) && fs.handles_open(node, &rec.handles);
-                        if let Err(e) = fs.locks.install_pending(rec, fd, retake, keep) {
+                        if let Err(e) = fs.locks.install_pending(rec, fd, &retake.0, keep) {
                             log::warn!("migration: lock owner {owner:#x}: {e}");
                         }
                     }
@@ -1380,6 +1381,60 @@ mod tests {
     }
 
     #[test]
+    fn a_session_end_waits_for_a_retake_whose_thread_had_not_started_to_let_go_of_the_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let retake = Arc::new(Blocker::holding_before_start());
+        let wait = LockWait::Posix {
+            fs: fs.clone(),
+            rec: OwnerRecord {
+                node: 2,
+                owner: 7,
+                pid: 1,
+                handles: vec![1],
+                ranges: Vec::new(),
+            },
+            retake: FinishOwned(retake.clone()),
+        };
+        fs.register_retake(retake);
+        // A retake thread that has not run yet: it holds the filesystem until the
+        // scheduler gets to it, then sees it was called off and ends.
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(wait);
+        });
+        fs.cancel_retakes();
+        assert_eq!(
+            Arc::strong_count(&fs),
+            1,
+            "the session's end returned while a retake still held the filesystem"
+        );
+        late.join().unwrap();
+    }
+
+    #[test]
+    fn a_wait_never_handed_to_a_thread_is_finished_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let retake = Arc::new(Blocker::holding_before_start());
+        drop(LockWait::Posix {
+            fs: fs.clone(),
+            rec: OwnerRecord {
+                node: 2,
+                owner: 7,
+                pid: 1,
+                handles: vec![1],
+                ranges: Vec::new(),
+            },
+            retake: FinishOwned(retake.clone()),
+        });
+        assert!(retake.is_finished());
+        let t = std::time::Instant::now();
+        retake.cancel();
+        assert!(t.elapsed() < std::time::Duration::from_millis(500));
+    }
+
+    #[test]
     fn a_retake_holds_no_range_while_it_waits_so_a_third_party_waiting_for_one_goes_on() {
         use std::os::fd::AsRawFd;
         crate::passthrough::wake::install_wake_handler();
@@ -1402,7 +1457,7 @@ mod tests {
         let retake = Arc::new(Blocker::default());
         let (mine, rt) = (open(), retake.clone());
         let t = std::thread::spawn(move || {
-            let _done = Finish(&rt);
+            let _done = crate::passthrough::wake::Finish(&rt);
             assert!(rt.start());
             take_all(&rt, mine.as_raw_fd(), &[a, b]).then_some(mine)
         });

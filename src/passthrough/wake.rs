@@ -38,6 +38,10 @@ pub struct Blocker {
     working: Mutex<bool>,
     thread: OnceLock<libc::pthread_t>,
     abandoned: AtomicBool,
+    /// The work holds resources from before its thread starts (a migration's lock
+    /// retake holds the filesystem and a handle): a cancel waits for it to finish even
+    /// if it never started, which it does once everything it held is dropped.
+    holds_before_start: bool,
 }
 
 impl Default for Blocker {
@@ -48,11 +52,22 @@ impl Default for Blocker {
             working: Mutex::new(true),
             thread: OnceLock::new(),
             abandoned: AtomicBool::new(false),
+            holds_before_start: false,
         }
     }
 }
 
 impl Blocker {
+    /// Work that holds resources before its thread starts; whoever owns them must call
+    /// `finish` (through `Finish` or `FinishOwned`) when they are dropped, whether or not
+    /// a thread ever ran.
+    pub fn holding_before_start() -> Self {
+        Blocker {
+            holds_before_start: true,
+            ..Blocker::default()
+        }
+    }
+
     /// On the thread that will block, before its first blocking call: from now on a
     /// cancel signals it. False if it was cancelled already (then it must not block).
     pub fn start(&self) -> bool {
@@ -108,7 +123,9 @@ impl Blocker {
     /// Signals the thread if it is still at it; false once it has finished.
     fn signal_if_working(&self) -> bool {
         let Some(&thread) = self.thread.get() else {
-            return false; // never started
+            // Not started: it needs no signal (it sees `cancelled` in `start`), only, if
+            // it holds resources already, to be waited for.
+            return self.holds_before_start && !self.is_finished();
         };
         let working = self.working.lock().unwrap_or_else(|e| e.into_inner());
         if *working {
@@ -122,8 +139,9 @@ impl Blocker {
 
 /// Calls off every work of `all` and waits until their threads have finished, for at
 /// most a second in all; it signals them until then (a signal that lands just before a
-/// thread blocks is lost, so one is not enough). Work that never started needs no wait:
-/// its thread sees `cancelled` in `start`.
+/// thread blocks is lost, so one is not enough). Work that never started needs no wait
+/// (its thread sees `cancelled` in `start`), unless it holds resources from before its
+/// start (`holding_before_start`): that is waited for until it has dropped them.
 pub fn cancel_all<B: std::ops::Deref<Target = Blocker>>(all: &[B]) {
     for b in all {
         b.cancelled.store(true, Ordering::SeqCst);
@@ -131,7 +149,7 @@ pub fn cancel_all<B: std::ops::Deref<Target = Blocker>>(all: &[B]) {
     let mut left: Vec<&Blocker> = all
         .iter()
         .map(|b| &**b)
-        .filter(|b| b.started.load(Ordering::SeqCst))
+        .filter(|b| b.holds_before_start || b.started.load(Ordering::SeqCst))
         .collect();
     let t = Instant::now();
     loop {
@@ -153,6 +171,24 @@ pub fn cancel_all<B: std::ops::Deref<Target = Blocker>>(all: &[B]) {
 pub struct Finish<'a>(pub &'a Blocker);
 
 impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+
+/// A shared `Blocker` that is finished when this is dropped. As the last field of what a
+/// blocking thread is handed, it finishes the work after everything else there was
+/// dropped, whether the thread ran, never started, or was never made.
+pub struct FinishOwned(pub std::sync::Arc<Blocker>);
+
+impl std::ops::Deref for FinishOwned {
+    type Target = Blocker;
+    fn deref(&self) -> &Blocker {
+        &self.0
+    }
+}
+
+impl Drop for FinishOwned {
     fn drop(&mut self) {
         self.0.finish();
     }
