@@ -34,6 +34,8 @@ echo 0 > /proc/sys/kernel/printk_ratelimit 2>/dev/null
 echo 4 > /proc/sys/kernel/printk 2>/dev/null
 
 exec </dev/console >/dev/console 2>&1
+# The first line a host-side runner waits for: the kernel booted and /init runs.
+echo "vfsd-init: started"
 
 param() {  # param NAME -> value of NAME= on the kernel command line
     for w in $(cat /proc/cmdline); do

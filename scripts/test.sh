@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Runs vfsd's test suite: unit tests and the vhost-user integration tests (real socket,
-# real virtqueues in shared memory), then the guest suite when QEMU is installed.
+# Runs vfsd's test suite: unit tests, the vhost-user integration tests (real socket,
+# real virtqueues in shared memory) and, as root with QEMU installed, the guest tests
+# (tests/guest/: a real Linux guest under QEMU), then the guest checks still in shell
+# (scripts/guest-suite.sh: libvirt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== cargo test (unit + vhost-user integration tests)"
-# The integration tests that need root are #[ignore = "needs root"]: another user sees them
-# as ignored, root (as CI runs) runs them too.
-if [ "$(id -u)" -eq 0 ]; then
-    cargo test --release -- --include-ignored
-else
-    echo "not root: the tests that need root are left out (shown as ignored)"
-    cargo test --release
+have_qemu=0
+command -v qemu-system-x86_64 >/dev/null 2>&1 && have_qemu=1
+if [ "$have_qemu" = 0 ] && [ "${CI:-}" = "true" ]; then
+    echo "the guest tests could not run: qemu-system-x86_64 is not installed (scripts/setup.sh)" >&2
+    exit 1
 fi
 
-if [ -x scripts/guest-suite.sh ] && command -v qemu-system-x86_64 >/dev/null 2>&1; then
-    echo "== guest suite (real Linux guest under QEMU)"
-    scripts/guest-suite.sh
-elif [ -x scripts/guest-suite.sh ] && [ "${CI:-}" = "true" ]; then
-    echo "guest suite could not run: qemu-system-x86_64 is not installed" >&2
-    exit 1
+# The tests that need root are #[ignore = "needs root"] (or "needs QEMU and root"):
+# another user sees them as ignored, root (as CI runs) runs them too.
+rm -f target/guest-tests/summary.txt
+if [ "$(id -u)" -ne 0 ]; then
+    echo "== cargo test (not root: the tests that need root or QEMU are left out, shown as ignored)"
+    cargo test --release
+    exit 0
+elif [ "$have_qemu" = 1 ]; then
+    echo "== cargo test (unit, vhost-user integration and guest tests; at most ${VFSD_GUEST_JOBS:-2} guests at once)"
+    cargo test --release -- --include-ignored
+    if [ -s target/guest-tests/summary.txt ]; then
+        echo "== what the guests reported"
+        cat target/guest-tests/summary.txt
+    fi
 else
-    echo "== guest suite skipped (install qemu-system-x86 to run it)"
+    echo "== cargo test (unit and vhost-user integration tests; the guest tests need qemu-system-x86: scripts/setup.sh)"
+    cargo test --release --lib --bins --test it -- --include-ignored
+    exit 0
 fi
+
+echo "== guest checks still in shell (scripts/guest-suite.sh)"
+exec scripts/guest-suite.sh

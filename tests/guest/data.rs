@@ -1,0 +1,75 @@
+//! Data and metadata checkers from the file-system world, in the guest: fio with
+//! `verify=crc32c`, pjdfstest (POSIX semantics, as root and as other users) and fsx
+//! (random buffered and O_DIRECT operations checked against a model).
+
+use crate::fixture::TestDir;
+use crate::{record, run_on_share};
+
+/// Seconds per time-based fio job (`VFSD_FIO_RUNTIME`, default 8).
+fn fio_runtime() -> u64 {
+    std::env::var("VFSD_FIO_RUNTIME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn fio_jobs_read_back_what_they_wrote() {
+    let name = "fio_jobs_read_back_what_they_wrote";
+    let dir = TestDir::new(name);
+    let (_, run) = run_on_share(
+        &dir,
+        &[],
+        900,
+        |_| {},
+        &format!("/guest-tests/fio.sh -t {}", fio_runtime()),
+    );
+    run.assert_success();
+    record(name, &run, &["fio: PASS", "fio: FAIL", "fio: #"]);
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn pjdfstest_passes_every_test_that_runs() {
+    let name = "pjdfstest_passes_every_test_that_runs";
+    let dir = TestDir::new(name);
+    let (_, run) = run_on_share(&dir, &[], 900, |_| {}, "/guest-tests/pjdfstest.sh");
+    run.assert_success();
+    record(
+        name,
+        &run,
+        &["pjdfstest: #", "pjdfstest: FLAKY", "pjdfstest: KNOWN"],
+    );
+    // The script's summary: "pjdfstest: P passed, F failed, S skipped of T".
+    let summary = run
+        .lines("pjdfstest: ")
+        .into_iter()
+        .rev()
+        .find(|l| l.contains(" passed, "))
+        .unwrap_or_else(|| panic!("no pjdfstest summary\n{}", run.tail()));
+    let counts: Vec<u64> = summary
+        .trim_start_matches("pjdfstest: ")
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(counts.len() >= 4, "unreadable summary: {summary}");
+    assert_eq!(counts[1], 0, "pjdfstest failures: {summary}");
+    assert!(counts[0] > 0, "pjdfstest ran nothing: {summary}");
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn fsx_buffered_and_direct_operations_match_its_model() {
+    let name = "fsx_buffered_and_direct_operations_match_its_model";
+    let dir = TestDir::new(name);
+    let (_, run) = run_on_share(
+        &dir,
+        &[],
+        1200,
+        |_| {},
+        "/guest-tests/fsx.sh -N 60000 -D 20000",
+    );
+    run.assert_success();
+    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+}

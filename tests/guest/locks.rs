@@ -1,0 +1,162 @@
+//! Locks between two guests, each with its own daemon on one host directory, and a
+//! process on the host (guest-tests/locks.sh, quick mode): flock conflicts and wake-ups,
+//! fcntl byte ranges and F_GETLK, locks released by a process's exit, and a host
+//! process's flock and POSIX lock holding both guests off until it lets go. Under
+//! `--cache never` (a FORGET follows each close) and `auto`, the default (RELEASE alone
+//! ends an open file's OFD locks). The guests and the host meet through marker files in
+//! the share's `sync/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::fixture::{daemon_under_test, repo, run_together, Guest, Share, TestDir};
+
+/// guest-tests/src/vfsd-lock.c built for the host.
+fn host_lock_tool(dir: &TestDir) -> PathBuf {
+    let out = dir.path.join("vfsd-lock-host");
+    let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&out)
+        .arg(repo().join("guest-tests/src/vfsd-lock.c"))
+        .status()
+        .expect("a C compiler for the host's lock tool (apt-get install gcc)");
+    assert!(st.success(), "compiling guest-tests/src/vfsd-lock.c failed");
+    out
+}
+
+/// Waits until every marker in `names` exists in `sync`; false if a guest gave up (its
+/// `.abort` marker) or `secs` passed (then the host's own abort marker tells the guests).
+fn await_markers(sync: &Path, secs: u64, names: &[&str]) -> bool {
+    let t = Instant::now();
+    for name in names {
+        while !sync.join(name).exists() {
+            if sync.join("A.abort").exists() || sync.join("B.abort").exists() {
+                eprintln!("host: a guest gave up");
+                return false;
+            }
+            if t.elapsed() > Duration::from_secs(secs) {
+                eprintln!("host: timed out waiting for {name}");
+                let _ = std::fs::write(sync.join("host.abort"), "");
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    true
+}
+
+/// The host's part of step s3: once both guests are ready, hold flock LOCK_EX and a
+/// POSIX write lock on 0-99 of host-file until both guests wait for them, then let go.
+fn host_role(share: &Path, tool: &Path) -> Result<(), String> {
+    let sync = share.join("sync");
+    if !await_markers(&sync, 900, &["A.s3-ready", "B.s3-ready"]) {
+        return Err("the guests never got to s3".into());
+    }
+    let mut holder = Command::new(tool)
+        .arg("-m")
+        .arg(sync.join("host.s3-held"))
+        .arg("-u")
+        .arg(sync.join("host.s3-release"))
+        .arg("-s")
+        .arg(sync.join("host.s3-releasing"))
+        .arg(share.join("host-file"))
+        .args(["ex", "wr:0:100"])
+        .spawn()
+        .map_err(|e| format!("host lock holder: {e}"))?;
+    let waiting = await_markers(&sync, 180, &["A.s3-waiting", "B.s3-waiting"]);
+    if waiting {
+        // Both guests are blocked on the host's locks: let them wait a moment.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    std::fs::write(sync.join("host.s3-release"), "").map_err(|e| e.to_string())?;
+    let st = holder.wait().map_err(|e| e.to_string())?;
+    match (waiting, st.success()) {
+        (true, true) => Ok(()),
+        (false, _) => Err("the guests never waited for the host's locks".into()),
+        (_, false) => Err(format!("the host's lock holder failed: {st}")),
+    }
+}
+
+fn locks_between_two_guests_and_the_host(name: &str, cache: &str) {
+    let dir = TestDir::new(name);
+    let tool = host_lock_tool(&dir);
+    let daemon = daemon_under_test();
+    let args = [format!("--cache={cache}")];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for attempt in 1..=2 {
+        let share = dir.dir(&format!("share-{attempt}"));
+        std::fs::create_dir_all(share.join("sync")).unwrap();
+        let guest = |role: &str| {
+            Guest::new(&dir)
+                .name(&format!("{}-{attempt}", role.to_lowercase()))
+                .timeout(Duration::from_secs(1800))
+                .share(Share::new(&share, "share0", daemon.clone(), &args))
+        };
+        let (runs, host) = std::thread::scope(|s| {
+            let host = s.spawn(|| host_role(&share, &tool));
+            let runs = run_together(
+                &[
+                    (guest("A"), "/guest-tests/locks.sh A quick"),
+                    (guest("B"), "/guest-tests/locks.sh B quick"),
+                ],
+                attempt,
+            );
+            if runs
+                .iter()
+                .any(|r| r.status != crate::fixture::Status::Exited(0))
+            {
+                // Whatever the host still waits for will not come.
+                let _ = std::fs::write(share.join("sync/A.abort"), "");
+            }
+            (runs, host.join().unwrap())
+        });
+        if attempt == 1 && runs.iter().any(|r| r.failed_early()) {
+            eprintln!("{name}: a guest failed before /init ran; running the pair again");
+            continue;
+        }
+        for (role, run) in ["A", "B"].iter().zip(&runs) {
+            let (counts, figures) = (
+                format!("locks[{role}]: #"),
+                format!("locks[{role}]: FIGURE"),
+            );
+            crate::record(&format!("{name} [{role}]"), run, &[&counts, &figures]);
+        }
+        for run in &runs {
+            run.assert_success();
+        }
+        host.unwrap_or_else(|e| panic!("{e}"));
+        for role in ["A", "B"] {
+            let summary = std::fs::read_to_string(share.join(format!("sync/{role}.summary")))
+                .unwrap_or_else(|_| panic!("guest {role} wrote no summary"));
+            let counts: Vec<u64> = summary
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            assert!(
+                counts.len() == 2 && counts[0] > 0 && counts[1] == 0,
+                "guest {role}: {summary} (checks passed, failed)"
+            );
+        }
+        return;
+    }
+    unreachable!("the second attempt returns or panics");
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn locks_between_two_guests_and_the_host_under_cache_never() {
+    locks_between_two_guests_and_the_host(
+        "locks_between_two_guests_and_the_host_under_cache_never",
+        "never",
+    );
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn locks_between_two_guests_and_the_host_under_cache_auto() {
+    locks_between_two_guests_and_the_host(
+        "locks_between_two_guests_and_the_host_under_cache_auto",
+        "auto",
+    );
+}

@@ -1,0 +1,71 @@
+//! Guest tests: a real Debian guest kernel under QEMU mounts shares served by vfsd (or
+//! `VFSD_TEST_DAEMON=virtiofsd`) and runs the scripts in `guest-tests/`; each test boots
+//! its guests through the fixture in `fixture/` and checks the guest's exit status, its
+//! console, and what reached the host directory. They need QEMU and root
+//! (`scripts/setup.sh`, then `scripts/test.sh`, which runs them with `--include-ignored`);
+//! at most `VFSD_GUEST_JOBS` guests (default 2) run at once. A failing test keeps its
+//! logs in `target/guest-tests/<test>/`; every test's summary lines are gathered in
+//! `target/guest-tests/summary.txt`. docs/guest.md says how to add one.
+
+mod fixture;
+
+mod data;
+mod fdwalk;
+mod features;
+mod locks;
+mod migration;
+mod runner;
+mod setid;
+mod smoke;
+mod stress_locks;
+mod xfstests;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fixture::{daemon_under_test, Guest, Run, TestDir};
+
+/// One guest with one share (share0, `args` for its daemon), `prepare` run on the
+/// share before the boot, `cmd` run in it, at most `timeout_secs`.
+pub fn run_on_share(
+    dir: &TestDir,
+    args: &[&str],
+    timeout_secs: u64,
+    prepare: impl FnOnce(&std::path::Path),
+    cmd: &str,
+) -> (PathBuf, Run) {
+    let (guest, share) = Guest::new(dir)
+        .timeout(Duration::from_secs(timeout_secs))
+        .with_share(daemon_under_test(), args);
+    prepare(&share);
+    let run = guest.run(cmd);
+    (share, run)
+}
+
+/// Appends the console's summary lines to the run's summary file, under the test's name:
+/// the lines starting with one of `prefixes`, where a trailing `#` stands for a digit
+/// (`"smoke: #"` keeps "smoke: 99 checks passed, 0 failed").
+pub fn record(test: &str, run: &Run, prefixes: &[&str]) {
+    let root = std::env::var_os("VFSD_GUEST_LOGS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| fixture::repo().join("target/guest-tests"));
+    let _ = std::fs::create_dir_all(&root);
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("summary.txt"))
+        .expect("summary.txt");
+    let wanted = |l: &str| {
+        prefixes.iter().any(|p| match p.strip_suffix('#') {
+            Some(head) => l
+                .strip_prefix(head)
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit())),
+            None => l.starts_with(p),
+        })
+    };
+    for l in fixture::lines_starting(&run.console, "").filter(|l| wanted(l)) {
+        let _ = writeln!(out, "{test} ({} s): {l}", run.secs);
+        eprintln!("{test}: {l}");
+    }
+}

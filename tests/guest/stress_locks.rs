@@ -1,0 +1,37 @@
+//! stress-ng's POSIX, lockf and OFD lock stressors, two instances each on the share, two
+//! passes as root and one as a user (guest-tests/stress-locks.sh): a cycle of lock waits
+//! among them must end in EDEADLK, never hang them. vfsd's `--stats` say how many cycles
+//! it broke.
+
+use crate::fixture::{daemon_under_test, TestDir};
+use crate::{record, run_on_share};
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn lock_stressors_finish_and_a_cycle_of_waits_ends_in_edeadlk() {
+    let name = "lock_stressors_finish_and_a_cycle_of_waits_ends_in_edeadlk";
+    let dir = TestDir::new(name);
+    let stats = dir.path.join("stats.json");
+    let stats_arg = format!("--stats={}", stats.display());
+    let args: Vec<&str> = if daemon_under_test().is_vfsd() {
+        vec![&stats_arg]
+    } else {
+        vec![]
+    };
+    let (_, run) = run_on_share(
+        &dir,
+        &args,
+        300,
+        |_| {},
+        "/guest-tests/stress-locks.sh -t 4 -r 2",
+    );
+    run.assert_success();
+    record(name, &run, &["stress-locks: "]);
+    if let Ok(text) = std::fs::read_to_string(&stats) {
+        let v: serde_json::Value = serde_json::from_str(&text).expect("--stats JSON");
+        eprintln!(
+            "{name}: vfsd --stats: lock_edeadlk {}, lock_enolck {}",
+            v["lock_edeadlk"], v["lock_enolck"]
+        );
+    }
+}
