@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run guest tests against one or more vhost-user-fs daemons, each test in a fresh
 # QEMU guest.  Ends with "N passed, M failed"; exits 1 if any test failed.  By
-# default it runs the checks that have no Rust test in tests/guest/ yet: the
-# runner's self-tests and libvirt (smoke, setid, fdwalk, features, fio, pjdfstest,
-# fsx, locks, stress-locks, live migration and the CI xfstests list run as cargo
-# tests: scripts/test.sh); --only picks any, --gluster and --share-root run theirs.
+# default it runs only the self-tests of scripts/run-vm.sh, the interactive runner: every
+# other check has a Rust test in tests/guest/ (scripts/test.sh runs them with cargo);
+# --only runs any of them from shell, e.g. to compare daemons in one run (--daemon
+# virtiofsd --daemon vfsd), and --gluster and --share-root run theirs.
 #
 # The guests run on the system's QEMU (10 after scripts/setup.sh), except
 # smoke-qemu72: the smoke test on bookworm's QEMU 7.2, unpacked into the cache
@@ -13,7 +13,7 @@
 # Usage: scripts/guest-suite.sh [options]
 #   --daemon D        vfsd (default), virtiofsd, or a run-vm.sh command
 #                     template; repeat to compare daemons in one run
-#   --only LIST       comma-separated subset of (default selftest,libvirt):
+#   --only LIST       comma-separated subset of (default selftest):
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
 #                     locks,stress-locks,migrate,libvirt,xfstests
 #                     (and twohosts, with --gluster). stress-locks: stress-ng's locka,
@@ -103,7 +103,7 @@ elif [ -n "$SHARE_ROOT" ]; then
 fi
 # The rest of the default set are Rust tests now (tests/guest/, run by cargo test as root:
 # scripts/test.sh); --only still runs any of them here, e.g. to compare daemons.
-ONLY=${ONLY:-selftest,libvirt}
+ONLY=${ONLY:-selftest}
 for t in ${ONLY//,/ }; do
     case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|stress-locks|xfstests|migrate|libvirt) ;;
         twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs vfsd's test suite: unit tests, the vhost-user integration tests (real socket,
 # real virtqueues in shared memory) and, as root with QEMU installed, the guest tests
-# (tests/guest/: a real Linux guest under QEMU), then the guest checks still in shell
-# (scripts/guest-suite.sh: libvirt).
+# (tests/guest/: a real Linux guest under QEMU), then the self-tests of the interactive
+# guest runner, scripts/run-vm.sh (scripts/guest-suite.sh's default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,5 +33,5 @@ else
     exit 0
 fi
 
-echo "== guest checks still in shell (scripts/guest-suite.sh)"
+echo "== the interactive guest runner's self-tests (scripts/guest-suite.sh)"
 exec scripts/guest-suite.sh

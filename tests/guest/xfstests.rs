@@ -142,7 +142,7 @@ fn run_xfstests(dir: &TestDir, daemon: DaemonKind, args: &[&str], tests: &[Strin
     let modules = modules_dir();
     // busybox and guest-tests are all the first stage needs; fstests runs on the host's
     // userland.
-    let initrd = PathBuf::from(script_output("build-initramfs.sh", &["--no-tools"], &[]));
+    let initrd = crate::fixture::minimal_initrd();
     let view = cache_dir().join("hostroot-view");
     std::fs::create_dir_all(&view).unwrap();
 
