@@ -15,7 +15,8 @@ fi
 
 # The tests that need root are #[ignore = "needs root"] (or "needs QEMU and root"):
 # another user sees them as ignored, root (as CI runs) runs them too.
-rm -f target/guest-tests/summary.txt
+SUMMARY=${VFSD_GUEST_LOGS:-target/guest-tests}/summary.txt
+rm -f "$SUMMARY"
 if [ "$(id -u)" -ne 0 ]; then
     echo "== cargo test (not root: the tests that need root or QEMU are left out, shown as ignored)"
     cargo test --release
@@ -23,9 +24,9 @@ if [ "$(id -u)" -ne 0 ]; then
 elif [ "$have_qemu" = 1 ]; then
     echo "== cargo test (unit, vhost-user integration and guest tests; at most ${VFSD_GUEST_JOBS:-2} guests at once)"
     cargo test --release -- --include-ignored
-    if [ -s target/guest-tests/summary.txt ]; then
+    if [ -s "$SUMMARY" ]; then
         echo "== what the guests reported"
-        cat target/guest-tests/summary.txt
+        cat "$SUMMARY"
     fi
 else
     echo "== cargo test (unit and vhost-user integration tests; the guest tests need qemu-system-x86: scripts/setup.sh)"

@@ -16,9 +16,10 @@ const URI: &str = "qemu:///system";
 /// Lines the guest writes before the host saves.
 const AFTER_LINES: u32 = 30;
 
+/// virsh, stopped after 5 minutes (a save that never ends fails the test instead).
 fn virsh(args: &[&str]) -> Output {
-    Command::new("virsh")
-        .args(["-c", URI])
+    Command::new("timeout")
+        .args(["300", "virsh", "-c", URI])
         .args(args)
         .output()
         .expect("virsh (scripts/setup.sh installs libvirt 11)")
@@ -272,14 +273,7 @@ fn save_and_restore(name: &str, how: Save) {
         n1.map_or("not in order".to_string(), |n| n.to_string()),
         result.trim()
     );
-    eprintln!("{name}: {figures}");
-    let mut summary = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.path.parent().unwrap().join("summary.txt"))
-        .unwrap();
-    use std::io::Write;
-    let _ = writeln!(summary, "{name}: {figures}");
+    crate::fixture::summarize(name, &figures);
     assert!(
         result.starts_with("PASS"),
         "the guest after the restore: {result}\n{}",

@@ -21,7 +21,6 @@ mod smoke;
 mod stress_locks;
 mod xfstests;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,15 +47,6 @@ pub fn run_on_share(
 /// the lines starting with one of `prefixes`, where a trailing `#` stands for a digit
 /// (`"smoke: #"` keeps "smoke: 99 checks passed, 0 failed").
 pub fn record(test: &str, run: &Run, prefixes: &[&str]) {
-    let root = std::env::var_os("VFSD_GUEST_LOGS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| fixture::repo().join("target/guest-tests"));
-    let _ = std::fs::create_dir_all(&root);
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(root.join("summary.txt"))
-        .expect("summary.txt");
     let wanted = |l: &str| {
         prefixes.iter().any(|p| match p.strip_suffix('#') {
             Some(head) => l
@@ -66,7 +56,6 @@ pub fn record(test: &str, run: &Run, prefixes: &[&str]) {
         })
     };
     for l in fixture::lines_starting(&run.console, "").filter(|l| wanted(l)) {
-        let _ = writeln!(out, "{test} ({} s): {l}", run.secs);
-        eprintln!("{test}: {l}");
+        fixture::summarize(&format!("{test} ({} s)", run.secs), l);
     }
 }

@@ -104,13 +104,13 @@ impl Waiter {
     fn hold(mig: &Path, tool: &Path, release: PathBuf) -> Waiter {
         std::fs::write(mig.join("wait-flock"), "").unwrap();
         std::fs::write(mig.join("wait-posix"), "").unwrap();
-        let flock = Command::new("flock")
+        let flock = crate::fixture::die_with_parent(&mut Command::new("flock"))
             .arg(mig.join("wait-flock"))
             .args(["sh", "-c", r#"while [ ! -e "$0" ]; do sleep 0.1; done"#])
             .arg(&release)
             .spawn()
             .expect("flock (util-linux)");
-        let posix = Command::new(tool)
+        let posix = crate::fixture::die_with_parent(&mut Command::new(tool))
             .arg("-q")
             .arg("-u")
             .arg(&release)
@@ -183,7 +183,7 @@ fn migrate(name: &str, via: Via) {
     let (mut src_daemons, mut src) = {
         let mut attempt = 1;
         loop {
-            let d = guest.start_daemons(&format!("a{attempt}"));
+            let mut d = guest.start_daemons(&format!("a{attempt}"));
             let mut vm = guest.start_vm(&format!("a{attempt}"), &d, &cmd, &[]);
             let t = Instant::now();
             let up = loop {
@@ -197,11 +197,24 @@ fn migrate(name: &str, via: Via) {
                         || l.starts_with("VFSD-RESULT:")),
                     "the guest failed before the migration:\n{c}"
                 );
+                // A guest kernel that crashed or hung before /init: one more boot.
+                let kernel_died = ["Kernel panic", "Oops", "BUG:"]
+                    .iter()
+                    .any(|p| c.contains(p));
+                let running = vm.is_running();
                 if !c.contains("vfsd-init:")
-                    && (!vm.is_running() || t.elapsed() > Duration::from_secs(180))
+                    && ((!running && kernel_died) || t.elapsed() > Duration::from_secs(180))
                 {
                     break false;
                 }
+                assert!(
+                    running,
+                    "the source QEMU exited before the guest was ready:\n{c}"
+                );
+                assert!(
+                    d.list.iter_mut().all(|x| x.is_running()),
+                    "the source daemon exited before the guest was ready:\n{c}"
+                );
                 assert!(
                     t.elapsed() < Duration::from_secs(400),
                     "the source guest did not start writing within 400 s:\n{c}"
@@ -212,7 +225,10 @@ fn migrate(name: &str, via: Via) {
                 break (d, vm);
             }
             assert!(attempt < 2, "the source guest did not come up twice");
-            eprintln!("{name}: the source guest failed before /init ran; booting again");
+            crate::fixture::summarize(
+                name,
+                "the source guest's kernel failed before /init ran; booted again",
+            );
             attempt += 1;
         }
     };
@@ -417,23 +433,20 @@ fn migrate(name: &str, via: Via) {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
-    let _ = dst.wait(Duration::from_secs(30));
+    assert!(
+        dst.wait(Duration::from_secs(30)).is_some(),
+        "the destination QEMU did not power off within 30 s of its result"
+    );
     let report: Vec<&str> = console
         .lines()
         .filter(|l| l.starts_with("migrate: ") && !l.starts_with("migrate: wrote"))
         .collect();
-    let mut summary = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.path.parent().unwrap().join("summary.txt"))
-        .unwrap();
-    use std::io::Write;
-    let _ = writeln!(summary, "{name}: {figures}");
+    crate::fixture::summarize(name, &figures);
     for l in report
         .iter()
         .filter(|l| l.contains("FIGURE") || l.contains("checks passed"))
     {
-        let _ = writeln!(summary, "{name}: {l}");
+        crate::fixture::summarize(name, l);
     }
     assert!(
         console.lines().any(|l| l == "VFSD-RESULT: 0"),
@@ -443,8 +456,9 @@ fn migrate(name: &str, via: Via) {
     for d in &mut dst_daemons.list {
         let st = d.finish(Duration::from_secs(10));
         use std::os::unix::process::ExitStatusExt;
+        let st = st.expect("the destination daemon still runs 10 s after its QEMU exited");
         assert!(
-            st.is_none_or(|s| s.signal().is_none()),
+            st.signal().is_none(),
             "the destination daemon died from a signal"
         );
     }

@@ -19,6 +19,11 @@ fn a_guest_that_hangs_is_killed_at_its_timeout() {
     let (_, run) = run_on_share(&dir, &[], 25, |_| {}, "/guest-tests/selftest-hang.sh");
     assert_eq!(run.status, Status::Timeout, "{}", run.tail());
     assert!(
+        run.console.contains("vfsd-init: running"),
+        "the guest never ran its command, so the timeout proves nothing\n{}",
+        run.tail()
+    );
+    assert!(
         run.secs >= 25 && run.secs < 60,
         "stopped after {} s, not at its 25 s timeout",
         run.secs

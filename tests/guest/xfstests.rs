@@ -120,6 +120,14 @@ fn follow(check_out: &Path, times: &Path, stop: &AtomicBool) {
     }
 }
 
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Runs `tests` against `daemon` with `args` for all four shares; returns the results
 /// directory (summary.txt, summary.json, out/check.out, boots/).
 fn run_xfstests(dir: &TestDir, daemon: DaemonKind, args: &[&str], tests: &[String]) -> PathBuf {
@@ -143,6 +151,19 @@ fn run_xfstests(dir: &TestDir, daemon: DaemonKind, args: &[&str], tests: &[Strin
     // busybox and guest-tests are all the first stage needs; fstests runs on the host's
     // userland.
     let initrd = crate::fixture::minimal_initrd();
+    // The guest sees them through a non-recursive bind of the host's root.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let root_dev = std::fs::metadata("/").unwrap().dev();
+        for p in [&tree, &modules] {
+            assert_eq!(
+                std::fs::metadata(p).unwrap().dev(),
+                root_dev,
+                "{} is not on the root file system, so the guest can't see it (set VFSD_CACHE to a directory on /)",
+                p.display()
+            );
+        }
+    }
     let view = cache_dir().join("hostroot-view");
     std::fs::create_dir_all(&view).unwrap();
 
@@ -189,6 +210,10 @@ fn run_xfstests(dir: &TestDir, daemon: DaemonKind, args: &[&str], tests: &[Strin
             // fstests' fork/exec-heavy scripts are much faster under TCG.
             root_args.extend(["--cache", "always"]);
         }
+        if daemon == DaemonKind::Vfsd || daemon == DaemonKind::Virtiofsd {
+            // The host's root: the guest's ro mount is not all that keeps it unchanged.
+            root_args.push("--readonly");
+        }
         let mut hostroot =
             Share::new(&view, "hostroot", daemon.clone(), &root_args).mount_options("ro");
         hostroot.host_root_view = true;
@@ -215,14 +240,27 @@ fn run_xfstests(dir: &TestDir, daemon: DaemonKind, args: &[&str], tests: &[Strin
         let stop = AtomicBool::new(false);
         let run = std::thread::scope(|s| {
             s.spawn(|| follow(&check_out, &times, &stop));
-            let run = guest.run(&format!(
+            // Stops the follower however the guest's run ends, a panic included.
+            let _stop = StopOnDrop(&stop);
+            guest.run(&format!(
                 "/guest-tests/xfstests.sh {} {} {PER_TEST_SECS}",
                 tree.display(),
                 modules.display()
-            ));
-            stop.store(true, Ordering::SeqCst);
-            run
+            ))
         });
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert!(
+                !matches!(run.status, crate::fixture::Status::DaemonDied(_))
+                    && !run
+                        .daemon_exits
+                        .iter()
+                        .any(|e| e.is_some_and(|s| s.signal().is_some())),
+                "boot {boot}: a daemon died ({:?})\n{}",
+                run.status,
+                run.tail()
+            );
+        }
         let (after, whole) = seen(&check_out);
         if !whole {
             // A test line without its result: the guest stopped in the middle of it.
@@ -289,14 +327,8 @@ fn the_ci_xfstests_list_passes_whole() {
     // --posix-acl: the list has ACL tests, which are "not run" without it.
     let results = run_xfstests(&dir, daemon_under_test(), &["--posix-acl"], &tests);
     let summary = std::fs::read_to_string(results.join("summary.txt")).expect("summary.txt");
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.path.parent().unwrap().join("summary.txt"))
-        .unwrap();
     for l in summary.lines().filter(|l| l.starts_with("passed ")) {
-        let _ = writeln!(out, "{name}: xfstests: {l}");
-        eprintln!("{name}: xfstests: {l}");
+        crate::fixture::summarize(name, &format!("xfstests: {l}"));
     }
     assert!(
         summary.lines().any(|l| l == "RESULT: PASS"),

@@ -1,0 +1,421 @@
+//! FUSE requests per step of tree work, counted in the guest kernel (tracepoint
+//! `fuse:fuse_request_send`, per opcode, the same way for any daemon), beside the step's
+//! time and the daemon's CPU: vfsd against virtiofsd 1.14 in each cache mode, each in a
+//! guest of its own booted through the guest-test fixture. vfsd gets a request queue per
+//! guest vCPU (two), virtiofsd its one.
+//!
+//! ```text
+//! cargo bench --bench requests                        # every mode, both daemons
+//! cargo bench --bench requests -- --modes auto --daemons vfsd --steps untar,cat-all
+//! ```
+//!
+//! The guest side is guest-tests/tree-bench.sh on a source tree (the pinned xfstests
+//! tarball, 4,684 entries). Writes docs/benchmarks/requests/results.jsonl (a line per
+//! daemon, mode and step) and docs/benchmarks/requests/report.md (the tables), or under
+//! `--out DIR`.
+
+#[path = "../guest/fixture/mod.rs"]
+mod fixture;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fixture::{repo, DaemonKind, Guest, Share, TestDir};
+
+const STEPS: &str = "untar,find,cat-all,cat-all-p2,cp-a,rm-rf,cp-a-x2,untar-x2,create,unlink";
+
+struct Options {
+    modes: Vec<String>,
+    daemons: Vec<DaemonKind>,
+    steps: String,
+    out: PathBuf,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        modes: ["auto", "always", "never", "metadata"]
+            .map(String::from)
+            .to_vec(),
+        daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
+        steps: STEPS.into(),
+        out: repo().join("docs/benchmarks/requests"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        match a.as_str() {
+            "--modes" => o.modes = val().split(',').map(String::from).collect(),
+            "--daemons" => {
+                o.daemons = val()
+                    .split(',')
+                    .map(|d| match d {
+                        "vfsd" => DaemonKind::Vfsd,
+                        "virtiofsd" => DaemonKind::Virtiofsd,
+                        _ => usage(&format!("--daemons: vfsd or virtiofsd, not {d}")),
+                    })
+                    .collect()
+            }
+            "--steps" => o.steps = val(),
+            "--out" => o.out = PathBuf::from(val()),
+            // cargo bench passes --bench to every bench target.
+            "--bench" => {}
+            "-h" | "--help" => usage(""),
+            _ => usage(&format!("unknown argument {a}")),
+        }
+    }
+    for m in &o.modes {
+        if !["auto", "always", "never", "metadata"].contains(&m.as_str()) {
+            usage(&format!(
+                "--modes: auto, always, never or metadata, not {m}"
+            ));
+        }
+    }
+    o
+}
+
+fn usage(why: &str) -> ! {
+    if !why.is_empty() {
+        eprintln!("requests: error: {why}");
+    }
+    eprintln!(
+        "usage: cargo bench --bench requests -- [--modes auto,always,never,metadata] \
+         [--daemons vfsd,virtiofsd] [--steps {STEPS}] [--out DIR]"
+    );
+    std::process::exit(if why.is_empty() { 0 } else { 2 })
+}
+
+/// src.tar (top directory "src") from the pinned xfstests tarball, made once.
+fn source_tree(cache: &Path) -> (PathBuf, usize) {
+    let dir = cache.join("requests-tree");
+    let tar = dir.join("src.tar");
+    if !tar.exists() {
+        let tarball = std::fs::read_dir(repo().join("../shared/xfstests"))
+            .expect("../shared/xfstests")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(".tar.xz"))
+            .expect("the xfstests tarball in ../shared/xfstests");
+        let x = dir.join("x");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&x).unwrap();
+        let st = Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&x)
+            .status()
+            .unwrap();
+        assert!(st.success(), "unpacking {}", tarball.display());
+        let top = std::fs::read_dir(&x)
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path();
+        std::fs::rename(&top, dir.join("src")).unwrap();
+        let st = Command::new("tar")
+            .arg("-C")
+            .arg(&dir)
+            .args(["-cf", "src.tar.part", "src"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::rename(dir.join("src.tar.part"), &tar).unwrap();
+        let _ = std::fs::remove_dir_all(dir.join("src"));
+        let _ = std::fs::remove_dir_all(&x);
+    }
+    let list = Command::new("tar").arg("-tf").arg(&tar).output().unwrap();
+    let entries = String::from_utf8_lossy(&list.stdout).lines().count();
+    (tar, entries)
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("VFSD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = PathBuf::from(std::env::var_os("HOME").unwrap());
+            std::env::var_os("XDG_CACHE_HOME")
+                .map_or(home.join(".cache"), PathBuf::from)
+                .join("vfsd")
+        })
+}
+
+/// User and system CPU seconds of `pid` and every process below it.
+fn tree_cpu(pid: u32) -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    let mut total = 0.0;
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            // Fields after the command's closing parenthesis: utime is the 12th, stime 13th.
+            if let Some(rest) = stat.rsplit_once(')').map(|x| x.1) {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                total += (ut + st) / tick;
+            }
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let children =
+                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    total
+}
+
+struct StepResult {
+    step: String,
+    secs: f64,
+    cpu: f64,
+    ops: BTreeMap<String, u64>,
+}
+
+impl StepResult {
+    fn requests(&self) -> u64 {
+        self.ops.values().sum()
+    }
+}
+
+/// Answers tree-bench.sh's marks in `ctl` (reading the daemon's CPU at each) until
+/// "done" or "fail"; the steps' results.
+fn follow_marks(
+    ctl: &Path,
+    daemon_pid: u32,
+    deadline: Duration,
+) -> Result<Vec<StepResult>, String> {
+    let t = Instant::now();
+    let mut out = Vec::new();
+    let mut cpu_at_start = 0.0;
+    for n in 1.. {
+        let mark = ctl.join(format!("mark.{n}"));
+        while !mark.exists() {
+            if t.elapsed() > deadline {
+                return Err(format!("no mark {n} within {} s", deadline.as_secs()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = std::fs::read_to_string(&mark).unwrap_or_default();
+        let cpu = tree_cpu(daemon_pid);
+        std::fs::write(ctl.join(format!("ack.{n}")), "").unwrap();
+        let w: Vec<&str> = text.split_whitespace().collect();
+        match w.first().copied() {
+            Some("start") => cpu_at_start = cpu,
+            Some("end") if w.len() >= 4 => {
+                let t0: f64 = w[2].parse().unwrap_or(0.0);
+                let t1: f64 = w[3].parse().unwrap_or(0.0);
+                let ops = w[4..]
+                    .iter()
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        Some((k.to_string(), v.parse().ok()?))
+                    })
+                    .collect();
+                out.push(StepResult {
+                    step: w[1].to_string(),
+                    secs: t1 - t0,
+                    cpu: cpu - cpu_at_start,
+                    ops,
+                });
+            }
+            Some("done") => return Ok(out),
+            _ => return Err(format!("the guest: {}", text.trim())),
+        }
+    }
+    unreachable!()
+}
+
+fn label(d: &DaemonKind) -> &'static str {
+    match d {
+        DaemonKind::Virtiofsd => "virtiofsd",
+        _ => "vfsd",
+    }
+}
+
+fn main() {
+    let o = options();
+    let cache = cache_dir();
+    let (tar, entries) = source_tree(&cache);
+    let commit = Command::new("git")
+        .args([
+            "-C",
+            &repo().to_string_lossy(),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let date = Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    eprintln!(
+        "requests: tree of {entries} entries; modes {:?}; daemons {:?}; steps {}",
+        o.modes, o.daemons, o.steps
+    );
+    std::fs::create_dir_all(&o.out).unwrap();
+    let mut jsonl = std::fs::File::create(o.out.join("results.jsonl")).unwrap();
+    // (mode, step) -> daemon -> result
+    let mut table: BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>> = BTreeMap::new();
+    let mut step_order: Vec<String> = Vec::new();
+    for (mi, mode) in o.modes.iter().enumerate() {
+        for daemon in &o.daemons {
+            let name = format!("requests-{}-{mode}", label(daemon));
+            eprintln!("requests: {name} ...");
+            let dir = TestDir::new(&name);
+            let work = dir.dir("share");
+            let ctl = dir.dir("ctl");
+            std::fs::copy(&tar, ctl.join("src.tar")).unwrap();
+            let queues = if *daemon == DaemonKind::Vfsd { 2 } else { 1 };
+            let cache_arg = format!("--cache={mode}");
+            let guest = Guest::new(&dir)
+                .queues(queues)
+                .share(Share::new(&work, "share0", daemon.clone(), &[&cache_arg]))
+                .share(Share::new(
+                    &ctl,
+                    "ctl",
+                    DaemonKind::Vfsd,
+                    &["--cache=never"],
+                ));
+            let _slot = fixture::Slot::take(1);
+            let daemons = guest.start_daemons("bench");
+            let cmd = format!(
+                "/guest-tests/tree-bench.sh /mnt/share0 /mnt/ctl {}",
+                o.steps
+            );
+            let mut vm = guest.start_vm("bench", &daemons, &cmd, &[]);
+            let res = follow_marks(&ctl, daemons.list[0].pid(), Duration::from_secs(1800));
+            let _ = vm.wait(Duration::from_secs(60));
+            let results = res.unwrap_or_else(|e| panic!("{name}: {e}\n{}", vm.console_text()));
+            for r in results {
+                let ops: Vec<String> = r.ops.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+                writeln!(
+                    jsonl,
+                    "{{\"commit\": \"{commit}\", \"date\": \"{date}\", \"daemon\": \"{}\", \"mode\": \"{mode}\", \
+                     \"queues\": {queues}, \"step\": \"{}\", \"entries\": {entries}, \"seconds\": {:.3}, \
+                     \"daemon_cpu_s\": {:.2}, \"requests\": {}, \"ops\": {{{}}}}}",
+                    label(daemon),
+                    r.step,
+                    r.secs,
+                    r.cpu,
+                    r.requests(),
+                    ops.join(", ")
+                )
+                .unwrap();
+                eprintln!(
+                    "requests: {} {mode} {}: {:.2} s, {} requests ({:.2} per entry), daemon CPU {:.2} s",
+                    label(daemon),
+                    r.step,
+                    r.secs,
+                    r.requests(),
+                    r.requests() as f64 / entries as f64,
+                    r.cpu
+                );
+                if !step_order.contains(&r.step) {
+                    step_order.push(r.step.clone());
+                }
+                table
+                    .entry((mi, r.step.clone()))
+                    .or_default()
+                    .insert(label(daemon), r);
+            }
+        }
+    }
+    write_report(&o, &table, &step_order, entries, &commit, &date);
+}
+
+fn write_report(
+    o: &Options,
+    table: &BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>>,
+    steps: &[String],
+    entries: usize,
+    commit: &str,
+    date: &str,
+) {
+    let mut md = String::new();
+    md += "# FUSE requests per step: vfsd and virtiofsd\n\n";
+    md += &format!(
+        "Written by `cargo bench --bench requests` (tests/bench/requests.rs) at {commit}, {date}: \
+         a guest (Debian cloud kernel, TCG, 2 vCPUs) per daemon and cache mode runs \
+         guest-tests/tree-bench.sh on a source tree of {entries} entries; requests are counted \
+         in the guest kernel (`fuse:fuse_request_send`), per opcode, the same way for both \
+         daemons. vfsd has two request queues (one per vCPU), virtiofsd its one. Times are \
+         the guest's, one run: noisy under TCG, unlike the counts. The data: results.jsonl.\n\n"
+    );
+    for (mi, mode) in o.modes.iter().enumerate() {
+        md += &format!("## --cache={mode}\n\n");
+        md += "| step | vfsd requests | virtiofsd requests | requests vfsd / virtiofsd | per entry (vfsd) | time vfsd / virtiofsd | vfsd s | virtiofsd s | daemon CPU s (vfsd, virtiofsd) |\n";
+        md += "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        for step in steps {
+            let Some(row) = table.get(&(mi, step.clone())) else {
+                continue;
+            };
+            let v = row.get("vfsd");
+            let r = row.get("virtiofsd");
+            let f =
+                |x: Option<&StepResult>, g: &dyn Fn(&StepResult) -> String| x.map_or("-".into(), g);
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            md += &format!(
+                "| {step} | {} | {} | {} | {} | {} | {} | {} | {}, {} |\n",
+                f(v, &|x| x.requests().to_string()),
+                f(r, &|x| x.requests().to_string()),
+                ratio(
+                    v.map(|x| x.requests() as f64),
+                    r.map(|x| x.requests() as f64)
+                ),
+                f(v, &|x| format!(
+                    "{:.2}",
+                    x.requests() as f64 / entries as f64
+                )),
+                ratio(v.map(|x| x.secs), r.map(|x| x.secs)),
+                f(v, &|x| format!("{:.2}", x.secs)),
+                f(r, &|x| format!("{:.2}", x.secs)),
+                f(v, &|x| format!("{:.2}", x.cpu)),
+                f(r, &|x| format!("{:.2}", x.cpu)),
+            );
+        }
+        md += "\nBy opcode (vfsd / virtiofsd):\n\n";
+        for step in steps {
+            let Some(row) = table.get(&(mi, step.clone())) else {
+                continue;
+            };
+            let mut ops: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+            if let Some(v) = row.get("vfsd") {
+                for (k, n) in &v.ops {
+                    ops.entry(k).or_default().0 = *n;
+                }
+            }
+            if let Some(r) = row.get("virtiofsd") {
+                for (k, n) in &r.ops {
+                    ops.entry(k).or_default().1 = *n;
+                }
+            }
+            let cells: Vec<String> = ops
+                .iter()
+                .map(|(k, (a, b))| format!("{k} {a}/{b}"))
+                .collect();
+            md += &format!("- {step}: {}\n", cells.join(", "));
+        }
+        md += "\n";
+    }
+    std::fs::write(o.out.join("report.md"), md).unwrap();
+    eprintln!("requests: wrote {}", o.out.join("report.md").display());
+}
