@@ -14,7 +14,9 @@
 # untar), ls-lR-cold (the same after drop_caches), cp-a, rm-rf (of the copy), create and
 # unlink (2,000 small files in 20 directories), and where the userland has git (the host's
 # root as the guest's userland, bench.sh --userland host): git-clone from the bundle in
-# DIR, git-status-clean, git-status-dirty (100 files changed, 20 new).
+# DIR, git-status-clean, git-status-dirty (100 files changed, 20 new). Only when named
+# (not in "all"): cat-all (read every file), cat-all-p2 (the same, two cat at a time),
+# cp-a-x2 (two copies at once), untar-x2 (two extractions at once).
 #
 # Around each step the guest writes CTL/mark.N ("start STEP", then "end STEP T0 T1 OPS")
 # and waits for the host's CTL/ack.N: the host reads the daemon's CPU time and request
@@ -88,6 +90,9 @@ opsdiff() {  # the per-opcode difference of two hist files, "NAME=N ..."
 
 chosen() {  # chosen STEP...: is one of them to be timed?
     [ "$STEPS" = all ] && return 0
+    named "$@"
+}
+named() {  # named STEP...: is one of them in STEPS by name (the steps "all" leaves out)?
     for c in "$@"; do
         case ",$STEPS," in *",$c,"*) return 0 ;; esac
     done
@@ -136,6 +141,26 @@ rmfiles() {
 lslr() { ls -lR "$W/src" > /dev/null; }
 gstatus() { git -C "$W/repo" status --porcelain > /tmp/.tree-bench.status; }
 findall() { find "$W/src" > /tmp/.tree-bench.find; }
+# Steps only run when named (not in "all"): reading every file, alone and two at a time,
+# and two copies or extractions at once (work a second request queue can take).
+catall() { find "$W/src" -type f -exec cat {} + > /dev/null; }
+catall_p2() {  # two readers, each on every other file (busybox xargs -P handed cat a directory)
+    find "$W/src" -type f > /tmp/.tree-bench.files || return 1
+    awk 'NR % 2' /tmp/.tree-bench.files | tr '\n' '\0' | xargs -0 cat > /dev/null & a=$!
+    awk 'NR % 2 == 0' /tmp/.tree-bench.files | tr '\n' '\0' | xargs -0 cat > /dev/null; b=$?
+    wait $a && [ "$b" = 0 ]
+}
+cp_twice() {
+    cp -a "$W/src" "$W/copy1" & a=$!
+    cp -a "$W/src" "$W/copy2"; b=$?
+    wait $a && [ "$b" = 0 ] && rm -rf "$W/copy1" "$W/copy2"
+}
+untar_twice() {
+    mkdir -p "$W/x1" "$W/x2" || return 1
+    tar -xf /tmp/.tree-bench.tar -C "$W/x1" & a=$!
+    tar -xf /tmp/.tree-bench.tar -C "$W/x2"; b=$?
+    wait $a && [ "$b" = 0 ] && rm -rf "$W/x1" "$W/x2"
+}
 
 W=$DIR/tree-bench
 rm -rf "$W"
@@ -155,8 +180,12 @@ if chosen ls-lR-cold; then
     drop_caches
     step ls-lR-cold lslr
 fi
+named cat-all && step cat-all catall
+named cat-all-p2 && step cat-all-p2 catall_p2
 chosen cp-a rm-rf && step cp-a cp -a "$W/src" "$W/copy"
 chosen rm-rf && step rm-rf rm -rf "$W/copy"
+named cp-a-x2 && step cp-a-x2 cp_twice
+named untar-x2 && step untar-x2 untar_twice
 chosen create unlink && step create mkfiles
 chosen unlink && step unlink rmfiles
 
@@ -187,6 +216,6 @@ else
     say "no git in this userland: the git steps are skipped"
 fi
 
-rm -rf "$W" /tmp/.tree-bench.tar /tmp/.tree-bench.find /tmp/.tree-bench.status
+rm -rf "$W" /tmp/.tree-bench.tar /tmp/.tree-bench.find /tmp/.tree-bench.status /tmp/.tree-bench.files
 mark done
 say "done"

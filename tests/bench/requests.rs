@@ -120,9 +120,11 @@ fn source_tree(cache: &Path) -> (PathBuf, usize) {
             .path();
         std::fs::rename(&top, dir.join("src")).unwrap();
         let st = Command::new("tar")
+            .arg("-cf")
+            .arg(dir.join("src.tar.part"))
             .arg("-C")
             .arg(&dir)
-            .args(["-cf", "src.tar.part", "src"])
+            .arg("src")
             .status()
             .unwrap();
         assert!(st.success());
