@@ -1380,12 +1380,9 @@ mod tests {
         Arc::new(PassthroughFs::new(Config::new(dir)).unwrap())
     }
 
-    #[test]
-    fn a_session_end_waits_for_a_retake_whose_thread_had_not_started_to_let_go_of_the_filesystem() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs(dir.path());
-        let retake = Arc::new(Blocker::holding_before_start());
-        let wait = LockWait::Posix {
+    /// A POSIX lock retake of `fs` with no ranges, finishing `retake` when dropped.
+    fn posix_wait(fs: &Arc<PassthroughFs>, retake: &Arc<Blocker>) -> LockWait {
+        LockWait::Posix {
             fs: fs.clone(),
             rec: OwnerRecord {
                 node: 2,
@@ -1395,7 +1392,15 @@ mod tests {
                 ranges: Vec::new(),
             },
             retake: FinishOwned(retake.clone()),
-        };
+        }
+    }
+
+    #[test]
+    fn a_session_end_waits_for_a_retake_whose_thread_had_not_started_to_let_go_of_the_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let retake = Arc::new(Blocker::holding_before_start());
+        let wait = posix_wait(&fs, &retake);
         fs.register_retake(retake);
         // A retake thread that has not run yet: it holds the filesystem until the
         // scheduler gets to it, then sees it was called off and ends.
@@ -1417,17 +1422,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = fs(dir.path());
         let retake = Arc::new(Blocker::holding_before_start());
-        drop(LockWait::Posix {
-            fs: fs.clone(),
-            rec: OwnerRecord {
-                node: 2,
-                owner: 7,
-                pid: 1,
-                handles: vec![1],
-                ranges: Vec::new(),
-            },
-            retake: FinishOwned(retake.clone()),
-        });
+        drop(posix_wait(&fs, &retake));
         assert!(retake.is_finished());
         let t = std::time::Instant::now();
         retake.cancel();

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fixture::{repo, DaemonKind, Guest, Share, TestDir};
+use fixture::{cache_dir, repo, DaemonKind, Guest, Share, TestDir};
 
 const STEPS: &str = "untar,find,cat-all,cat-all-p2,cp-a,rm-rf,cp-a-x2,untar-x2,create,unlink";
 
@@ -135,17 +135,6 @@ fn source_tree(cache: &Path) -> (PathBuf, usize) {
     let list = Command::new("tar").arg("-tf").arg(&tar).output().unwrap();
     let entries = String::from_utf8_lossy(&list.stdout).lines().count();
     (tar, entries)
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("VFSD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = PathBuf::from(std::env::var_os("HOME").unwrap());
-            std::env::var_os("XDG_CACHE_HOME")
-                .map_or(home.join(".cache"), PathBuf::from)
-                .join("vfsd")
-        })
 }
 
 /// User and system CPU seconds of `pid` and every process below it.

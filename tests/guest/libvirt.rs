@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::fixture::{assets, daemon_under_test, repo, DaemonKind, Slot, TestDir};
+use crate::fixture::{assets, daemon_under_test, DaemonKind, Slot, TestDir};
 
 const URI: &str = "qemu:///system";
 /// Lines the guest writes before the host saves.
@@ -171,13 +171,7 @@ fn save_and_restore(name: &str, how: Save) {
     let share = dir.dir("share");
     let lv = share.join("lv");
     std::fs::create_dir_all(&lv).unwrap();
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-static", "-o"])
-        .arg(lv.join("vfsd-lock"))
-        .arg(repo().join("guest-tests/src/vfsd-lock.c"))
-        .status()
-        .expect("cc");
-    assert!(st.success(), "a static vfsd-lock (libc6-dev)");
+    crate::fixture::build_lock_tool(&lv.join("vfsd-lock"), true);
     if locks {
         std::fs::write(lv.join("hold-locks"), "").unwrap();
     }

@@ -10,18 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::fixture::{daemon_under_test, repo, run_together, Guest, Share, TestDir};
+use crate::fixture::{daemon_under_test, run_together, Guest, Share, TestDir};
 
 /// guest-tests/src/vfsd-lock.c built for the host.
 fn host_lock_tool(dir: &TestDir) -> PathBuf {
     let out = dir.path.join("vfsd-lock-host");
-    let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&out)
-        .arg(repo().join("guest-tests/src/vfsd-lock.c"))
-        .status()
-        .expect("a C compiler for the host's lock tool (apt-get install gcc)");
-    assert!(st.success(), "compiling guest-tests/src/vfsd-lock.c failed");
+    crate::fixture::build_lock_tool(&out, false);
     out
 }
 

@@ -16,20 +16,14 @@ use std::time::{Duration, Instant};
 
 use qapi::qmp;
 
-use crate::fixture::{daemon_under_test, repo, Guest, Share, TestDir, Vm};
+use crate::fixture::{daemon_under_test, Guest, Share, TestDir, Vm};
 
 /// Lines the guest writes before the host migrates.
 const AFTER_LINES: u64 = 30;
 
 fn host_lock_tool(dir: &TestDir) -> PathBuf {
     let out = dir.path.join("vfsd-lock-host");
-    let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&out)
-        .arg(repo().join("guest-tests/src/vfsd-lock.c"))
-        .status()
-        .expect("a C compiler for the host's lock tool (apt-get install gcc)");
-    assert!(st.success(), "compiling guest-tests/src/vfsd-lock.c failed");
+    crate::fixture::build_lock_tool(&out, false);
     out
 }
 
@@ -41,27 +35,18 @@ fn host_locks(mig: &Path, tool: &Path) -> [String; 3] {
         Some(0) => "free".to_string(),
         other => format!("error {other:?}"),
     };
-    let flock = Command::new("flock")
-        .args(["-n", "-E", "99"])
-        .arg(mig.join("flock-file"))
-        .arg("true")
-        .status()
-        .map(|s| s.code())
-        .unwrap_or(None);
-    let posix = Command::new(tool)
-        .arg("-g")
-        .arg(mig.join("posix-file"))
-        .arg("wr:0:0")
-        .output()
-        .map(|o| o.status.code())
-        .unwrap_or(None);
-    let ofd = Command::new(tool)
-        .arg("-g")
-        .arg(mig.join("ofd-file"))
-        .arg("owr:0:0")
-        .output()
-        .map(|o| o.status.code())
-        .unwrap_or(None);
+    // The exit status, its output swallowed (the tool prints what holds the lock).
+    let code = |c: &mut Command| c.output().ok().and_then(|o| o.status.code());
+    let flock = code(
+        Command::new("flock")
+            .args(["-n", "-E", "99"])
+            .arg(mig.join("flock-file"))
+            .arg("true"),
+    );
+    let getlk =
+        |file: &str, lock: &str| code(Command::new(tool).arg("-g").arg(mig.join(file)).arg(lock));
+    let posix = getlk("posix-file", "wr:0:0");
+    let ofd = getlk("ofd-file", "owr:0:0");
     [word(99, flock), word(1, posix), word(1, ofd)]
 }
 

@@ -15,42 +15,23 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::fixture::{assets, daemon_under_test, repo, DaemonKind, Guest, Share, TestDir};
+use crate::fixture::{
+    assets, cache_dir, daemon_under_test, helper_path, repo, DaemonKind, Guest, Share, TestDir,
+};
 
 /// The per-test watchdog in the guest.
 const PER_TEST_SECS: u64 = 300;
-
-fn cache_dir() -> PathBuf {
-    if let Some(c) = std::env::var_os("VFSD_CACHE") {
-        return c.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-    base.join("vfsd")
-}
-
-fn script_output(script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Command::new(repo().join("scripts").join(script))
-        .args(args)
-        .envs(env.iter().copied())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("scripts/{script}: {e}"));
-    assert!(out.status.success(), "scripts/{script} {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// The guest kernel's modules (`scripts/fetch-kernel.sh --modules`), for overlayfs.
 fn modules_dir() -> PathBuf {
     let kdir = std::fs::canonicalize(assets().kernel.parent().unwrap()).unwrap();
     let abi = kdir.file_name().unwrap().to_string_lossy().into_owned();
     let version = abi.trim_end_matches("-cloud-amd64").to_string();
-    PathBuf::from(script_output(
+    helper_path(
         "fetch-kernel.sh",
         &["--modules"],
         &[("VFSD_KERNEL_VERSION", &version)],
-    ))
+    )
 }
 
 /// The tests of a list file: one name a line, `#` starts a comment.
