@@ -1,5 +1,5 @@
 #!/bin/sh
-# Deliberately hanging guest test: shows that run-vm.sh's --timeout kills a
-# stuck guest.  Expected result: run-vm.sh exits 124 after the timeout.
+# Deliberately hanging guest test: shows that the fixture's timeout kills a
+# stuck guest (run-vm.sh then exits 124).
 echo "selftest-hang: sleeping forever on purpose"
 while :; do sleep 3600; done

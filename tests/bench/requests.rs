@@ -32,6 +32,8 @@ struct Options {
     daemons: Vec<DaemonKind>,
     steps: String,
     out: PathBuf,
+    /// Also the steps on the guest's own tmpfs, once: the ceiling no daemon can pass.
+    tmpfs: bool,
 }
 
 fn options() -> Options {
@@ -42,6 +44,7 @@ fn options() -> Options {
         daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
         steps: STEPS.into(),
         out: repo().join("docs/benchmarks/requests"),
+        tmpfs: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -52,12 +55,15 @@ fn options() -> Options {
         match a.as_str() {
             "--modes" => o.modes = val().split(',').map(String::from).collect(),
             "--daemons" => {
-                o.daemons = val()
+                let v = val();
+                o.tmpfs = v.split(',').any(|d| d == "tmpfs");
+                o.daemons = v
                     .split(',')
+                    .filter(|d| *d != "tmpfs")
                     .map(|d| match d {
                         "vfsd" => DaemonKind::Vfsd,
                         "virtiofsd" => DaemonKind::Virtiofsd,
-                        _ => usage(&format!("--daemons: vfsd or virtiofsd, not {d}")),
+                        _ => usage(&format!("--daemons: vfsd, virtiofsd or tmpfs, not {d}")),
                     })
                     .collect()
             }
@@ -228,6 +234,41 @@ fn follow_marks(
     unreachable!()
 }
 
+/// One guest running `cmd` with the tree in the control share, and `share` (daemon,
+/// cache option, queues) as share0 when given; the steps' results.
+fn bench_boot(
+    name: &str,
+    tar: &Path,
+    share: Option<(DaemonKind, String, u32)>,
+    cmd: &str,
+) -> Vec<StepResult> {
+    let dir = TestDir::new(name);
+    let ctl = dir.dir("ctl");
+    std::fs::copy(tar, ctl.join("src.tar")).unwrap();
+    let mut guest = Guest::new(&dir);
+    if let Some((daemon, cache_arg, queues)) = &share {
+        guest = guest.queues(*queues).share(Share::new(
+            &dir.dir("share"),
+            "share0",
+            daemon.clone(),
+            &[cache_arg],
+        ));
+    }
+    let guest = guest.share(Share::new(
+        &ctl,
+        "ctl",
+        DaemonKind::Vfsd,
+        &["--cache=never"],
+    ));
+    let _slot = fixture::Slot::take(1);
+    let daemons = guest.start_daemons("bench");
+    let mut vm = guest.start_vm("bench", &daemons, cmd, &[]);
+    // The step's CPU is the daemon of the share under test (the control share's when none).
+    let res = follow_marks(&ctl, daemons.list[0].pid(), Duration::from_secs(1800));
+    let _ = vm.wait(Duration::from_secs(60));
+    res.unwrap_or_else(|e| panic!("{name}: {e}\n{}", vm.console_text()))
+}
+
 fn label(d: &DaemonKind) -> &'static str {
     match d {
         DaemonKind::Virtiofsd => "virtiofsd",
@@ -264,36 +305,36 @@ fn main() {
     // (mode, step) -> daemon -> result
     let mut table: BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>> = BTreeMap::new();
     let mut step_order: Vec<String> = Vec::new();
+    // The guest's own tmpfs, once: no daemon, no requests, the ceiling of every mode.
+    let mut ceiling: BTreeMap<String, StepResult> = BTreeMap::new();
+    if o.tmpfs {
+        let cmd = format!(
+            "mkdir -p /tmp/tree && mount -t tmpfs tmpfs /tmp/tree && /guest-tests/tree-bench.sh /tmp/tree /mnt/ctl {}",
+            o.steps
+        );
+        for r in bench_boot("requests-tmpfs", &tar, None, &cmd) {
+            eprintln!("requests: tmpfs {}: {:.2} s", r.step, r.secs);
+            writeln!(
+                jsonl,
+                "{{\"commit\": \"{commit}\", \"date\": \"{date}\", \"daemon\": \"tmpfs\", \"step\": \"{}\", \
+                 \"entries\": {entries}, \"seconds\": {:.3}}}",
+                r.step, r.secs
+            )
+            .unwrap();
+            ceiling.insert(r.step.clone(), r);
+        }
+    }
     for (mi, mode) in o.modes.iter().enumerate() {
         for daemon in &o.daemons {
             let name = format!("requests-{}-{mode}", label(daemon));
             eprintln!("requests: {name} ...");
-            let dir = TestDir::new(&name);
-            let work = dir.dir("share");
-            let ctl = dir.dir("ctl");
-            std::fs::copy(&tar, ctl.join("src.tar")).unwrap();
             let queues = if *daemon == DaemonKind::Vfsd { 2 } else { 1 };
-            let cache_arg = format!("--cache={mode}");
-            let guest = Guest::new(&dir)
-                .queues(queues)
-                .share(Share::new(&work, "share0", daemon.clone(), &[&cache_arg]))
-                .share(Share::new(
-                    &ctl,
-                    "ctl",
-                    DaemonKind::Vfsd,
-                    &["--cache=never"],
-                ));
-            let _slot = fixture::Slot::take(1);
-            let daemons = guest.start_daemons("bench");
             let cmd = format!(
                 "/guest-tests/tree-bench.sh /mnt/share0 /mnt/ctl {}",
                 o.steps
             );
-            let mut vm = guest.start_vm("bench", &daemons, &cmd, &[]);
-            let res = follow_marks(&ctl, daemons.list[0].pid(), Duration::from_secs(1800));
-            let _ = vm.wait(Duration::from_secs(60));
-            let results = res.unwrap_or_else(|e| panic!("{name}: {e}\n{}", vm.console_text()));
-            for r in results {
+            let share = (daemon.clone(), format!("--cache={mode}"), queues);
+            for r in bench_boot(&name, &tar, Some(share), &cmd) {
                 let ops: Vec<String> = r.ops.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
                 writeln!(
                     jsonl,
@@ -327,12 +368,13 @@ fn main() {
             }
         }
     }
-    write_report(&o, &table, &step_order, entries, &commit, &date);
+    write_report(&o, &table, &ceiling, &step_order, entries, &commit, &date);
 }
 
 fn write_report(
     o: &Options,
     table: &BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>>,
+    ceiling: &BTreeMap<String, StepResult>,
     steps: &[String],
     entries: usize,
     commit: &str,
@@ -341,17 +383,26 @@ fn write_report(
     let mut md = String::new();
     md += "# FUSE requests per step: vfsd and virtiofsd\n\n";
     md += &format!(
-        "Written by `cargo bench --bench requests` (tests/bench/requests.rs) at {commit}, {date}: \
+        "Written by `cargo bench --bench requests{}` (tests/bench/requests.rs) at {commit}, {date}: \
          a guest (Debian cloud kernel, TCG, 2 vCPUs) per daemon and cache mode runs \
          guest-tests/tree-bench.sh on a source tree of {entries} entries; requests are counted \
          in the guest kernel (`fuse:fuse_request_send`), per opcode, the same way for both \
          daemons. vfsd has two request queues (one per vCPU), virtiofsd its one. Times are \
-         the guest's, one run: noisy under TCG, unlike the counts. The data: results.jsonl.\n\n"
+         the guest's, one run: noisy under TCG, unlike the counts; tmpfs is the same steps \
+         on the guest's own tmpfs, the ceiling no daemon can pass. The data: results.jsonl.\n\n",
+        {
+            let a: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+            if a.is_empty() {
+                String::new()
+            } else {
+                format!(" -- {}", a.join(" "))
+            }
+        }
     );
     for (mi, mode) in o.modes.iter().enumerate() {
         md += &format!("## --cache={mode}\n\n");
-        md += "| step | vfsd requests | virtiofsd requests | requests vfsd / virtiofsd | per entry (vfsd) | time vfsd / virtiofsd | vfsd s | virtiofsd s | daemon CPU s (vfsd, virtiofsd) |\n";
-        md += "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        md += "| step | vfsd requests | virtiofsd requests | requests vfsd / virtiofsd | per entry (vfsd) | time vfsd / virtiofsd | vfsd s | virtiofsd s | tmpfs s | vfsd / tmpfs | daemon CPU s (vfsd, virtiofsd) |\n";
+        md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for step in steps {
             let Some(row) = table.get(&(mi, step.clone())) else {
                 continue;
@@ -364,8 +415,9 @@ fn write_report(
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
                 _ => "-".into(),
             };
+            let t = ceiling.get(step);
             md += &format!(
-                "| {step} | {} | {} | {} | {} | {} | {} | {} | {}, {} |\n",
+                "| {step} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} |\n",
                 f(v, &|x| x.requests().to_string()),
                 f(r, &|x| x.requests().to_string()),
                 ratio(
@@ -379,6 +431,8 @@ fn write_report(
                 ratio(v.map(|x| x.secs), r.map(|x| x.secs)),
                 f(v, &|x| format!("{:.2}", x.secs)),
                 f(r, &|x| format!("{:.2}", x.secs)),
+                f(t, &|x| format!("{:.2}", x.secs)),
+                ratio(v.map(|x| x.secs), t.map(|x| x.secs)),
                 f(v, &|x| format!("{:.2}", x.cpu)),
                 f(r, &|x| format!("{:.2}", x.cpu)),
             );

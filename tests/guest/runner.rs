@@ -29,3 +29,57 @@ fn a_guest_that_hangs_is_killed_at_its_timeout() {
         run.secs
     );
 }
+
+/// scripts/run-vm.sh's binary, which cargo builds with the tests.
+fn run_vm() -> std::process::Command {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/run-vm");
+    assert!(
+        bin.is_file(),
+        "{} missing: cargo test builds the examples",
+        bin.display()
+    );
+    std::process::Command::new(bin)
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn run_vm_serves_the_named_share_and_exits_with_the_guest_commands_status_or_124_at_its_timeout() {
+    let dir = TestDir::new("run_vm_exits_with_the_guest_status");
+    let share = dir.dir("data");
+    std::fs::write(share.join("in"), "from the host\n").unwrap();
+    let _slot = crate::fixture::Slot::take(1);
+    let out = run_vm()
+        .arg("--share")
+        .arg(format!("{}:data", share.display()))
+        .args(["--", "cat /mnt/data/in; echo from the guest > out; exit 3"])
+        .output()
+        .unwrap();
+    let console = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{console}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(console.contains("from the host"), "{console}");
+    assert_eq!(
+        std::fs::read_to_string(share.join("out")).unwrap(),
+        "from the guest\n"
+    );
+    let out = run_vm()
+        .args(["--timeout", "25", "--", "/guest-tests/selftest-hang.sh"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

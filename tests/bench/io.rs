@@ -1,0 +1,615 @@
+//! Data I/O, vfsd against virtiofsd 1.14 and the host itself, in one run:
+//!
+//! 1. `loadgen`: `vfsd-bench` plays the guest driver on each daemon's socket (at its
+//!    default pool size and its best one), beside native fio at the same concurrency (a
+//!    psync thread per request the load generator keeps in flight, buffered, as the
+//!    daemons' own I/O).
+//! 2. `native`: the guest's fio jobs on the host, in a directory beside the shares.
+//! 3. `guest`: the fio jobs in a guest booted through the guest-test fixture, a guest per
+//!    daemon and run, `--cache never`.
+//!
+//! ```text
+//! cargo bench --bench io                                    # everything, 3 runs
+//! cargo bench --bench io -- --quick --parts guest           # fewer jobs, shorter runs
+//! scripts/gluster.sh up && cargo bench --bench io -- --share-root /mnt/vfsd-gluster-a \
+//!     --out docs/benchmarks/gluster                         # on a GlusterFS client mount
+//! ```
+//!
+//! Each figure is the median of `--runs` runs, the runs interleaved across daemons so
+//! that drift hits each alike. Writes OUT/results.jsonl and OUT/report.md (default
+//! docs/benchmarks/io).
+
+#[path = "../guest/fixture/mod.rs"]
+mod fixture;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fixture::{repo, Daemon, DaemonKind, Guest, Share, TestDir};
+use serde_json::{json, Value};
+
+/// The load generator's workloads: name, queues, requests in flight per queue, block
+/// size, file MiB.
+const WORKLOADS: &[(&str, u32, u32, u32, u32)] = &[
+    ("randwrite-shared", 1, 32, 4096, 64),
+    ("randwrite-perjob", 1, 8, 4096, 16),
+    ("randread-shared", 1, 32, 4096, 64),
+    ("randread-perjob", 1, 8, 4096, 16),
+    ("seqread", 1, 4, 1 << 20, 256),
+    ("seqwrite", 1, 4, 1 << 20, 256),
+    ("lookup-getattr", 1, 32, 4096, 1),
+    ("create-unlink", 1, 16, 4096, 1),
+];
+
+/// The fio jobs of the guest and native runs: name, fio arguments.
+const FIO_JOBS: &[(&str, &str)] = &[
+    (
+        "randread-4k-psync",
+        "--rw=randread --bs=4k --ioengine=psync --direct=1 --size=64m",
+    ),
+    (
+        "randread-4k-libaio16",
+        "--rw=randread --bs=4k --ioengine=libaio --iodepth=16 --direct=1 --size=64m",
+    ),
+    (
+        "randwrite-4k-psync",
+        "--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m",
+    ),
+    (
+        "randwrite-4k-libaio16",
+        "--rw=randwrite --bs=4k --ioengine=libaio --iodepth=16 --direct=1 --size=64m",
+    ),
+    (
+        "seqread-1m",
+        "--rw=read --bs=1m --ioengine=psync --direct=1 --size=256m",
+    ),
+    (
+        "seqwrite-1m",
+        "--rw=write --bs=1m --ioengine=psync --direct=1 --size=256m",
+    ),
+    (
+        "ssf-randwrite-4k-j1",
+        "--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=1",
+    ),
+    (
+        "ssf-randwrite-4k-j2",
+        "--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=2",
+    ),
+    (
+        "ssf-randwrite-4k-j4",
+        "--rw=randwrite --bs=4k --ioengine=psync --direct=1 --size=64m --filename=ssf --numjobs=4",
+    ),
+];
+
+/// Daemon configurations of the load generator: name, daemon, options. The pool sizes
+/// of "best" are the ones each daemon did best with on two CPUs.
+const CONFIGS: &[(&str, bool, &str)] = &[
+    ("vfsd-default", true, ""),
+    ("vfsd-best", true, "--thread-pool-size=8"),
+    ("virtiofsd-default", false, ""),
+    ("virtiofsd-best", false, "--thread-pool-size=4"),
+];
+
+struct Options {
+    runs: usize,
+    secs: u32,
+    guest_secs: u32,
+    quick: bool,
+    parts: Vec<String>,
+    share_root: Option<PathBuf>,
+    out: PathBuf,
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!(
+        "{why}\nusage: cargo bench --bench io -- [--runs N] [--quick] [--parts loadgen,native,guest] \
+         [--seconds S] [--guest-seconds S] [--share-root DIR] [--out DIR]"
+    );
+    std::process::exit(if why.is_empty() { 0 } else { 2 })
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        runs: 3,
+        secs: 5,
+        guest_secs: 20,
+        quick: false,
+        parts: ["loadgen", "native", "guest"].map(String::from).to_vec(),
+        share_root: None,
+        out: repo().join("docs/benchmarks/io"),
+    };
+    let (mut secs, mut gsecs) = (None, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        let num = |v: String| {
+            v.parse()
+                .unwrap_or_else(|_| usage(&format!("{a}: not a number: {v}")))
+        };
+        match a.as_str() {
+            "--runs" => o.runs = num(val()),
+            "--seconds" => secs = Some(num(val())),
+            "--guest-seconds" => gsecs = Some(num(val())),
+            "--quick" => o.quick = true,
+            "--parts" => o.parts = val().split(',').map(String::from).collect(),
+            "--share-root" => o.share_root = Some(PathBuf::from(val())),
+            "--out" => o.out = PathBuf::from(val()),
+            "--bench" => {} // cargo bench passes it to every bench target
+            "-h" | "--help" => usage(""),
+            _ => usage(&format!("unknown argument {a}")),
+        }
+    }
+    for p in &o.parts {
+        if !["loadgen", "native", "guest"].contains(&p.as_str()) {
+            usage(&format!("--parts: loadgen, native or guest, not {p}"));
+        }
+    }
+    o.secs = secs.unwrap_or(if o.quick { 2 } else { 5 }) as u32;
+    o.guest_secs = gsecs.unwrap_or(if o.quick { 8 } else { 20 }) as u32;
+    o
+}
+
+fn jobs(o: &Options) -> Vec<(&'static str, &'static str)> {
+    let keep = [
+        "randread-4k-psync",
+        "randwrite-4k-psync",
+        "seqread-1m",
+        "ssf-randwrite-4k-j1",
+        "ssf-randwrite-4k-j2",
+    ];
+    FIO_JOBS
+        .iter()
+        .filter(|j| !o.quick || keep.contains(&j.0))
+        .copied()
+        .collect()
+}
+
+/// fio's JSON output: notes may come before it.
+fn fio_json(text: &str) -> Value {
+    let start = text
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON in fio's output: {text}"));
+    serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("fio's JSON: {e}"))
+}
+
+/// Read plus write IOPS and MiB/s of fio's (group-reported) first job.
+fn fio_figures(v: &Value) -> (f64, f64) {
+    let job = &v["jobs"][0];
+    let f = |k: &str, d: &str| job[d][k].as_f64().unwrap_or(0.0);
+    let iops = f("iops", "read") + f("iops", "write");
+    let mib = (f("bw_bytes", "read") + f("bw_bytes", "write")) / (1 << 20) as f64;
+    (iops, mib)
+}
+
+fn run_fio(dir: &Path, name: &str, args: &[String]) -> Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = Command::new("fio")
+        .current_dir(dir)
+        .arg(format!("--name={name}"))
+        .args(args)
+        .args(["--group_reporting", "--output-format=json"])
+        .output()
+        .expect("fio: apt-get install fio");
+    assert!(
+        out.status.success(),
+        "fio {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fio_json(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// A fresh directory for `what`: under --share-root when given, else under `dir`.
+fn work_dir(o: &Options, dir: &TestDir, what: &str) -> PathBuf {
+    match &o.share_root {
+        Some(root) => {
+            let p = root.join(format!("vfsd-bench-io-{}-{what}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        }
+        None => dir.dir(what),
+    }
+}
+
+/// Median and half the min-max spread, relative to the median.
+fn median(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v[v.len() / 2];
+    let spread = if m > 0.0 {
+        (v[v.len() - 1] - v[0]) / 2.0 / m
+    } else {
+        0.0
+    };
+    (m, spread)
+}
+
+/// One run's figures: operations (or IOPS) per second, MiB/s, daemon CPU µs per op.
+type Figures = (f64, f64, f64);
+
+struct Record<'a> {
+    jsonl: std::fs::File,
+    commit: &'a str,
+    date: &'a str,
+    /// (part, row, column) -> runs' (iops or ops/s, MiB/s, daemon CPU µs per op).
+    figures: BTreeMap<(String, String, String), Vec<Figures>>,
+}
+
+impl Record<'_> {
+    fn add(
+        &mut self,
+        part: &str,
+        row: &str,
+        col: &str,
+        run: usize,
+        fig: (f64, f64, f64),
+        raw: Value,
+    ) {
+        let line = json!({"commit": self.commit, "date": self.date, "part": part, "row": row,
+            "config": col, "run": run, "result": raw});
+        writeln!(self.jsonl, "{line}").unwrap();
+        eprintln!(
+            "io: {part} {row} {col} run {run}: {:.0}/s, {:.1} MiB/s",
+            fig.0, fig.1
+        );
+        self.figures
+            .entry((part.into(), row.into(), col.into()))
+            .or_default()
+            .push(fig);
+    }
+}
+
+fn loadgen(o: &Options, dir: &TestDir, rec: &mut Record, run: usize) {
+    let bench = repo().join("target/release/vfsd-bench");
+    assert!(
+        bench.is_file(),
+        "{} missing: cargo build --release --features test-frontend",
+        bench.display()
+    );
+    let workloads: Vec<_> = WORKLOADS
+        .iter()
+        .filter(|w| {
+            !o.quick
+                || [
+                    "randwrite-shared",
+                    "randread-shared",
+                    "seqread",
+                    "lookup-getattr",
+                ]
+                .contains(&w.0)
+        })
+        .collect();
+    for &&(wname, queues, depth, bs, mib) in &workloads {
+        for &(cname, is_vfsd, args) in CONFIGS {
+            let share = work_dir(o, dir, "loadgen");
+            let kind = if is_vfsd {
+                DaemonKind::Vfsd
+            } else {
+                DaemonKind::Virtiofsd
+            };
+            let mut argv = vec!["--cache=never".to_string(), "--log-level=error".into()];
+            argv.extend(args.split_whitespace().map(String::from));
+            let sock = dir.dir("sock").join("loadgen.sock");
+            let d = Daemon::start(
+                &kind,
+                &share,
+                &sock,
+                &argv,
+                &dir.dir("logs").join(format!("{cname}.log")),
+            );
+            let out = Command::new(&bench)
+                .args([
+                    "--socket",
+                    &sock.to_string_lossy(),
+                    "--shared-dir",
+                    &share.to_string_lossy(),
+                ])
+                .args(["--pid", &d.pid().to_string(), "--workload", wname])
+                .args([
+                    "--queues",
+                    &queues.to_string(),
+                    "--depth",
+                    &depth.to_string(),
+                ])
+                .args([
+                    "--bs",
+                    &bs.to_string(),
+                    "--file-mib",
+                    &mib.to_string(),
+                    "--seconds",
+                    &o.secs.to_string(),
+                ])
+                .output()
+                .unwrap();
+            drop(d);
+            assert!(
+                out.status.success(),
+                "vfsd-bench {wname} on {cname}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).expect("vfsd-bench's JSON");
+            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            rec.add(
+                "loadgen",
+                wname,
+                cname,
+                run,
+                (f("ops_per_s"), f("mib_per_s"), f("daemon_cpu_us_per_op")),
+                v.clone(),
+            );
+            let _ = std::fs::remove_dir_all(&share);
+        }
+        let rw = match wname.split('-').next().unwrap() {
+            "randwrite" => "randwrite",
+            "randread" => "randread",
+            "seqread" => "read",
+            "seqwrite" => "write",
+            _ => continue,
+        };
+        if !o.parts.iter().any(|p| p == "native") {
+            continue;
+        }
+        // --invalidate=0: fio would drop the files' pages first and read from the disk
+        // what the daemons read from the page cache.
+        let mut args: Vec<String> = [
+            format!("--rw={rw}"),
+            format!("--bs={bs}"),
+            format!("--size={mib}m"),
+            "--ioengine=psync".into(),
+            "--direct=0".into(),
+            "--invalidate=0".into(),
+            format!("--numjobs={}", queues * depth),
+            "--thread".into(),
+            "--time_based".into(),
+            format!("--runtime={}", o.secs),
+        ]
+        .to_vec();
+        args.push(if wname.ends_with("-shared") {
+            "--filename=shared".into()
+        } else {
+            "--filename_format=f.$jobnum".into()
+        });
+        let native = work_dir(o, dir, "native-eq");
+        let v = run_fio(&native, wname, &args);
+        let (iops, mib_s) = fio_figures(&v);
+        rec.add("loadgen", wname, "native", run, (iops, mib_s, 0.0), v);
+        let _ = std::fs::remove_dir_all(&native);
+    }
+}
+
+fn native(o: &Options, dir: &TestDir, rec: &mut Record, run: usize) {
+    for (name, jargs) in jobs(o) {
+        // Buffered, as the daemons' own I/O; libaio's depth N becomes N psync threads on
+        // one file (buffered libaio would block one request at a time).
+        let mut args: Vec<String> = jargs
+            .replace("--direct=1", "--direct=0")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        if let Some(i) = args.iter().position(|a| a == "--ioengine=libaio") {
+            let depth = args[i + 1].trim_start_matches("--iodepth=").to_string();
+            args.splice(
+                i..i + 2,
+                [
+                    "--ioengine=psync".into(),
+                    format!("--numjobs={depth}"),
+                    "--thread".into(),
+                    format!("--filename={name}.dat"),
+                ],
+            );
+        }
+        args.extend([
+            "--invalidate=0".into(),
+            "--time_based".into(),
+            format!("--runtime={}", o.secs),
+        ]);
+        let d = work_dir(o, dir, "native");
+        let v = run_fio(&d, name, &args);
+        let (iops, mib) = fio_figures(&v);
+        rec.add("fio", name, "native", run, (iops, mib, 0.0), v);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+fn guest(o: &Options, rec: &mut Record, run: usize) {
+    for (label, kind, args) in [
+        ("vfsd", DaemonKind::Vfsd, "--cache=never"),
+        (
+            "virtiofsd",
+            DaemonKind::Virtiofsd,
+            "--cache=never --thread-pool-size=4",
+        ),
+    ] {
+        let tdir = TestDir::new(&format!("bench-io-{label}-{run}"));
+        let share = work_dir(o, &tdir, "share");
+        let mut script = String::from("set -e\nmkdir -p work out\n");
+        for (name, jargs) in jobs(o) {
+            script += &format!(
+                "echo 'guest fio: {name}' >&2\n(cd work && fio --name={name} {jargs} --time_based --runtime={} \
+                 --group_reporting --output-format=json --output=../out/{name}.json)\nrm -f work/*\n",
+                o.guest_secs
+            );
+        }
+        std::fs::write(share.join("io.sh"), script).unwrap();
+        let argv: Vec<&str> = args.split_whitespace().collect();
+        let g = Guest::new(&tdir)
+            .cpus(2)
+            .timeout(Duration::from_secs(3600))
+            .share(Share::new(&share, "share0", kind, &argv));
+        let _slot = fixture::Slot::take(1);
+        let r = g.run("sh io.sh");
+        if !matches!(r.status, fixture::Status::Exited(0)) {
+            eprintln!("io: the guest through {label}, run {run}, failed ({:?}); its figures are missing\n{}", r.status, r.tail());
+            // Not dropped: its logs stay for a look.
+            std::mem::forget(tdir);
+            continue;
+        }
+        for (name, _) in jobs(o) {
+            let v =
+                fio_json(&std::fs::read_to_string(share.join(format!("out/{name}.json"))).unwrap());
+            let (iops, mib) = fio_figures(&v);
+            rec.add("fio", name, label, run, (iops, mib, 0.0), v);
+        }
+        let _ = std::fs::remove_dir_all(&share);
+    }
+}
+
+fn main() {
+    let o = options();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(repo())
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let date = String::from_utf8_lossy(
+        &Command::new("date")
+            .arg("+%Y-%m-%d")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    std::fs::create_dir_all(&o.out).unwrap();
+    let mut rec = Record {
+        jsonl: std::fs::File::create(o.out.join("results.jsonl")).unwrap(),
+        commit: &commit,
+        date: &date,
+        figures: BTreeMap::new(),
+    };
+    let dir = TestDir::new("bench-io");
+    for run in 1..=o.runs {
+        eprintln!("io: run {run} of {}", o.runs);
+        if o.parts.iter().any(|p| p == "loadgen") {
+            loadgen(&o, &dir, &mut rec, run);
+        }
+        if o.parts.iter().any(|p| p == "native") {
+            native(&o, &dir, &mut rec, run);
+        }
+        if o.parts.iter().any(|p| p == "guest") {
+            guest(&o, &mut rec, run);
+        }
+    }
+    write_report(&o, &rec);
+}
+
+fn write_report(o: &Options, rec: &Record) {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let mut md = format!(
+        "# Data I/O: vfsd, virtiofsd and the host\n\nWritten by `cargo bench --bench io{}{}` \
+         (tests/bench/io.rs) at {}, {}. Each figure is the median of {} runs, ± half the \
+         min-max spread; ratios are of medians. Shares: {}. The data: results.jsonl.\n\n",
+        if args.is_empty() { "" } else { " -- " },
+        args.join(" "),
+        rec.commit,
+        rec.date,
+        o.runs,
+        o.share_root
+            .as_ref()
+            .map_or("the host's file system under target/".into(), |p| p
+                .display()
+                .to_string()),
+    );
+    let cell = |part: &str, row: &str, col: &str| -> Option<(f64, f64, f64, f64)> {
+        let mut v = rec
+            .figures
+            .get(&(part.into(), row.into(), col.into()))?
+            .clone();
+        let (m, s) = median(&mut v.iter().map(|x| x.0).collect::<Vec<_>>());
+        let (mib, _) = median(&mut v.iter().map(|x| x.1).collect::<Vec<_>>());
+        let (cpu, _) = median(&mut v.iter_mut().map(|x| x.2).collect::<Vec<_>>());
+        Some((m, s, mib, cpu))
+    };
+    let ratio = |a: Option<(f64, f64, f64, f64)>, b: Option<(f64, f64, f64, f64)>| match (a, b) {
+        (Some(a), Some(b)) if b.0 > 0.0 => format!("{:.2}", a.0 / b.0),
+        _ => "-".into(),
+    };
+    if o.parts.iter().any(|p| p == "loadgen") {
+        md += &format!(
+            "## Load generator\n\n`vfsd-bench` connects to each daemon's socket as a VMM would and plays the guest \
+             driver, {} s per figure, `--cache=never`; native is fio at the same concurrency on the host. Operations \
+             per second, MiB/s and the daemon's CPU per operation.\n\n\
+             | workload | vfsd-default | vfsd-best | virtiofsd-default | virtiofsd-best | native | vfsd / virtiofsd (default) | vfsd / virtiofsd (best) |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+            o.secs
+        );
+        for &(w, ..) in WORKLOADS {
+            if !rec.figures.keys().any(|k| k.0 == "loadgen" && k.1 == w) {
+                continue;
+            }
+            let c = |col| cell("loadgen", w, col);
+            let show = |x: Option<(f64, f64, f64, f64)>| {
+                x.map_or("-".into(), |(m, s, mib, cpu)| {
+                    let cpu = if cpu > 0.0 {
+                        format!(", {cpu:.1} µs CPU/op")
+                    } else {
+                        String::new()
+                    };
+                    format!("{m:.0}/s ±{:.0}%, {mib:.1} MiB/s{cpu}", s * 100.0)
+                })
+            };
+            md += &format!(
+                "| {w} | {} | {} | {} | {} | {} | {} | {} |\n",
+                show(c("vfsd-default")),
+                show(c("vfsd-best")),
+                show(c("virtiofsd-default")),
+                show(c("virtiofsd-best")),
+                show(c("native")),
+                ratio(c("vfsd-default"), c("virtiofsd-default")),
+                ratio(c("vfsd-best"), c("virtiofsd-best")),
+            );
+        }
+        md += "\n";
+    }
+    if o.parts.iter().any(|p| p == "guest" || p == "native") {
+        md += &format!(
+            "## fio in a guest through each daemon, and on the host\n\nA TCG guest with 2 vCPUs, `--cache=never` \
+             (virtiofsd with its best pool size, 4), {} s per job; native runs the same jobs buffered on the host, \
+             {} s each. The host's page cache serves both sides alike: the guest's ceiling is the emulated CPU.\n\n\
+             | job | vfsd | virtiofsd | native | vfsd / virtiofsd | vfsd / native |\n|---|---:|---:|---:|---:|---:|\n",
+            o.guest_secs, o.secs
+        );
+        for (name, _) in jobs(o) {
+            let c = |col| cell("fio", name, col);
+            let show = |x: Option<(f64, f64, f64, f64)>| {
+                x.map_or("-".into(), |(m, s, mib, _)| {
+                    format!("{m:.0} IOPS ±{:.0}%, {mib:.1} MiB/s", s * 100.0)
+                })
+            };
+            md += &format!(
+                "| {name} | {} | {} | {} | {} | {} |\n",
+                show(c("vfsd")),
+                show(c("virtiofsd")),
+                show(c("native")),
+                ratio(c("vfsd"), c("virtiofsd")),
+                ratio(c("vfsd"), c("native")),
+            );
+        }
+        let ssf = |col| {
+            let one = cell("fio", "ssf-randwrite-4k-j1", col)?.0;
+            let two = cell("fio", "ssf-randwrite-4k-j2", col)?.0;
+            Some(format!("{:.2}", two / one))
+        };
+        md += &format!(
+            "\nParallel direct writes to one file, IOPS at 2 jobs over 1 job: vfsd {}, virtiofsd {}, native {}.\n",
+            ssf("vfsd").unwrap_or("-".into()),
+            ssf("virtiofsd").unwrap_or("-".into()),
+            ssf("native").unwrap_or("-".into())
+        );
+    }
+    std::fs::write(o.out.join("report.md"), md).unwrap();
+    eprintln!("io: wrote {}", o.out.join("report.md").display());
+}
