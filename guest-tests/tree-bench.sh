@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of `scripts/bench.sh --tree`: a source-tree workload, one timed step at a time.
+# Guest side of `cargo bench --bench requests`: a source-tree workload, one timed step at a time.
 #
 # Usage: tree-bench.sh DIR CTL [STEPS]
 #   DIR    where the work happens: a virtio-fs mount (the share under test) or a directory
@@ -12,8 +12,8 @@
 #
 # Steps: untar, find, ls-lR (a stat of every file, the guest's caches warm from the
 # untar), ls-lR-cold (the same after drop_caches), cp-a, rm-rf (of the copy), create and
-# unlink (2,000 small files in 20 directories), and where the userland has git (the host's
-# root as the guest's userland, bench.sh --userland host): git-clone from the bundle in
+# unlink (2,000 small files in 20 directories), and where the userland has git (a chroot
+# into a view of the host's root): git-clone from the bundle in
 # DIR, git-status-clean, git-status-dirty (100 files changed, 20 new). Only when named
 # (not in "all"): cat-all (read every file), cat-all-p2 (the same, two cat at a time),
 # cp-a-x2 (two copies at once), untar-x2 (two extractions at once).
@@ -57,7 +57,7 @@ if [ -n "$dev" ] && [ "$(stat -f -c %T "$DIR" 2>/dev/null)" != tmpfs ]; then
     CONN=$(( (((dev >> 8) & 0xfff) << 20) | (dev & 0xff) | ((dev >> 12) & 0xfff00) ))
     tr=/tmp/.tree-bench-tracefs
     mkdir -p "$tr"
-    # A run before this one in the same boot (bench.sh --same-boot) left tracefs mounted and
+    # A run before this one in the same boot (two shares in one guest) left tracefs mounted and
     # the histogram set: it counts every connection, so it serves this run too.
     ev=$tr/events/fuse/fuse_request_send
     if { [ -d "$ev" ] || mount -t tracefs nodev "$tr" 2>/dev/null; } && [ -d "$ev" ]; then
