@@ -3,7 +3,7 @@
 #
 # Contents: busybox (static), fio, pjdfstest, fsx, the host's sleep, and
 # getfattr/setfattr and stress-ng when present, each with the shared libraries ldd reports; guest-tests/ at
-# /guest-tests; scripts/guest-init.sh as /init.
+# /guest-tests; guest-tests/init.sh as /init.
 #
 # Usage: scripts/build-initramfs.sh [-o OUTPUT] [--force] [--no-tools]
 #   -o OUTPUT    where to write it (default: $VFSD_CACHE/initramfs.cpio.gz)
@@ -92,7 +92,7 @@ fi
 sig() {
     {
         echo "tools=$TOOLS cc=$(command -v "${CC:-cc}" || true)"
-        for f in "$HERE/build-initramfs.sh" "$HERE/guest-init.sh" "$BUSYBOX" "${BINS[@]}"; do
+        for f in "$HERE/build-initramfs.sh" "$HERE/../guest-tests/init.sh" "$BUSYBOX" "${BINS[@]}"; do
             stat -L -c "$(basename "$f") %s %Y" "$f"
         done
         find "$REPO/guest-tests" -type f -printf '%P %s %T@\n' | sort
@@ -181,7 +181,7 @@ fi
 
 mkdir -p "$ROOT/guest-tests"
 cp -a "$REPO/guest-tests/." "$ROOT/guest-tests/"
-cp "$HERE/guest-init.sh" "$ROOT/init"
+cp "$HERE/../guest-tests/init.sh" "$ROOT/init"
 chmod 755 "$ROOT/init"
 find "$ROOT/guest-tests" -name '*.sh' -exec chmod 755 {} +
 
@@ -207,8 +207,9 @@ ln -s /proc/mounts "$ROOT/etc/mtab"
 
 COMP=(gzip -1)
 log "packing $(du -sh "$ROOT" | cut -f1) into $OUT"
-( cd "$ROOT" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet | "${COMP[@]}" ) > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
+( cd "$ROOT" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet | "${COMP[@]}" ) > "$OUT.tmp.$$"
+# Built by two runs at once, each packs its own and the last rename wins whole.
+mv "$OUT.tmp.$$" "$OUT"
 echo "$SIG" > "$OUT.sig"
 log "done: $OUT ($(du -h "$OUT" | cut -f1))"
 echo "$OUT"

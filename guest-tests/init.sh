@@ -1,7 +1,7 @@
 #!/bin/sh
-# /init of the vfsd test initramfs (busybox).  Installed by build-initramfs.sh.
+# /init of the vfsd test initramfs (busybox).  Installed by scripts/build-initramfs.sh.
 #
-# Kernel command line parameters (set by scripts/run-vm.sh):
+# Kernel command line parameters (set by the guest-test fixture, tests/guest/fixture/):
 #   vfsd.mounts=TAG[:OPTS][,TAG[:OPTS]...]
 #                             virtiofs tags to mount at /mnt/TAG (first = $VFSD_SHARE);
 #                             OPTS are mount options joined with '+', e.g. ro+dax
