@@ -1,5 +1,5 @@
 #!/bin/sh
-# The guest's part of the libvirt tests (tests/guest/libvirt.rs, scripts/libvirt-migrate.sh):
+# The guest's part of the libvirt tests (tests/guest/libvirt.rs):
 # run in a domain libvirt starts, in $VFSD_SHARE/lv, where the host put a static vfsd-lock.
 # Usage: /guest-tests/libvirt.sh MODE AFTER LIMIT
 #   write  open data.log once and write "line N" through that fd every 100 ms (holding a

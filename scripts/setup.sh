@@ -8,7 +8,7 @@
 # URI of the Debian archive the host's apt sources already use; trixie and later have it
 # in their own suite. Bookworm's own QEMU 7.2 is unpacked into the cache too
 # (scripts/fetch-qemu.sh), for the guest suite's smoke-qemu72 test. libvirt 11 (the same
-# suite) is installed and started by scripts/libvirt-migrate.sh --setup-only.
+# suite; only its daemon, QEMU driver and virsh) is installed and started without systemd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -54,8 +54,26 @@ qv=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator versio
     die "qemu-system-x86_64 is QEMU ${qv:-(none found)}, but vfsd's tests need QEMU >= 10 (on bookworm: apt-get install -t bookworm-backports qemu-system-x86)"
 echo "== QEMU $qv: $(command -v qemu-system-x86_64)"
 echo "== bookworm's QEMU 7.2 (for the smoke-qemu72 test): $(scripts/fetch-qemu.sh --refresh)"
-echo "== libvirt 11 (the guest suite's libvirt test; from bookworm-backports on bookworm), started without systemd"
-scripts/libvirt-migrate.sh --setup-only
+echo "== libvirt 11 (tests/guest/libvirt.rs; from bookworm-backports on bookworm), started without systemd"
+lv=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)
+# pkg/bookworm-backports, not -t: -t would take systemd from backports too.
+[ "$codename" = bookworm ] && lv=("${lv[@]/%//bookworm-backports}")
+! apt-get install -s --no-install-recommends "${lv[@]}" | grep -E '^(Inst|Remv) qemu-system' ||
+    die "installing libvirt would change QEMU (above)"
+$SUDO apt-get install -y -qq --no-install-recommends "${lv[@]}" >/dev/null
+lvv=$(libvirtd --version | sed -n 's/.* \([0-9][0-9]*\)\..*/\1/p')
+[ "${lvv:-0}" -ge 11 ] || die "libvirtd is $(libvirtd --version), not 11"
+# Without udev /dev/kvm stays root:root 0600, and libvirt probes QEMU again at every start.
+if [ -c /dev/kvm ] && [ "$(stat -c %G:%a /dev/kvm)" = root:600 ] && getent group kvm >/dev/null; then
+    $SUDO chgrp kvm /dev/kvm && $SUDO chmod 660 /dev/kvm
+fi
+if ! $SUDO virsh -c qemu:///system version >/dev/null 2>&1; then
+    # virtlogd first: libvirtd hands it the QEMU and daemon logs.
+    [ -S /run/libvirt/virtlogd-sock ] || $SUDO virtlogd -d
+    $SUDO kill -0 "$(cat /run/libvirtd.pid 2>/dev/null)" 2>/dev/null || $SUDO libvirtd -d
+    for _ in $(seq 30); do $SUDO virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 1; done
+    $SUDO virsh -c qemu:///system version >/dev/null || die "libvirtd does not answer on qemu:///system"
+fi
 echo "== building vfsd"
 cargo build --release
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
