@@ -1,5 +1,5 @@
 #!/bin/sh
-# The guest's part of a live migration test (scripts/guest-migrate.sh runs it).
+# The guest's part of the live migration tests (tests/guest/migration.rs).
 #
 # Usage (in the guest): /guest-tests/migrate.sh [AFTER] [LIMIT] [EXTRA...]
 #   In $VFSD_SHARE/mig (the shell's cwd stays there throughout):
@@ -14,7 +14,7 @@
 #     refused), released (then granted); writes mig/guest.released and waits for
 #     the host's mig/host.done (the host checks that the release reached it).
 #   LIMIT: seconds to wait for host.migrated (default 900).
-#   EXTRA (the host prepares its part, scripts/guest-migrate.sh --extras):
+#   EXTRA (the host prepares its part, tests/guest/migration.rs):
 #     many=N    N files in mig/many (looked up, so the daemon knows N more nodes)
 #               read back after the migration, 16 of them held open across it
 #     waiter    a flock and a POSIX lock requested (blocking) on mig/wait-flock and
