@@ -174,6 +174,8 @@ if [ "$TOOLS" = 1 ]; then
             die "compiling guest-tests/src/vfsd-mmap.c failed"
         "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-newops" "$REPO/guest-tests/src/vfsd-newops.c" ||
             die "compiling guest-tests/src/vfsd-newops.c failed"
+        "$CC" -O2 -Wall -o "$ROOT/usr/local/bin/vfsd-idmap" "$REPO/guest-tests/src/vfsd-idmap.c" ||
+            die "compiling guest-tests/src/vfsd-idmap.c failed"
     else
         log "warning: no C compiler ($CC); the xattr checks and the fsx O_DIRECT run will be skipped (apt-get install gcc)"
     fi

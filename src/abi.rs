@@ -28,4 +28,10 @@ pub mod flags {
     pub const SECURITY_CTX: u64 = 1 << 32;
     pub const CREATE_SUPP_GROUP: u64 = 1 << 34;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+    pub const ALLOW_IDMAP: u64 = 1 << 40;
 }
+
+/// The uid and gid of a request whose caller the guest does not name: with FUSE_ALLOW_IDMAP
+/// the kernel sends the caller's ids only with the requests that create a node (mapped
+/// through the mount's idmapping), and this in every other request.
+pub const FUSE_INVALID_UIDGID: u32 = u32::MAX;

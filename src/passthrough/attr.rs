@@ -228,6 +228,9 @@ impl PassthroughFs {
             }
             return Ok(());
         }
+        // A caller the guest does not name (FUSE_ALLOW_IDMAP's u32::MAX) owns nothing and
+        // gets the others' bits; a virtio-fs guest mounts with default_permissions and checks
+        // access itself, so it sends no ACCESS at all.
         let bits = if st.st_uid == ctx.uid {
             (mode >> 6) & 7
         } else if st.st_gid == ctx.gid {

@@ -391,13 +391,12 @@ impl PassthroughFs {
         Ok(r as u64)
     }
 
-    /// COPY_FILE_RANGE for guest user `uid`: the source under its shared lock, the
+    /// COPY_FILE_RANGE (`kill`: `kill_privs` for its caller): the source under its shared lock, the
     /// destination exclusive.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_file_range(
         &self,
-        uid: u32,
-        gid: u32,
+        kill: Option<u32>,
         inode_in: u64,
         fh_in: u64,
         off_in: u64,
@@ -416,7 +415,7 @@ impl PassthroughFs {
         if hout.flags & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(errno(libc::EBADF));
         }
-        if let Some(gid) = killpriv::needed(uid, gid, false) {
+        if let Some(gid) = kill {
             killpriv::kill_suidgid(hout.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
         // The I/O lock belongs to the host file, so two nodes (a bind mount, a node

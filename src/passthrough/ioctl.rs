@@ -200,7 +200,13 @@ impl PassthroughFs {
             if !self.cfg.allow_project_id {
                 self.check_project_kept(&fd, cmd, &arg)?;
             }
-            let _cred = self.creator(ctx, &[])?;
+            // With FUSE_ALLOW_IDMAP the guest names no caller here: its kernel checked the
+            // change (owner, CAP_LINUX_IMMUTABLE) before sending it.
+            let _cred = if ctx.uid == crate::abi::FUSE_INVALID_UIDGID {
+                None
+            } else {
+                Some(self.creator(ctx, &[])?)
+            };
             host_ioctl(&fd, cmd, &mut arg)?;
             return Ok((0, Vec::new()));
         }

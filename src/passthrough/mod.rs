@@ -44,7 +44,6 @@ use crate::sys;
 pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
-pub use killpriv::needed as killpriv_needed;
 pub use nowait::OpenWait;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
@@ -392,6 +391,21 @@ impl PassthroughFs {
     /// reply passes here.
     /// The caller's gid on the host (`--translate-gid`); one no host file has when the
     /// translation forbids it, so no group membership is assumed.
+    /// Whether a data change by the request's caller (`uid`, `gid`: the guest's ids) drops
+    /// set-id bits and file capabilities: Some(the caller's host gid) or None (see
+    /// `killpriv`). `asked` is the request's KILL_SUIDGID flag.
+    pub fn kill_privs(&self, uid: u32, gid: u32, asked: bool) -> Option<u32> {
+        let host_gid = self.cfg.id_translate.gid.to_host(gid).unwrap_or(u32::MAX);
+        if uid == crate::abi::FUSE_INVALID_UIDGID {
+            // FUSE_ALLOW_IDMAP: no caller named outside creates. With HANDLE_KILLPRIV_V2 the
+            // guest's flag says whether the caller lacks CAP_FSETID; without it the change
+            // drops them as any non-root caller's would (root's direct writes too).
+            return (asked || !self.enabled(crate::abi::flags::HANDLE_KILLPRIV_V2))
+                .then_some(host_gid);
+        }
+        killpriv::needed(uid, host_gid, asked)
+    }
+
     pub fn host_gid(&self, ctx: &Context) -> u32 {
         self.cfg
             .id_translate
@@ -536,6 +550,9 @@ impl PassthroughFs {
         if self.cfg.readdirplus {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }
+        // Idmapped mounts of the share in the guest, as virtiofsd offers them. The guest
+        // then names the caller only in creates (`kill_privs` says what that changes).
+        want |= f::ALLOW_IDMAP;
         want
     }
 }
@@ -552,9 +569,9 @@ impl PassthroughFs {
         ext: &CreateExt,
         wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
-        let kill = killpriv::needed(
+        let kill = self.kill_privs(
             ctx.uid,
-            self.host_gid(ctx),
+            ctx.gid,
             args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
         );
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
@@ -571,11 +588,7 @@ impl PassthroughFs {
         fuse_flags: u32,
         wait: OpenWait,
     ) -> io::Result<(u64, OpenOptions)> {
-        let kill = killpriv::needed(
-            ctx.uid,
-            self.host_gid(ctx),
-            fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
-        );
+        let kill = self.kill_privs(ctx.uid, ctx.gid, fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
         self.do_open(inode, flags, kill, wait)
     }
 
@@ -667,11 +680,7 @@ impl FileSystem for PassthroughFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(libc::stat64, Duration)> {
-        let kill = killpriv::needed(
-            ctx.uid,
-            self.host_gid(ctx),
-            valid.contains(SetattrValid::KILL_SUIDGID),
-        );
+        let kill = self.kill_privs(ctx.uid, ctx.gid, valid.contains(SetattrValid::KILL_SUIDGID));
         self.do_setattr(inode, attr, handle, valid, kill)
     }
 
@@ -810,11 +819,7 @@ impl FileSystem for PassthroughFs {
         _flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        let kill = killpriv::needed(
-            ctx.uid,
-            self.host_gid(ctx),
-            fuse_flags & WRITE_KILL_PRIV != 0,
-        );
+        let kill = self.kill_privs(ctx.uid, ctx.gid, fuse_flags & WRITE_KILL_PRIV != 0);
         self.do_write(inode, handle, r, size, offset, kill)
     }
 
@@ -837,7 +842,7 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        let kill = killpriv::needed(ctx.uid, self.host_gid(ctx), false);
+        let kill = self.kill_privs(ctx.uid, ctx.gid, false);
         self.do_fallocate(inode, handle, mode, offset, length, kill)
     }
 

@@ -693,9 +693,7 @@ impl FuseServer {
                 // The reply carries a u32 count; keep within it (as the kernel does).
                 let len = a.len.min(u32::MAX as u64 & !0xfff);
                 self.fs.copy_file_range(
-                    hdr.uid,
-                    self.fs
-                        .host_gid(&fuse_backend_rs::api::filesystem::Context::from(hdr)),
+                    self.fs.kill_privs(hdr.uid, hdr.gid, false),
                     hdr.nodeid,
                     a.fh_in,
                     a.offset_in,

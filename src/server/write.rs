@@ -68,11 +68,10 @@ pub fn write(
         return Err(libc::EINVAL);
     }
     let hdr = req.hdr;
-    let gid = fs.host_gid(&fuse_backend_rs::api::filesystem::Context::from(&hdr));
     // As write(2): writing nothing leaves the set-id bits alone.
-    let kill =
-        crate::passthrough::killpriv_needed(hdr.uid, gid, args.fuse_flags & WRITE_KILL_PRIV != 0)
-            .filter(|_| size > 0);
+    let kill = fs
+        .kill_privs(hdr.uid, hdr.gid, args.fuse_flags & WRITE_KILL_PRIV != 0)
+        .filter(|_| size > 0);
     // SAFETY: each iovec spans mapped guest memory (get_slice checked the bounds) that
     // stays mapped while `mem` lives, for the whole call; pwritev only reads it.
     let r = unsafe { fs.write_iov(hdr.nodeid, args.fh, args.offset, &iov, kill) };

@@ -12,6 +12,7 @@ mod fixture;
 mod data;
 mod fdwalk;
 mod features;
+mod idmap;
 mod libvirt;
 mod locks;
 mod migration;

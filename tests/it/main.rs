@@ -18,6 +18,7 @@ mod faults;
 mod fuse_host;
 mod fuzz_regressions;
 mod hostile_requests;
+mod idmap;
 mod init;
 mod ioctl;
 mod killpriv;
