@@ -5,7 +5,7 @@
 # delay is measured on the host's clock.
 #
 # Usage (in the guest): /guest-tests/coherence.sh A|B MODE... [pdw]
-# Run by scripts/two-hosts.sh (two run-vm.sh guests at once).  For each MODE
+# Run by tests/guest/gluster.rs (two guests at once).  For each MODE
 # (auto, always, never, metadata) the guest has a share /mnt/c-MODE served
 # with --cache=MODE; /mnt/sync is a local directory both daemons serve with
 # --cache=never, for the markers.  "pdw" adds the parallel direct writes.

@@ -3,8 +3,8 @@
 #
 # Usage (in the guest): /guest-tests/locks.sh A|B [quick|full|counter] [N]
 # Two guests run it at once, one as A and one as B, each with its own vfsd on
-# the same host directory ($VFSD_SHARE), started by scripts/guest-locks.sh
-# (through scripts/two-guests.sh), which also plays the host's part.  The
+# the same host directory ($VFSD_SHARE), started by tests/guest/locks.rs,
+# which also plays the host's part.  The
 # guests and the host meet through marker files in $VFSD_SHARE/sync (run the
 # daemons with --cache never, or auto and wait out the 1 s entry timeout, so
 # that lookups reach the host).
@@ -30,7 +30,7 @@
 #       blocking request is granted (delay from the kill measured); A never
 #       finishes, so it writes its summary before this step.
 #   cross: s1, s2 and s4, for two guests on two hosts' client mounts of a
-#       distributed file system (scripts/two-hosts.sh): s3 and s5 take flock and
+#       distributed file system (tests/guest/gluster.rs): s3 and s5 take flock and
 #       a POSIX lock on one file in one process, which GlusterFS and NFS refuse
 #       (their clients turn flock into a whole-file POSIX lock of another owner).
 #   counter: s4 only, flock counter (for a daemon run with --no-flock, where the

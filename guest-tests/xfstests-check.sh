@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest side of scripts/run-xfstests.sh, second stage: runs fstests' ./check
+# Guest side of the xfstests guest test (tests/guest/xfstests.rs), second stage: runs fstests' ./check
 # chrooted into the writable root that xfstests.sh built, with a watchdog.
 #
 # Usage: xfstests-check.sh XFSTESTS_DIR PER_TEST_TIMEOUT

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of scripts/run-xfstests.sh, first stage (busybox, in the initramfs).
+# Guest side of the xfstests guest test (tests/guest/xfstests.rs), first stage (busybox, in the initramfs).
 #
 # Usage: xfstests.sh XFSTESTS_DIR MODULES_DIR [PER_TEST_TIMEOUT]
 #   XFSTESTS_DIR  the built fstests tree, a host path (the host's root is the

@@ -7,7 +7,7 @@
 #
 # The tarball is looked for in $VFSD_XFSTESTS_TARBALL, else
 # ../shared/xfstests/xfstests-*.tar.xz beside the repository.  The tree goes to
-# ${VFSD_CACHE:-~/.cache/vfsd}/xfstests (not under /tmp: run-xfstests.sh shows
+# ${VFSD_CACHE:-~/.cache/vfsd}/xfstests (not under /tmp: the xfstests guest test shows
 # the host's root to the guest, and /tmp there is the guest's own).  Also
 # creates the users fstests needs (fsgqa, fsgqa2, 123456-fsgqa).
 # Prints the tree's path on stdout; progress goes to stderr.

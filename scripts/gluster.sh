@@ -14,7 +14,7 @@
 #
 # Options:
 #   --dir DIR       where bricks, mounts and state live (default /srv/vfsd-gluster;
-#                   not under /tmp, which guests of scripts/run-xfstests.sh hide)
+#                   not under /tmp, which the xfstests guests hide)
 #   --volume NAME   volume name (default vfsdvol)
 #   --set K=V       an extra volume option (repeatable; applied on every 'up')
 #

@@ -4,7 +4,8 @@
 # default it runs only the self-tests of scripts/run-vm.sh, the interactive runner: every
 # other check has a Rust test in tests/guest/ (scripts/test.sh runs them with cargo);
 # --only runs any of them from shell, e.g. to compare daemons in one run (--daemon
-# virtiofsd --daemon vfsd), and --gluster and --share-root run theirs.
+# virtiofsd --daemon vfsd), and --share-root runs them on another file system. The
+# GlusterFS runs and xfstests lists are Rust tests too (docs/distributed.md, docs/xfstests.md).
 #
 # The guests run on the system's QEMU (10 after scripts/setup.sh), except
 # smoke-qemu72: the smoke test on bookworm's QEMU 7.2, unpacked into the cache
@@ -15,8 +16,7 @@
 #                     template; repeat to compare daemons in one run
 #   --only LIST       comma-separated subset of (default selftest):
 #                     selftest,smoke,smoke-qemu72,setid,fdwalk,features,fio,pjdfstest,fsx,
-#                     locks,stress-locks,migrate,libvirt,xfstests
-#                     (and twohosts, with --gluster). stress-locks: stress-ng's locka,
+#                     stress-locks,migrate,libvirt (locks: tests/guest/locks.rs). stress-locks: stress-ng's locka,
 #                     lockf and lockofd stressors, two instances each, two passes as
 #                     root and one as a user; a lock wait left unanswered fails it,
 #                     but a killed child's wait that its parent waits for is broken
@@ -27,8 +27,6 @@
 #                     managedsave/start with the guest's open fd and (vfsd) its locks
 #                     (scripts/libvirt-migrate.sh; about a minute; libvirtd must run:
 #                     scripts/setup.sh starts it)
-#   --xfstests-list F xfstests list for the xfstests test (default guest-tests/xfstests-ci.list;
-#                     every test in it must pass: "not run" fails too)
 #   --accel A         tcg (default), kvm or auto
 #   --qemu PATH       QEMU binary for every guest but smoke-qemu72's (default:
 #                     $VFSD_QEMU, else qemu-system-x86_64 from PATH)
@@ -42,14 +40,8 @@
 #   --share-root DIR  make each test's share a fresh directory under DIR (e.g. a
 #                     client mount of a distributed file system) instead of under
 #                     the logs directory
-#   --gluster         the suite over GlusterFS (issue 14): scripts/gluster.sh up,
-#                     --share-root on its client mount A, and by default
-#                     --only smoke,setid,fio,pjdfstest,fsx,twohosts, where twohosts
-#                     is scripts/two-hosts.sh (coherence per cache mode, parallel
-#                     direct writes and locks between guests on client mounts A and B)
-#
 # Typical time under TCG on 2 cores: about 6-7 minutes per daemon, 3 more
-# for migrate, 1 for libvirt, plus 6 to 16 for xfstests (scripts/build-xfstests.sh builds its tree first).
+# for migrate, 1 for libvirt.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -57,8 +49,6 @@ REPO=$(cd "$HERE/.." && pwd)
 DAEMONS=()
 ONLY=
 SHARE_ROOT=
-GLUSTER=0 PJDFSTEST_ARGS=
-XFSTESTS_LIST=$REPO/guest-tests/xfstests-ci.list
 ACCEL=tcg
 FSX_OPS=60000
 FSX_DIRECT_OPS=20000
@@ -76,7 +66,6 @@ while [ $# -gt 0 ]; do
     case $1 in
         --daemon) DAEMONS+=("${2:?--daemon needs a value}"); shift 2 ;;
         --only) ONLY=${2:?}; shift 2 ;;
-        --xfstests-list) XFSTESTS_LIST=${2:?}; shift 2 ;;
         --accel) ACCEL=${2:?}; shift 2 ;;
         --qemu) export VFSD_QEMU=${2:?--qemu needs the path of a QEMU binary}; shift 2 ;;
         --fsx-ops) FSX_OPS=${2:?}; shift 2 ;;
@@ -88,50 +77,29 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL=${2:?}; shift 2 ;;
         --initrd) INITRD=${2:?}; shift 2 ;;
         --share-root) SHARE_ROOT=${2:?}; shift 2 ;;
-        --gluster) GLUSTER=1; shift ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
 done
 [ ${#DAEMONS[@]} -gt 0 ] || DAEMONS=(vfsd)
 wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
-[ "$GLUSTER" = 1 ] && [ -n "$SHARE_ROOT" ] && die "--gluster chooses the share root itself; leave out --share-root"
-if [ "$GLUSTER" = 1 ]; then
-    ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx,twohosts}
-elif [ -n "$SHARE_ROOT" ]; then
+if [ -n "$SHARE_ROOT" ]; then
     ONLY=${ONLY:-smoke,setid,fio,pjdfstest,fsx}
 fi
 # The rest of the default set are Rust tests now (tests/guest/, run by cargo test as root:
 # scripts/test.sh); --only still runs any of them here, e.g. to compare daemons.
 ONLY=${ONLY:-selftest}
 for t in ${ONLY//,/ }; do
-    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|locks|stress-locks|xfstests|migrate|libvirt) ;;
-        twohosts) [ "$GLUSTER" = 1 ] || die "--only twohosts needs --gluster" ;;
+    case $t in selftest|smoke|smoke-qemu72|setid|fdwalk|features|fio|pjdfstest|fsx|stress-locks|migrate|libvirt) ;;
         *) die "--only: unknown test '$t'" ;; esac
 done
-if [ "$GLUSTER" = 1 ] || [ -n "$SHARE_ROOT" ]; then
-    # These make their own shares (locks: two guests on one local directory; with
-    # --gluster, twohosts runs them across client mounts A and B).
-    wanted xfstests && die "xfstests makes its own shares; leave it out with --share-root/--gluster"
-    wanted locks && die "locks makes its own share; with --gluster, twohosts runs them across two client mounts"
-    wanted migrate && die "migrate makes its own share; leave it out with --share-root/--gluster"
-fi
-if [ "$GLUSTER" = 1 ]; then
-    "$HERE/gluster.sh" up || die "could not bring up the GlusterFS volume (scripts/gluster.sh up)"
-    eval "$("$HERE/gluster.sh" env)"
-    SHARE_ROOT=$GLUSTER_A
-    # GlusterFS's own departures from ext4 (docs/distributed.md, "Quirks"), each checked
-    # on the mount without vfsd: listed as KNOWN when they fail, never as passed.
-    PJDFSTEST_ARGS="-k /guest-tests/pjdfstest-glusterfs.known"
+if [ -n "$SHARE_ROOT" ]; then
+    # It makes its own shares.
+    wanted migrate && die "migrate makes its own share; leave it out with --share-root"
 fi
 if [ -n "$SHARE_ROOT" ]; then
     [ -d "$SHARE_ROOT" ] || die "--share-root $SHARE_ROOT: no such directory"
     SHARE_ROOT=$(cd "$SHARE_ROOT" && pwd)
-fi
-if wanted xfstests; then
-    [ -f "$XFSTESTS_LIST" ] || die "xfstests list $XFSTESTS_LIST not found"
-    XFSTESTS_TREE=${VFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vfsd}/xfstests
-    [ -x "$XFSTESTS_TREE/check" ] || die "no built fstests tree in $XFSTESTS_TREE: run scripts/build-xfstests.sh (scripts/setup.sh does)"
 fi
 
 # Check the daemons before spending time on anything else.
@@ -388,7 +356,7 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
     fi
 
     if wanted pjdfstest; then
-        run_test "$daemon" "$label" pjdfstest 0 900 "/guest-tests/pjdfstest.sh $PJDFSTEST_ARGS"
+        run_test "$daemon" "$label" pjdfstest 0 900 /guest-tests/pjdfstest.sh
         finish_test "$label" pjdfstest
         show '^pjdfstest: ([0-9]+ passed|FLAKY|KNOWN)'
         # Known failures of the host file system count too when daemons are compared.
@@ -401,21 +369,6 @@ print("guest-suite:     vfsd --stats: nowait_unsupported %s, READ requests %s, r
         run_test "$daemon" "$label" fsx 0 1200 "/guest-tests/fsx.sh -N $FSX_OPS -D $FSX_DIRECT_OPS"
         finish_test "$label" fsx
         show '^fsx: (PASS|FAIL|SKIP)'
-    fi
-
-    if wanted locks; then
-        # Two guests at once, each with its own daemon on one directory, and a host
-        # process: flock and fcntl conflicts and wake-ups (about a minute).  The
-        # full version (counters, kill -9 of a guest): scripts/guest-locks.sh --full.
-        # Under --cache never (FORGET follows each close) and auto, the default (RELEASE
-        # alone ends an open file's OFD locks).
-        for cache in never auto; do
-            name=locks; [ "$cache" = never ] || name=locks-$cache
-            host_test "$label" "$name" "guest-$name.log" 'FAIL|error' "$HERE/guest-locks.sh" --quick \
-                --cache "$cache" --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
-                --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
-            grep -E 'guest-locks:   guest' "$TEST_DIR/guest-$name.log" | sed "s/^guest-locks:   /guest-suite:     $name: /"
-        done
     fi
 
     if wanted stress-locks; then
@@ -464,31 +417,6 @@ print("guest-suite:     vfsd --stats: lock_edeadlk %s, lock_enolck %s" % (s.get(
             --daemon "$daemon" --test save,managedsave $lvlocks \
             --kernel "$KERNEL" --results {dir}/results
         grep -E '^\[(save|managedsave) ' "$TEST_DIR/libvirt.log" | grep -E 'virsh|guest ' | sed 's/^/guest-suite:     libvirt: /'
-    fi
-
-    if wanted twohosts; then
-        # Two guests on GlusterFS client mounts A and B: coherence per cache mode,
-        # parallel direct writes to one file, flock and fcntl between them.
-        host_test "$label" twohosts two-hosts.log 'FAIL|error' "$HERE/two-hosts.sh" \
-            --daemon "$daemon" ${DAEMON_ARGS:+--daemon-args "$DAEMON_ARGS"} \
-            --accel "$ACCEL" --kernel "$KERNEL" --initrd "$INITRD" --logs {dir}
-        grep -E '^two-hosts:   (\||locks: guest)' "$TEST_DIR/two-hosts.log" | sed 's/^two-hosts:   /guest-suite:     /'
-    fi
-
-    if wanted xfstests; then
-        # A guest (or more, after a hang) of its own with four shares; run-xfstests.sh
-        # prints a line per test, a summary and fails on any failure or "not run".
-        # --posix-acl: the list has ACL tests (issue 12), which are "not run" without it.
-        host_test "$label" xfstests run-xfstests.log '^(FAIL|UNRUN|NOTRUN) |run-xfstests: error' \
-            "$HERE/run-xfstests.sh" --daemon "$daemon" --daemon-args "--posix-acl${DAEMON_ARGS:+ $DAEMON_ARGS}" \
-            --accel "$ACCEL" --kernel "$KERNEL" --strict --test-timeout 300 \
-            --results {dir}/results "$XFSTESTS_LIST"
-        if [ "$TEST_OK" = 1 ]; then
-            rm -rf "$TEST_DIR/results/test" "$TEST_DIR/results/scratch"
-        else
-            say "  results: $TEST_DIR/results"
-        fi
-        grep -E '^passed [0-9]+, failed' "$TEST_DIR/run-xfstests.log" | sed 's/^/guest-suite:     xfstests: /'
     fi
 done
 

@@ -4,7 +4,9 @@
 //! process's flock and POSIX lock holding both guests off until it lets go. Under
 //! `--cache never` (a FORGET follows each close) and `auto`, the default (RELEASE alone
 //! ends an open file's OFD locks). The guests and the host meet through marker files in
-//! the share's `sync/`.
+//! the share's `sync/`. Full mode adds counters both guests increment under flock, under
+//! fcntl and without locks, and the host's kill -9 of guest A's QEMU while A holds locks
+//! guest B waits for.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,6 +42,37 @@ fn await_markers(sync: &Path, secs: u64, names: &[&str]) -> bool {
     true
 }
 
+/// The pid of the QEMU whose console is `console_prefix`*: the fixture does not hand out
+/// a running guest's pid.
+fn qemu_pid(console_prefix: &str) -> Option<u32> {
+    let want = format!("path={console_prefix}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        cmdline
+            .split(|&b| b == 0)
+            .any(|a| String::from_utf8_lossy(a).contains(&want))
+            .then_some(pid)
+    })
+}
+
+/// The host's part of step s5: once B waits for the locks A holds, kill -9 A's QEMU
+/// (found by its console, `console_prefix`*).
+fn host_kills_a(sync: &Path, console_prefix: &str) -> Result<(), String> {
+    if !await_markers(sync, 1800, &["B.s5-waiting"]) {
+        return Err("guest B never waited in s5".into());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let Some(pid) = qemu_pid(console_prefix) else {
+        let _ = std::fs::write(sync.join("host.abort"), "");
+        return Err(format!("guest A's QEMU ({console_prefix}*) not found"));
+    };
+    std::fs::write(sync.join("host.s5-killing"), "").map_err(|e| e.to_string())?;
+    // SAFETY: kill(2) on a pid just read from /proc; at worst it is gone already.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    Ok(())
+}
+
 /// The host's part of step s3: once both guests are ready, hold flock LOCK_EX and a
 /// POSIX write lock on 0-99 of host-file until both guests wait for them, then let go.
 fn host_role(share: &Path, tool: &Path) -> Result<(), String> {
@@ -73,6 +106,12 @@ fn host_role(share: &Path, tool: &Path) -> Result<(), String> {
 }
 
 fn locks_between_two_guests_and_the_host(name: &str, cache: &str) {
+    two_guests_and_the_host(name, cache, "quick")
+}
+
+/// `mode` is guest-tests/locks.sh's: quick, or full (counters and the kill -9 of A).
+fn two_guests_and_the_host(name: &str, cache: &str, mode: &str) {
+    let full = mode == "full";
     let dir = TestDir::new(name);
     let tool = host_lock_tool(&dir);
     let daemon = daemon_under_test();
@@ -87,17 +126,25 @@ fn locks_between_two_guests_and_the_host(name: &str, cache: &str) {
                 .timeout(Duration::from_secs(1800))
                 .share(Share::new(&share, "share0", daemon.clone(), &args))
         };
+        let console_a = format!("{}/a-{attempt}-console-boot", dir.path.display());
         let (runs, host) = std::thread::scope(|s| {
-            let host = s.spawn(|| host_role(&share, &tool));
+            let host = s.spawn(|| {
+                host_role(&share, &tool)?;
+                if full {
+                    host_kills_a(&share.join("sync"), &console_a)?;
+                }
+                Ok::<(), String>(())
+            });
             let runs = run_together(
                 &[
-                    (guest("A"), "/guest-tests/locks.sh A quick"),
-                    (guest("B"), "/guest-tests/locks.sh B quick"),
+                    (guest("A"), &format!("/guest-tests/locks.sh A {mode}")),
+                    (guest("B"), &format!("/guest-tests/locks.sh B {mode}")),
                 ],
                 attempt,
             );
             if runs
                 .iter()
+                .skip(usize::from(full))
                 .any(|r| r.status != crate::fixture::Status::Exited(0))
             {
                 // Whatever the host still waits for will not come.
@@ -116,9 +163,26 @@ fn locks_between_two_guests_and_the_host(name: &str, cache: &str) {
             );
             crate::record(&format!("{name} [{role}]"), run, &[&counts, &figures]);
         }
-        for run in &runs {
-            run.assert_success();
+        if full {
+            use std::os::unix::process::ExitStatusExt;
+            // A's QEMU was killed: no result, and its daemon left when its VMM went away.
+            let a = &runs[0];
+            assert!(
+                matches!(
+                    a.status,
+                    crate::fixture::Status::NoResult | crate::fixture::Status::DaemonDied(_)
+                ) && !a
+                    .daemon_exits
+                    .iter()
+                    .any(|e| e.is_some_and(|s| s.signal().is_some())),
+                "guest A: {:?} after its QEMU was killed\n{}",
+                a.status,
+                a.tail()
+            );
+        } else {
+            runs[0].assert_success();
         }
+        runs[1].assert_success();
         host.unwrap_or_else(|e| panic!("{e}"));
         for role in ["A", "B"] {
             let summary = std::fs::read_to_string(share.join(format!("sync/{role}.summary")))
@@ -152,5 +216,15 @@ fn locks_between_two_guests_and_the_host_under_cache_auto() {
     locks_between_two_guests_and_the_host(
         "locks_between_two_guests_and_the_host_under_cache_auto",
         "auto",
+    );
+}
+
+#[test]
+#[ignore = "needs QEMU and root"]
+fn lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest() {
+    two_guests_and_the_host(
+        "lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest",
+        "never",
+        "full",
     );
 }

@@ -12,6 +12,8 @@ mod fixture;
 mod data;
 mod fdwalk;
 mod features;
+#[cfg(feature = "gluster-tests")]
+mod gluster;
 mod idmap;
 mod libvirt;
 mod locks;

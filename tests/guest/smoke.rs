@@ -25,7 +25,7 @@ fn smoke(name: &str, qemu: Option<std::path::PathBuf>) {
     host_sees_what_the_guest_wrote(&share);
 }
 
-fn host_sees_what_the_guest_wrote(share: &Path) {
+pub(crate) fn host_sees_what_the_guest_wrote(share: &Path) {
     let st = Command::new("md5sum")
         .args(["--quiet", "-c", "../smoke-manifest.md5"])
         .current_dir(share.join("smoke-keep"))
