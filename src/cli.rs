@@ -174,6 +174,17 @@ pub struct Opt {
     #[arg(long)]
     pub no_readdirplus: bool,
 
+    /// Let the guest make idmapped mounts of the share (FUSE_ALLOW_IDMAP; virtiofsd always
+    /// offers it). The guest then names the caller only when it creates a node: a write
+    /// by root drops set-id bits too unless --killpriv-v2 is also given (docs/features.md)
+    #[arg(long)]
+    pub allow_idmap: bool,
+
+    /// After the frontend disconnects, serve the next one on the same socket (a VMM that
+    /// restarts, a guest booted again), each from a clean state, instead of exiting
+    #[arg(long)]
+    pub keep_listening: bool,
+
     /// Keep the guest's O_NOATIME on host opens (by default it is dropped: it gives EPERM on
     /// files the daemon does not own)
     #[arg(long)]

@@ -315,6 +315,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     )
     .map_err(E::Sandbox)?;
     crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
+    if opt.keep_listening {
+        // From here on, in a fresh child per frontend.
+        sandbox::serve_each_frontend_in_a_child(&mut confined).map_err(E::Sandbox)?;
+    }
 
     let mut cfg = Config::new(confined.root.clone());
     cfg.runtime_dir = confined.runtime_dir.take().map(Arc::new);
@@ -330,6 +334,7 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     // looked up for nothing.
     cfg.readdirplus = !opt.no_readdirplus && cfg.cache != crate::passthrough::CachePolicy::Never;
     cfg.preserve_noatime = opt.preserve_noatime;
+    cfg.allow_idmap = opt.allow_idmap;
     // Off unless asked for, as in virtiofsd: with it the guest kernel leaves clearing the
     // set-id bits to the daemon and keeps its cached mode, so a guest stat after a write
     // that cleared them showed them still set (xfstests generic/355). vfsd clears them for

@@ -397,6 +397,78 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketN
     std::process::exit(128 + sig);
 }
 
+/// Set by a termination signal to the `--keep-listening` parent: no next frontend.
+static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn relay_and_note(sig: libc::c_int) {
+    if sig == libc::SIGTERM || sig == libc::SIGINT {
+        TERMINATING.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    relay_signal(sig);
+}
+
+/// `--keep-listening`: forks a child per frontend. The child returns and serves one
+/// frontend from a clean state (every node, handle, fd and host lock of the one before
+/// went with its process); the parent, which never serves, waits for it and forks the
+/// next once it exited with status 0 (its frontend disconnected). A child that failed,
+/// or a termination signal (relayed to the child), ends the parent too, with the
+/// child's status; the parent removes the socket's name then. Must run before any
+/// thread is started. One child at a time, so nothing adds up across frontends.
+pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), String> {
+    let socket = confined.socket.take();
+    loop {
+        let blocked = block_relayed_signals();
+        // SAFETY: no other thread exists, so the child's copy of the process is consistent.
+        let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
+        if pid == 0 {
+            drop(socket);
+            // SAFETY: prctl with integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+            // The parent's relay would send a signal on to the previous child.
+            remember_early_signals();
+            // The inherited fd names the parent's /proc/PID/fd: this process's own, found
+            // through the same proc mount (which the sandbox no longer shows by path).
+            confined.proc_self_fd = sys::openat(
+                confined.proc_self_fd.as_raw_fd(),
+                c"../../self/fd",
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )
+            .map_err(|e| err("open this process's /proc/self/fd", e))?;
+            restore_signal_mask(&blocked);
+            return Ok(());
+        }
+        CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
+        install_handler(&RELAYED, relay_and_note);
+        restore_signal_mask(&blocked);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child; `status` is a valid out pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                std::process::exit(1);
+            }
+        }
+        let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        if clean && !TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
+            log::info!("listening for the next frontend (--keep-listening)");
+            continue;
+        }
+        if let Some(s) = socket {
+            s.remove();
+        }
+        if libc::WIFEXITED(status) {
+            std::process::exit(libc::WEXITSTATUS(status));
+        }
+        let sig = libc::WTERMSIG(status);
+        log::error!("the daemon serving a frontend was killed by signal {sig}");
+        std::process::exit(128 + sig);
+    }
+}
+
 /// The listening socket's name: its directory's fd, kept only by a process that never
 /// serves the guest (or by an unconfined daemon), and the socket file's identity, so that
 /// a socket another daemon has bound there since is left alone.

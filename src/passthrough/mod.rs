@@ -79,6 +79,8 @@ pub struct Config {
     /// Pass the guest's O_NOATIME to host opens (`--preserve-noatime`). By default it is
     /// dropped, as virtiofsd does: it fails with EPERM on files the daemon does not own.
     pub preserve_noatime: bool,
+    /// Offer FUSE_ALLOW_IDMAP (`--allow-idmap`): idmapped mounts of the share in the guest.
+    pub allow_idmap: bool,
     /// Offer FUSE_HANDLE_KILLPRIV_V2 (`--no-killpriv-v2` turns it off). vfsd drops
     /// privileges on data changes by non-root callers either way (see `killpriv`).
     pub killpriv_v2: bool,
@@ -129,6 +131,7 @@ impl Config {
             inode_file_handles: inode::FileHandleMode::Never,
             readdirplus: true,
             preserve_noatime: false,
+            allow_idmap: false,
             killpriv_v2: true,
             posix_lock: true,
             flock: true,
@@ -550,9 +553,11 @@ impl PassthroughFs {
         if self.cfg.readdirplus {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }
-        // Idmapped mounts of the share in the guest, as virtiofsd offers them. The guest
-        // then names the caller only in creates (`kill_privs` says what that changes).
-        want |= f::ALLOW_IDMAP;
+        // Idmapped mounts of the share in the guest. The guest then names the caller only in
+        // creates (`kill_privs` says what that changes), so only when asked for.
+        if self.cfg.allow_idmap {
+            want |= f::ALLOW_IDMAP;
+        }
         want
     }
 }

@@ -16,10 +16,11 @@ fn an_idmapped_mount_of_the_share_behaves_as_one_of_the_guests_tmpfs_in_each_cac
     let name = "an_idmapped_mount_of_the_share_behaves_as_one_of_the_guests_tmpfs";
     let dir = TestDir::new(name);
     let shares = [
-        vec!["--cache=never"],
-        vec!["--cache=auto"],
+        vec!["--cache=never", "--allow-idmap"],
+        vec!["--cache=auto", "--allow-idmap", "--killpriv-v2"],
         vec![
             "--cache=always",
+            "--allow-idmap",
             "--posix-acl",
             "--translate-uid=map:1000:5000:1",
             "--translate-gid=map:1000:5000:1",

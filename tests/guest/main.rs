@@ -15,6 +15,7 @@ mod features;
 #[cfg(feature = "gluster-tests")]
 mod gluster;
 mod idmap;
+mod keep_listening;
 mod libvirt;
 mod locks;
 mod migration;

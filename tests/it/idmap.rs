@@ -1,5 +1,5 @@
-//! FUSE_ALLOW_IDMAP: idmapped mounts of the share in the guest (Linux 6.12). vfsd offers
-//! it as virtiofsd 1.14 does. Once it is on, the guest kernel names the caller only in the
+//! FUSE_ALLOW_IDMAP: idmapped mounts of the share in the guest (Linux 6.12), offered with
+//! `--allow-idmap` (virtiofsd 1.14 always offers it). Once it is on, the guest kernel names the caller only in the
 //! requests that create a node (its ids mapped through the mount) and sends
 //! FUSE_INVALID_UIDGID (u32::MAX) in every other: vfsd must then neither take that for
 //! a user nor lose the set-id rules of a write.
@@ -37,7 +37,7 @@ fn session(d: &Daemon, extra: u64) -> (FuseClient, u64) {
 
 #[test]
 fn allow_idmap_is_offered_back_to_a_guest_that_offers_it() {
-    let d = Daemon::start(&["--cache", "never"]);
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap"]);
     let (c, f) = session(&d, 0);
     assert_ne!(f & ALLOW_IDMAP, 0, "flags {f:#x}");
     // The session works after it.
@@ -46,10 +46,20 @@ fn allow_idmap_is_offered_back_to_a_guest_that_offers_it() {
 
 #[test]
 fn allow_idmap_stays_off_for_a_guest_that_does_not_offer_it() {
-    let d = Daemon::start(&["--cache", "never"]);
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap"]);
     let c = FuseClient::new(d.frontend(FrontendConfig::default()));
     let out = c.init_ext(40, INIT_BIG_WRITES as u64 | 1 << 32).unwrap();
     assert_eq!(flags64(&out) & ALLOW_IDMAP, 0);
+}
+
+/// Off unless asked for: once on, no request but a create names its caller, and a root
+/// writer's set-id bits are no longer known to survive (see `kill_privs`).
+#[test]
+fn allow_idmap_is_offered_only_with_its_option() {
+    let d = Daemon::start(&["--cache", "never"]);
+    let (c, f) = session(&d, 0);
+    assert_eq!(f & ALLOW_IDMAP, 0, "flags {f:#x}");
+    c.getattr(1).unwrap();
 }
 
 fn setuid_file(d: &Daemon, name: &str) -> std::path::PathBuf {
@@ -74,7 +84,7 @@ fn write_as_unnamed(c: &FuseClient, name: &str, flags: u32) {
 #[ignore = "needs root"]
 fn with_killpriv_v2_an_unnamed_writer_drops_set_id_bits_only_when_the_guest_says_so() {
     require_root("files of other users and set-id bits kept by the daemon");
-    let d = Daemon::start(&["--cache", "never", "--killpriv-v2"]);
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap", "--killpriv-v2"]);
     let (c, f) = session(&d, HANDLE_KILLPRIV_V2);
     assert_ne!(f & HANDLE_KILLPRIV_V2, 0);
     let p = setuid_file(&d, "root-writes");
@@ -90,7 +100,7 @@ fn with_killpriv_v2_an_unnamed_writer_drops_set_id_bits_only_when_the_guest_says
 #[ignore = "needs root"]
 fn without_killpriv_v2_an_unnamed_writer_drops_set_id_bits_as_any_non_root_writer() {
     require_root("files of other users and set-id bits kept by the daemon");
-    let d = Daemon::start(&["--cache", "never"]);
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap"]);
     let (c, _) = session(&d, HANDLE_KILLPRIV_V2);
     let p = setuid_file(&d, "f");
     // No flag can say who writes: a user's write to a set-uid file must not keep it.
@@ -102,7 +112,7 @@ fn without_killpriv_v2_an_unnamed_writer_drops_set_id_bits_as_any_non_root_write
 #[ignore = "needs root"]
 fn a_create_is_owned_by_the_ids_the_guest_sends_and_refused_for_an_unnamed_caller() {
     require_root("files of other users and set-id bits kept by the daemon");
-    let d = Daemon::start(&["--cache", "never"]);
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap"]);
     std::fs::set_permissions(d.share.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let (c, _) = session(&d, 0);
     // The kernel maps the creator through the mount's idmapping and sends that.

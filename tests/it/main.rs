@@ -21,6 +21,7 @@ mod hostile_requests;
 mod idmap;
 mod init;
 mod ioctl;
+mod keep_listening;
 mod killpriv;
 mod locks;
 mod migration;

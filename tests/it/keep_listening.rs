@@ -1,0 +1,110 @@
+//! `--keep-listening`: after its frontend disconnects, vfsd serves the next one on the same
+//! socket, from a clean state: no fd, handle or host lock of a frontend outlives it.
+
+use std::time::{Duration, Instant};
+
+use crate::common::{host_flock, host_ofd_lock, Daemon, ROOT};
+use vfsd::frontend::fuse::*;
+
+/// Open fds of `pid` and every process below it.
+fn fds_of_tree(pid: i32) -> usize {
+    let mut n = 0;
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        n += std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count());
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let c = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+            }
+        }
+    }
+    n
+}
+
+/// Waits until the host can take both kinds of lock on `path` (the frontend's session is
+/// gone), at most 10 s.
+fn wait_unlocked(path: &std::path::Path) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let (flock_ok, _f) = host_flock(path, libc::LOCK_EX);
+        if flock_ok && host_ofd_lock(path, libc::F_WRLCK, 0, 0) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn three_frontends_in_a_row_each_start_with_no_fd_handle_or_lock_of_the_one_before() {
+    // Each sandbox mode reaches /proc differently; chroot needs root.
+    let modes: &[&str] = if crate::common::is_root() {
+        &["namespace", "chroot", "none"]
+    } else {
+        &["namespace", "none"]
+    };
+    for mode in modes {
+        rounds(mode);
+    }
+}
+
+fn rounds(sandbox: &str) {
+    let mut d = Daemon::start(&["--cache", "never", "--keep-listening", "--sandbox", sandbox]);
+    let path = d.path("f");
+    std::fs::write(&path, b"data").unwrap();
+    let mut baseline = None;
+    for round in 0..4 {
+        let c = d.client();
+        // What a frontend that has just INITed holds: the same every time.
+        let fds = fds_of_tree(d.pid());
+        assert_eq!(
+            *baseline.get_or_insert(fds),
+            fds,
+            "{sandbox}, round {round}: fds left over"
+        );
+        let e = c.lookup(ROOT, "f").unwrap();
+        let a = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        let b = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        c.setlk(e.nodeid, a.fh, 1, Lock::flock(libc::F_WRLCK))
+            .unwrap();
+        c.setlk(e.nodeid, b.fh, 2, Lock::range(0, 99, libc::F_WRLCK, 7))
+            .unwrap();
+        let (ok, _f) = host_flock(&path, libc::LOCK_EX);
+        assert!(
+            !ok,
+            "{sandbox}, round {round}: the frontend's flock is not on the host"
+        );
+        assert!(!host_ofd_lock(&path, libc::F_WRLCK, 0, 10));
+        // The frontend goes away without releasing anything, as a VMM that quits.
+        drop(c);
+        assert!(
+            wait_unlocked(&path),
+            "{sandbox}, round {round}: a lock outlived its frontend"
+        );
+        assert!(
+            d.wait_exit(Duration::from_millis(200)).is_none(),
+            "{sandbox}, round {round}: vfsd exited after its frontend left"
+        );
+    }
+}
+
+#[test]
+fn without_keep_listening_vfsd_exits_when_its_frontend_leaves() {
+    let mut d = Daemon::start(&["--cache", "never"]);
+    drop(d.client());
+    let st = d.wait_exit(Duration::from_secs(10)).expect("still running");
+    assert!(st.success(), "{st:?}");
+}
+
+#[test]
+fn a_termination_signal_ends_a_keep_listening_vfsd_and_removes_its_socket() {
+    let mut d = Daemon::start(&["--cache", "never", "--keep-listening"]);
+    let c = d.client();
+    c.getattr(1).unwrap();
+    // SAFETY: kill on the daemon we spawned.
+    unsafe { libc::kill(d.pid(), libc::SIGTERM) };
+    let st = d.wait_exit(Duration::from_secs(10)).expect("still running");
+    assert!(st.success(), "{st:?}");
+    assert!(!d.sock.exists(), "the socket's name is left behind");
+}
