@@ -1,5 +1,5 @@
 #!/bin/sh
-# Coherence between two guests on two "hosts" (issue 14): guest A changes a file
+# Coherence between two guests on two "hosts": guest A changes a file
 # through its share, guest B, whose daemon serves another client mount of the
 # same distributed file system, waits until it sees the change whole, and the
 # delay is measured on the host's clock.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# A tree of more files than the daemon may hold fds (issue 21): the host side runs the
+# A tree of more files than the daemon may hold fds: the host side runs the
 # daemon at --rlimit-nofile=1024 and makes a 6,000-file tree (60 directories of 100) in
 # $VFSD_SHARE/fdwalk-tree (without one, the guest makes it); the guest walks it (find),
 # reads and stats every file, and creates 60 more, all while
@@ -21,7 +21,7 @@ START=$(date +%s)
 say() { echo "fdwalk: $* (t=$(( $(date +%s) - START ))s)"; }
 
 if [ -d "$VFSD_SHARE/fdwalk-tree" ]; then
-    # Made by the host before the boot (scripts/guest-suite.sh): nothing of it is known
+    # Made by the host before the boot (tests/guest/fdwalk.rs): nothing of it is known
     # to the guest yet.
     D=$VFSD_SHARE/fdwalk-tree
     say "walking the host-made tree"

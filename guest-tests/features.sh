@@ -1,6 +1,6 @@
 #!/bin/sh
-# Features a virtiofsd user may rely on (issue 12), from a real guest kernel. The host
-# starts the daemon with the options each section needs (scripts/guest-suite.sh,
+# Features a virtiofsd user may rely on , from a real guest kernel. The host
+# starts the daemon with the options each section needs (tests/guest/features.rs,
 # "features": --cache never --allow-mmap ...); a section whose feature the daemon was
 # not given fails rather than skips, so the suite can't pass on a daemon without it.
 #

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Locks between two real guests and the host (issue 11, "In real guests").
+# Locks between two real guests and the host.
 #
 # Usage (in the guest): /guest-tests/locks.sh A|B [quick|full|counter] [N]
 # Two guests run it at once, one as A and one as B, each with its own vfsd on

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Set-id bits and non-root creates, from a real guest kernel (issue 10, items 1 and 2).
+# Set-id bits and non-root creates, from a real guest kernel.
 #
 # 1. Guest root makes a file mode 06777 in a 0777 directory. User nobody then appends,
 #    writes 4 KiB with O_DIRECT, writes through the page cache, truncates and
@@ -11,7 +11,7 @@
 #    (these failed with EPERM under --inode-file-handles mandatory/prefer).
 #
 # Runs in the busybox guest: /guest-tests/setid.sh [LABEL] in $VFSD_SHARE; the daemon's
-# cache and file-handle modes are chosen on the host (guest-suite.sh boots it once per
+# cache and file-handle modes are chosen on the host (tests/guest/setid.rs boots it once per
 # combination); LABEL only names them in the output.
 # Exit status: 0 if every check passed, 1 otherwise.
 
