@@ -619,30 +619,8 @@ fn guest_for<'a>(
         .share(Share::new(share, "share0", daemon.clone(), &args))
 }
 
-/// Sets an environment variable for as long as it lives (the daemons it starts inherit it).
-struct EnvFor(&'static str, Option<std::ffi::OsString>);
-
-impl EnvFor {
-    fn set(key: &'static str, value: &Path) -> EnvFor {
-        let old = std::env::var_os(key);
-        std::env::set_var(key, value);
-        EnvFor(key, old)
-    }
-}
-
-impl Drop for EnvFor {
-    fn drop(&mut self) {
-        match &self.1 {
-            Some(v) => std::env::set_var(self.0, v),
-            None => std::env::remove_var(self.0),
-        }
-    }
-}
-
 /// Starts the daemons of destination `label`; without `handover`, with an
-/// XDG_RUNTIME_DIR of their own, where the source's handover socket is not. The fixture
-/// passes the test's environment on; it is changed only while they start (a test holding
-/// every guest slot starts no other daemon meanwhile).
+/// XDG_RUNTIME_DIR of their own, where the source's handover socket is not.
 fn start_destination_daemons(
     guest: &Guest,
     dir: &TestDir,
@@ -653,8 +631,7 @@ fn start_destination_daemons(
         return guest.start_daemons(label);
     }
     let runtime = dir.dir(&format!("runtime-{label}"));
-    let _env = EnvFor::set("XDG_RUNTIME_DIR", &runtime);
-    guest.start_daemons(label)
+    guest.start_daemons_with_env(label, &[("XDG_RUNTIME_DIR", &runtime)])
 }
 
 /// Renames `path` in `share` to PATH.moved, or back.
