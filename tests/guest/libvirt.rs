@@ -848,3 +848,81 @@ fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
     let result = s.assert_guest_passed(URI, "on the config's share");
     crate::fixture::summarize(name, &format!("guest: {result}"));
 }
+
+/// Whether a process runs `exe`.
+fn running(exe: &Path) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|p| std::fs::read_link(p.path().join("exe")).is_ok_and(|e| e == exe))
+}
+
+/// The Debian package (scripts/package.sh) installs vfsd as /usr/libexec/vfsd with a
+/// vhost-user descriptor, /usr/share/qemu/vhost-user/50-vfsd.json: libvirt then starts
+/// vfsd for a `<filesystem>` that names no `<binary>`, and the guest mounts the share.
+#[test]
+#[ignore = "needs QEMU and root"]
+fn libvirt_starts_the_packaged_vfsd_from_its_descriptor_for_a_filesystem_without_binary() {
+    let name = "libvirt_starts_the_packaged_vfsd_from_its_descriptor";
+    let s = Setup::new(name, "package");
+    let repo = crate::fixture::repo();
+    let out = Command::new(repo.join("scripts/package.sh"))
+        .arg("--prebuilt")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/package.sh: {}", stderr(&out));
+    let deb = repo.join(String::from_utf8_lossy(&out.stdout).trim());
+    let installed_before = Command::new("dpkg")
+        .args(["-s", "vfsd"])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    let o = Command::new("apt-get")
+        .args(["install", "-y", "-q", "--allow-downgrades"])
+        .arg(&deb)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "apt-get install {}: {}",
+        deb.display(),
+        stderr(&o)
+    );
+    struct Remove(bool);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            if !self.0 {
+                let _ = Command::new("dpkg").args(["-r", "vfsd"]).output();
+            }
+        }
+    }
+    let _remove = Remove(installed_before);
+    let libexec = Path::new("/usr/libexec/vfsd");
+    assert!(Path::new("/usr/share/qemu/vhost-user/50-vfsd.json").is_file());
+    let fs = format!(
+        "<filesystem type='mount' accessmode='passthrough'>
+      <driver type='virtiofs' queue='1024'/>
+      <source dir='{}'/>
+      <target dir='share0'/>
+    </filesystem>",
+        s.share.display()
+    );
+    let xml = s.xml(&fs, "mount");
+    let _slot = Slot::take(1);
+    let _guard = Domain(s.domain.clone());
+    let o = virsh(&["create", &xml]);
+    assert!(o.status.success(), "virsh create: {}", stderr(&o));
+    let t = Instant::now();
+    while !running(libexec) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "libvirt started no /usr/libexec/vfsd:\n{}",
+            s.console_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = s.assert_guest_passed(URI, "on the packaged vfsd");
+    crate::fixture::summarize(name, &format!("guest: {result}"));
+}

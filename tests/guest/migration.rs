@@ -1155,6 +1155,7 @@ fn migration_through_a_file_keeps_open_files_locks_and_a_lock_wait() {
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn a_daemon_that_loaded_the_state_saves_it_again_through_three_migrations_in_a_row() {
@@ -1168,6 +1169,7 @@ fn a_daemon_that_loaded_the_state_saves_it_again_through_three_migrations_in_a_r
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn an_open_unlinked_file_moves_with_its_data_under_migration_mode_file_handles() {
@@ -1261,6 +1263,7 @@ fn without_a_return_path_a_source_resumed_with_cont_after_a_failed_load_goes_on(
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn live_migration_without_a_return_path_keeps_open_files_and_locks() {
@@ -1308,6 +1311,7 @@ fn a_file_renamed_on_the_host_during_precopy_is_found_with_migration_confirm_pat
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn every_file_passes_the_destinations_check_under_migration_verify_handles() {
