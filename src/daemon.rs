@@ -467,6 +467,12 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
             info!("frontend disconnected; exiting");
             Ok(())
         }
+        // A frontend that broke the protocol ends its own session only: the next one is
+        // served (the parent goes on after a clean exit).
+        Err(e) if opt.keep_listening => {
+            log::error!("vhost-user connection failed: {e}; listening for the next frontend");
+            Ok(())
+        }
         Err(e) => Err(E::Device(format!("vhost-user connection failed: {e}"))),
     }
 }

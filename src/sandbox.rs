@@ -416,8 +416,19 @@ extern "C" fn relay_and_note(sig: libc::c_int) {
 /// thread is started. One child at a time, so nothing adds up across frontends.
 pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), String> {
     let socket = confined.socket.take();
+    // Children must stay ours to wait for, whatever the launcher ignored.
+    // SAFETY: restoring a default disposition.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     loop {
         let blocked = block_relayed_signals();
+        // A termination signal during start-up (noted, not acted on) or between two
+        // frontends: no next one.
+        if early_signal().is_some() || TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(s) = socket {
+                s.remove();
+            }
+            std::process::exit(0);
+        }
         // SAFETY: no other thread exists, so the child's copy of the process is consistent.
         let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
         if pid == 0 {
@@ -426,6 +437,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
             // The parent's relay would send a signal on to the previous child.
             remember_early_signals();
+            EARLY_SIGNAL.store(0, std::sync::atomic::Ordering::Relaxed);
             // The inherited fd names the parent's /proc/PID/fd: this process's own, found
             // through the same proc mount (which the sandbox no longer shows by path).
             confined.proc_self_fd = sys::openat(
@@ -452,9 +464,12 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
                 std::process::exit(1);
             }
         }
+        // Nothing to relay to until the next fork (the pid may be reused).
+        CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
         let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-        if clean && !TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
-            log::info!("listening for the next frontend (--keep-listening)");
+        if clean {
+            // The loop's top decides, with the signals blocked, whether one came.
+            log::info!("frontend gone (--keep-listening)");
             continue;
         }
         if let Some(s) = socket {
@@ -559,7 +574,10 @@ impl StatsFile {
         use std::os::unix::fs::FileExt;
         let mut g = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let mut buf = data.to_vec();
-        buf.resize(buf.len().max(g.1.saturating_sub(1)), b' ');
+        // Over the longest dump so far: this process's, or another's (the child of an
+        // earlier frontend under --keep-listening wrote the same file).
+        let on_disk = g.0.metadata().map_or(0, |m| m.len() as usize);
+        buf.resize(buf.len().max(g.1.max(on_disk).saturating_sub(1)), b' ');
         buf.push(b'\n');
         g.0.write_all_at(&buf, 0)?;
         g.1 = buf.len();

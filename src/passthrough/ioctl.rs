@@ -200,13 +200,18 @@ impl PassthroughFs {
             if !self.cfg.allow_project_id {
                 self.check_project_kept(&fd, cmd, &arg)?;
             }
-            // With FUSE_ALLOW_IDMAP the guest names no caller here: its kernel checked the
-            // change (owner, CAP_LINUX_IMMUTABLE) before sending it.
-            let _cred = if ctx.uid == crate::abi::FUSE_INVALID_UIDGID {
-                None
-            } else {
-                Some(self.creator(ctx, &[])?)
+            // With FUSE_ALLOW_IDMAP the guest names no caller here (its kernel checked the
+            // owner and CAP_LINUX_IMMUTABLE): act as the most it could be, the guest's root
+            // through the id translation. Without the flag, u32::MAX is an id like any
+            // other, which no thread can take (EPERM).
+            let unnamed = ctx.uid == crate::abi::FUSE_INVALID_UIDGID
+                && self.enabled(crate::abi::flags::ALLOW_IDMAP);
+            let root = Context {
+                uid: 0,
+                gid: 0,
+                pid: ctx.pid,
             };
+            let _cred = self.creator(if unnamed { &root } else { ctx }, &[])?;
             host_ioctl(&fd, cmd, &mut arg)?;
             return Ok((0, Vec::new()));
         }

@@ -390,25 +390,27 @@ impl PassthroughFs {
         }
     }
 
-    /// Host attributes as the guest sees them (`--translate-uid/gid`): every attribute
-    /// reply passes here.
-    /// The caller's gid on the host (`--translate-gid`); one no host file has when the
-    /// translation forbids it, so no group membership is assumed.
     /// Whether a data change by the request's caller (`uid`, `gid`: the guest's ids) drops
     /// set-id bits and file capabilities: Some(the caller's host gid) or None (see
-    /// `killpriv`). `asked` is the request's KILL_SUIDGID flag.
-    pub fn kill_privs(&self, uid: u32, gid: u32, asked: bool) -> Option<u32> {
+    /// `killpriv`). `asked` is the request's KILL_SUIDGID flag, None for an opcode that
+    /// has none (FALLOCATE, COPY_FILE_RANGE).
+    pub fn kill_privs(&self, uid: u32, gid: u32, asked: Option<bool>) -> Option<u32> {
         let host_gid = self.cfg.id_translate.gid.to_host(gid).unwrap_or(u32::MAX);
-        if uid == crate::abi::FUSE_INVALID_UIDGID {
-            // FUSE_ALLOW_IDMAP: no caller named outside creates. With HANDLE_KILLPRIV_V2 the
-            // guest's flag says whether the caller lacks CAP_FSETID; without it the change
-            // drops them as any non-root caller's would (root's direct writes too).
-            return (asked || !self.enabled(crate::abi::flags::HANDLE_KILLPRIV_V2))
-                .then_some(host_gid);
+        if uid == crate::abi::FUSE_INVALID_UIDGID && self.enabled(crate::abi::flags::ALLOW_IDMAP) {
+            // No caller named outside creates. With HANDLE_KILLPRIV_V2 the guest's flag says
+            // whether the caller lacks CAP_FSETID; without it, or with no flag to send, the
+            // change drops them as any non-root caller's would (root's too).
+            let drop = match asked {
+                Some(flag) => flag || !self.enabled(crate::abi::flags::HANDLE_KILLPRIV_V2),
+                None => true,
+            };
+            return drop.then_some(host_gid);
         }
-        killpriv::needed(uid, host_gid, asked)
+        killpriv::needed(uid, host_gid, asked.unwrap_or(false))
     }
 
+    /// The caller's gid on the host (`--translate-gid`); one no host file has when the
+    /// translation forbids it, so no group membership is assumed.
     pub fn host_gid(&self, ctx: &Context) -> u32 {
         self.cfg
             .id_translate
@@ -417,6 +419,8 @@ impl PassthroughFs {
             .unwrap_or(u32::MAX)
     }
 
+    /// Host attributes as the guest sees them (`--translate-uid/gid`): every attribute
+    /// reply passes here.
     pub(crate) fn guest_attr(&self, st: libc::stat64) -> libc::stat64 {
         self.cfg.id_translate.stat_to_guest(st)
     }
@@ -577,7 +581,7 @@ impl PassthroughFs {
         let kill = self.kill_privs(
             ctx.uid,
             ctx.gid,
-            args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+            Some(args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0),
         );
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
         self.do_create(ctx, parent, name, args.flags, mode, kill, ext, wait)
@@ -593,7 +597,11 @@ impl PassthroughFs {
         fuse_flags: u32,
         wait: OpenWait,
     ) -> io::Result<(u64, OpenOptions)> {
-        let kill = self.kill_privs(ctx.uid, ctx.gid, fuse_flags & FOPEN_IN_KILL_SUIDGID != 0);
+        let kill = self.kill_privs(
+            ctx.uid,
+            ctx.gid,
+            Some(fuse_flags & FOPEN_IN_KILL_SUIDGID != 0),
+        );
         self.do_open(inode, flags, kill, wait)
     }
 
@@ -685,7 +693,11 @@ impl FileSystem for PassthroughFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(libc::stat64, Duration)> {
-        let kill = self.kill_privs(ctx.uid, ctx.gid, valid.contains(SetattrValid::KILL_SUIDGID));
+        let kill = self.kill_privs(
+            ctx.uid,
+            ctx.gid,
+            Some(valid.contains(SetattrValid::KILL_SUIDGID)),
+        );
         self.do_setattr(inode, attr, handle, valid, kill)
     }
 
@@ -824,7 +836,7 @@ impl FileSystem for PassthroughFs {
         _flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        let kill = self.kill_privs(ctx.uid, ctx.gid, fuse_flags & WRITE_KILL_PRIV != 0);
+        let kill = self.kill_privs(ctx.uid, ctx.gid, Some(fuse_flags & WRITE_KILL_PRIV != 0));
         self.do_write(inode, handle, r, size, offset, kill)
     }
 
@@ -847,7 +859,7 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        let kill = self.kill_privs(ctx.uid, ctx.gid, false);
+        let kill = self.kill_privs(ctx.uid, ctx.gid, None);
         self.do_fallocate(inode, handle, mode, offset, length, kill)
     }
 

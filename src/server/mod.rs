@@ -693,7 +693,7 @@ impl FuseServer {
                 // The reply carries a u32 count; keep within it (as the kernel does).
                 let len = a.len.min(u32::MAX as u64 & !0xfff);
                 self.fs.copy_file_range(
-                    self.fs.kill_privs(hdr.uid, hdr.gid, false),
+                    self.fs.kill_privs(hdr.uid, hdr.gid, None),
                     hdr.nodeid,
                     a.fh_in,
                     a.offset_in,

@@ -70,7 +70,11 @@ pub fn write(
     let hdr = req.hdr;
     // As write(2): writing nothing leaves the set-id bits alone.
     let kill = fs
-        .kill_privs(hdr.uid, hdr.gid, args.fuse_flags & WRITE_KILL_PRIV != 0)
+        .kill_privs(
+            hdr.uid,
+            hdr.gid,
+            Some(args.fuse_flags & WRITE_KILL_PRIV != 0),
+        )
         .filter(|_| size > 0);
     // SAFETY: each iovec spans mapped guest memory (get_slice checked the bounds) that
     // stays mapped while `mem` lives, for the whole call; pwritev only reads it.

@@ -138,3 +138,49 @@ fn a_create_is_owned_by_the_ids_the_guest_sends_and_refused_for_an_unnamed_calle
     assert!(r.is_err(), "a create by an unnamed caller succeeded");
     assert!(!d.path("unnamed").exists());
 }
+
+/// FALLOCATE and COPY_FILE_RANGE carry no KILL_SUIDGID flag, so an unnamed caller's drops
+/// the set-id bits even with `--killpriv-v2` (a review found them kept).
+#[test]
+#[ignore = "needs root"]
+fn an_unnamed_callers_fallocate_and_copy_into_a_set_id_file_drop_its_bits() {
+    require_root("files of other users and set-id bits kept by the daemon");
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap", "--killpriv-v2"]);
+    let (c, _) = session(&d, HANDLE_KILLPRIV_V2);
+    let p = setuid_file(&d, "fallocated");
+    let e = c.lookup(ROOT, "fallocated").unwrap();
+    let o = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    c.as_caller(INVALID, |c| c.fallocate(e.nodeid, o.fh, 0, 0, 65536))
+        .unwrap();
+    assert_eq!(mode_of(&p), 0o755);
+    let q = setuid_file(&d, "copied-into");
+    std::fs::write(d.path("source"), b"data").unwrap();
+    let s = c.lookup(ROOT, "source").unwrap();
+    let so = c.open(s.nodeid, libc::O_RDONLY as u32).unwrap();
+    let t = c.lookup(ROOT, "copied-into").unwrap();
+    let to = c.open(t.nodeid, libc::O_RDWR as u32).unwrap();
+    c.as_caller(INVALID, |c| {
+        c.copy_file_range(s.nodeid, so.fh, 0, t.nodeid, to.fh, 0, 4)
+    })
+    .unwrap();
+    assert_eq!(mode_of(&q), 0o755);
+}
+
+/// Without FUSE_ALLOW_IDMAP negotiated, u32::MAX is an ordinary non-root id: a write
+/// without the flag drops the bits, as any user's (the unnamed-caller rule is the
+/// session's, not the request's).
+#[test]
+#[ignore = "needs root"]
+fn without_the_flag_negotiated_u32_max_counts_as_a_user() {
+    require_root("files of other users and set-id bits kept by the daemon");
+    let d = Daemon::start(&["--cache", "never", "--allow-idmap", "--killpriv-v2"]);
+    let c = FuseClient::new(d.frontend(FrontendConfig::default()));
+    c.init_ext(
+        40,
+        HANDLE_KILLPRIV_V2 | INIT_BIG_WRITES as u64 | INIT_MAX_PAGES as u64,
+    )
+    .unwrap();
+    let p = setuid_file(&d, "f");
+    write_as_unnamed(&c, "f", 0);
+    assert_eq!(mode_of(&p), 0o755);
+}

@@ -633,3 +633,77 @@ fn setflags_refuses_a_forbidden_guest_uid() {
         );
     });
 }
+
+/// The caller FUSE_ALLOW_IDMAP leaves unnamed (FUSE_INVALID_UIDGID).
+const UNNAMED: Caller = Caller {
+    uid: u32::MAX,
+    gid: u32::MAX,
+    pid: 77,
+};
+
+fn squashed_root(extra: &[&str]) -> (Daemon, PathBuf, PathBuf) {
+    let mut args = vec![
+        "--translate-uid",
+        "squash-guest:0:4321:1",
+        "--translate-gid",
+        "squash-guest:0:4321:1",
+    ];
+    args.extend(extra);
+    let d = Daemon::start(&args);
+    let roots = d.path("roots-file");
+    File::create(&roots).unwrap();
+    let mine = d.path("squashed-roots-file");
+    File::create(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(4321), Some(4321)).unwrap();
+    (d, roots, mine)
+}
+
+/// Without FUSE_ALLOW_IDMAP, u32::MAX is an id like any other: a hostile guest sending
+/// it gets no host root for a flag change (a review found the unnamed caller's change
+/// made with the daemon's credentials, around the translation).
+#[test]
+#[ignore = "needs root"]
+fn setflags_by_an_unnamed_caller_is_refused_without_allow_idmap() {
+    require_root("needs root");
+    let (d, roots, _) = squashed_root(&["--allow-idmap"]);
+    if !host_supports_flags(&d) {
+        return;
+    }
+    let _u = Unflag(vec![roots.clone()]);
+    let c = d.client();
+    let node = c.lookup(ROOT, "roots-file").unwrap().nodeid;
+    let r = c.as_caller(UNNAMED, |c| chattr(c, node, false, IMMUTABLE | NODUMP, 0));
+    assert_eq!(errno(r), libc::EPERM);
+    assert_eq!(host_flags(&roots) & (IMMUTABLE | NODUMP), 0);
+}
+
+/// With FUSE_ALLOW_IDMAP an unnamed caller's flag change is made as the most the guest
+/// could be, its root through the translation: refused on a host root's file, allowed on
+/// the squashed id's own.
+#[test]
+#[ignore = "needs root"]
+fn setflags_by_an_unnamed_caller_under_allow_idmap_acts_as_the_translated_guest_root() {
+    require_root("needs root");
+    let (d, roots, mine) = squashed_root(&["--allow-idmap"]);
+    if !host_supports_flags(&d) {
+        return;
+    }
+    let _u = Unflag(vec![roots.clone(), mine.clone()]);
+    let c = FuseClient::new(d.frontend(Default::default()));
+    const ALLOW_IDMAP: u64 = 1 << 40;
+    let out = c
+        .init_ext(
+            40,
+            ALLOW_IDMAP | INIT_BIG_WRITES as u64 | INIT_MAX_PAGES as u64,
+        )
+        .unwrap();
+    assert_ne!((out.flags2 as u64) << 32 & ALLOW_IDMAP, 0);
+    let node = c.lookup(ROOT, "roots-file").unwrap().nodeid;
+    let r = c.as_caller(UNNAMED, |c| chattr(c, node, false, NODUMP, 0));
+    assert_eq!(errno(r), libc::EPERM, "host root's file changed as root");
+    assert_eq!(host_flags(&roots) & NODUMP, 0);
+    let node = c.lookup(ROOT, "squashed-roots-file").unwrap().nodeid;
+    c.as_caller(UNNAMED, |c| chattr(c, node, false, NODUMP, 0))
+        .unwrap();
+    assert_ne!(host_flags(&mine) & NODUMP, 0);
+}

@@ -37,7 +37,7 @@ fn wait_unlocked(path: &std::path::Path) -> bool {
 }
 
 #[test]
-fn three_frontends_in_a_row_each_start_with_no_fd_handle_or_lock_of_the_one_before() {
+fn four_frontends_in_a_row_each_start_with_no_fd_handle_or_lock_of_the_one_before() {
     // Each sandbox mode reaches /proc differently; chroot needs root.
     let modes: &[&str] = if crate::common::is_root() {
         &["namespace", "chroot", "none"]
@@ -63,6 +63,9 @@ fn rounds(sandbox: &str) {
             fds,
             "{sandbox}, round {round}: fds left over"
         );
+        // Each child writes the statistics file afresh: still one JSON document.
+        let st = d.stats();
+        assert!(st.is_object(), "{sandbox}, round {round}: {st}");
         let e = c.lookup(ROOT, "f").unwrap();
         let a = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
         let b = c.open(e.nodeid, libc::O_RDWR as u32).unwrap();
@@ -102,6 +105,29 @@ fn a_termination_signal_ends_a_keep_listening_vfsd_and_removes_its_socket() {
     let mut d = Daemon::start(&["--cache", "never", "--keep-listening"]);
     let c = d.client();
     c.getattr(1).unwrap();
+    // SAFETY: kill on the daemon we spawned.
+    unsafe { libc::kill(d.pid(), libc::SIGTERM) };
+    let st = d.wait_exit(Duration::from_secs(10)).expect("still running");
+    assert!(st.success(), "{st:?}");
+    assert!(!d.sock.exists(), "the socket's name is left behind");
+}
+
+/// A frontend that sends garbage ends its own session, not the daemon: the next one is
+/// served. A SIGTERM between two frontends ends it and removes the socket.
+#[test]
+fn a_frontend_that_breaks_the_protocol_leaves_the_next_one_served() {
+    use std::io::Write;
+    let mut d = Daemon::start(&["--cache", "never", "--keep-listening"]);
+    let mut s = std::os::unix::net::UnixStream::connect(&d.sock).unwrap();
+    s.write_all(&[0xff; 12]).unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        d.wait_exit(Duration::from_millis(200)).is_none(),
+        "vfsd exited"
+    );
+    d.client().getattr(1).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
     // SAFETY: kill on the daemon we spawned.
     unsafe { libc::kill(d.pid(), libc::SIGTERM) };
     let st = d.wait_exit(Duration::from_secs(10)).expect("still running");
