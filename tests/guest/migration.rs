@@ -516,6 +516,7 @@ fn host_lock_probes_are_refused_held_locks_and_granted_free_ones() {
 
 /// When the host renames a file the guest has open, in the first migration.
 #[derive(Clone, Copy, PartialEq, Debug)]
+#[cfg_attr(not(feature = "extended-guest-tests"), allow(dead_code))]
 pub enum RenameAt {
     /// After the source daemon saved its state and before the destination daemon loads it
     /// (held with SIGSTOP until then): a find-paths destination can't find the file.
@@ -668,6 +669,7 @@ fn assert_daemons_ended(d: &mut crate::fixture::guest::Daemons, which: &str) {
 /// first; and `--migration-mode find-paths`, the default, as two mounts' file handles
 /// differ. The logs go in `target/guest-tests/<name>`; the test's files go in `mig/` of
 /// the directory.
+#[cfg_attr(not(feature = "extended-guest-tests"), allow(dead_code))]
 pub fn migrate_between_two_views(name: &str, share_a: &Path, share_b: &Path, plan: Plan) {
     run(
         name,
@@ -1242,6 +1244,7 @@ fn without_the_handover_an_open_unlinked_file_fails_the_migration_and_the_source
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn without_a_return_path_a_source_resumed_with_cont_after_a_failed_load_goes_on() {
@@ -1276,6 +1279,7 @@ fn live_migration_without_a_return_path_keeps_open_files_and_locks() {
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn a_file_renamed_on_the_host_between_save_and_load_fails_the_migration_and_the_source_goes_on() {
@@ -1294,6 +1298,7 @@ fn a_file_renamed_on_the_host_between_save_and_load_fails_the_migration_and_the_
     );
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn a_file_renamed_on_the_host_during_precopy_is_found_with_migration_confirm_paths() {
@@ -1348,8 +1353,10 @@ fn no_host_process_gets_a_lock_the_guest_holds_during_two_migrations() {
 }
 
 /// A bind mount, unmounted when dropped.
+#[cfg_attr(not(feature = "extended-guest-tests"), allow(dead_code))]
 struct BindMount(PathBuf);
 
+#[cfg_attr(not(feature = "extended-guest-tests"), allow(dead_code))]
 impl BindMount {
     fn new(from: &Path, at: &Path) -> BindMount {
         let st = Command::new("mount")
@@ -1374,6 +1381,7 @@ impl Drop for BindMount {
     }
 }
 
+#[cfg(feature = "extended-guest-tests")]
 #[test]
 #[ignore = "needs QEMU and root"]
 fn a_destination_daemon_serving_a_bind_mount_of_the_directory_takes_over_files_and_locks() {
