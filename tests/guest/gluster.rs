@@ -452,3 +452,24 @@ fn gluster_xfstests_list_on_mount_a() {
         summary.text
     );
 }
+
+/// Live migration from a daemon on mount A to one on mount B, two hosts' views of one
+/// directory: the guest's open file and locks (and, with vfsd, a lock wait) carried
+/// across, host processes on both mounts refused the guest's locks throughout.
+#[test]
+#[ignore = "needs QEMU, root and GlusterFS"]
+fn gluster_live_migration_from_mount_a_to_mount_b_keeps_files_and_locks() {
+    let name = "gluster_live_migration_from_mount_a_to_mount_b_keeps_files_and_locks";
+    let vol = VolumeDir::new(name);
+    crate::migration::migrate_between_two_views(
+        name,
+        &vol.a,
+        &vol.b,
+        crate::migration::Plan {
+            // virtiofsd keeps a guest's locks in the guest: no host lock to wait for.
+            waiter: daemon_under_test().is_vfsd(),
+            probes: true,
+            ..Default::default()
+        },
+    );
+}

@@ -232,17 +232,27 @@ fn check_one_directory(a: &Path, b: &Path, tool: &Path, name: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(a.join(probe))
-        .unwrap();
-    // SAFETY: plain lock calls on an fd this function owns.
+    // The POSIX lock on a second file: GlusterFS's client refuses a process both kinds
+    // of lock on one file.
+    let probe2 = ".vfsd-migrate-probe-posix";
+    std::fs::write(a.join(probe2), &text).unwrap();
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(a.join(name))
+            .unwrap()
+    };
+    let (f, g) = (open(probe), open(probe2));
+    // SAFETY: plain lock calls on fds this function owns.
     unsafe {
         assert_eq!(libc::flock(f.as_raw_fd(), libc::LOCK_EX), 0);
         assert_eq!(
-            libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &posix_lock(libc::F_WRLCK)),
-            0
+            libc::fcntl(g.as_raw_fd(), libc::F_SETLK, &posix_lock(libc::F_WRLCK)),
+            0,
+            "F_SETLK through {}: {}",
+            a.display(),
+            std::io::Error::last_os_error()
         );
     }
     let flock = Command::new("flock")
@@ -254,13 +264,14 @@ fn check_one_directory(a: &Path, b: &Path, tool: &Path, name: &str) {
         .and_then(|o| o.status.code());
     let posix = Command::new(tool)
         .arg("-g")
-        .arg(b.join(probe))
+        .arg(b.join(probe2))
         .arg("wr:0:0")
         .output()
         .ok()
         .and_then(|o| o.status.code());
-    drop(f);
+    drop((f, g));
     std::fs::remove_file(a.join(probe)).unwrap();
+    std::fs::remove_file(a.join(probe2)).unwrap();
     crate::fixture::summarize(
         name,
         &format!("one directory: a flock and a POSIX lock held through A, through B: flock -n exit {flock:?}, F_GETLK exit {posix:?}"),
