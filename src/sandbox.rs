@@ -375,17 +375,29 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketN
     install_handler(&RELAYED, relay_signal);
     // Signals that came meanwhile are delivered (and relayed) now.
     restore_signal_mask(&blocked);
+    let status = wait_status(child);
+    exit_as(status, socket, "sandboxed daemon")
+}
+
+/// Waits for `child`, through interruptions; its wait status. Exits 1 if it can't be
+/// waited for.
+fn wait_status(child: libc::pid_t) -> libc::c_int {
     let mut status = 0;
     loop {
         // SAFETY: waits for our own child; `status` is a valid out pointer.
         let r = unsafe { libc::waitpid(child, &mut status, 0) };
         if r == child {
-            break;
+            return status;
         }
         if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             std::process::exit(1);
         }
     }
+}
+
+/// Removes the socket's name and exits as the child's wait `status` says: with its exit
+/// status, or 128 + the signal that killed `what`.
+fn exit_as(status: libc::c_int, socket: Option<SocketName>, what: &str) -> ! {
     if let Some(s) = socket {
         s.remove();
     }
@@ -393,7 +405,7 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketN
         std::process::exit(libc::WEXITSTATUS(status));
     }
     let sig = libc::WTERMSIG(status);
-    log::error!("sandboxed daemon killed by signal {sig}");
+    log::error!("{what} killed by signal {sig}");
     std::process::exit(128 + sig);
 }
 
@@ -424,10 +436,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
         // A termination signal during start-up (noted, not acted on) or between two
         // frontends: no next one.
         if early_signal().is_some() || TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(s) = socket {
-                s.remove();
-            }
-            std::process::exit(0);
+            exit_as(0, socket, "");
         }
         // SAFETY: no other thread exists, so the child's copy of the process is consistent.
         let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
@@ -453,17 +462,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
         CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
         install_handler(&RELAYED, relay_and_note);
         restore_signal_mask(&blocked);
-        let mut status = 0;
-        loop {
-            // SAFETY: waits for our own child; `status` is a valid out pointer.
-            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-            if r == pid {
-                break;
-            }
-            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                std::process::exit(1);
-            }
-        }
+        let status = wait_status(pid);
         // Nothing to relay to until the next fork (the pid may be reused).
         CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
         let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
@@ -472,15 +471,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
             log::info!("frontend gone (--keep-listening)");
             continue;
         }
-        if let Some(s) = socket {
-            s.remove();
-        }
-        if libc::WIFEXITED(status) {
-            std::process::exit(libc::WEXITSTATUS(status));
-        }
-        let sig = libc::WTERMSIG(status);
-        log::error!("the daemon serving a frontend was killed by signal {sig}");
-        std::process::exit(128 + sig);
+        exit_as(status, socket, "the daemon serving a frontend")
     }
 }
 

@@ -146,31 +146,18 @@ fn source_tree(cache: &Path) -> (PathBuf, usize) {
 /// User and system CPU seconds of `pid` and every process below it.
 fn tree_cpu(pid: u32) -> f64 {
     let tick = 100.0; // USER_HZ on Linux
-    let mut total = 0.0;
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+    fixture::process_tree(pid)
+        .into_iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .map(|stat| {
             // Fields after the command's closing parenthesis: utime is the 12th, stime 13th.
-            if let Some(rest) = stat.rsplit_once(')').map(|x| x.1) {
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-                let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-                total += (ut + st) / tick;
-            }
-        }
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                let children =
-                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(
-                    children
-                        .split_whitespace()
-                        .filter_map(|c| c.parse::<u32>().ok()),
-                );
-            }
-        }
-    }
-    total
+            let rest = stat.rsplit_once(')').map_or("", |x| x.1);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            (ut + st) / tick
+        })
+        .sum()
 }
 
 struct StepResult {

@@ -110,30 +110,9 @@ fn tree(files: usize) -> PathBuf {
     root
 }
 
-/// The daemon's processes: `pid` and those below it.
-fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        out.push(p);
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                let children =
-                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(
-                    children
-                        .split_whitespace()
-                        .filter_map(|c| c.parse::<u32>().ok()),
-                );
-            }
-        }
-    }
-    out
-}
-
 /// Open fds and VmRSS (KiB) of the process below `pid` with the most fds.
 fn sample(pid: u32) -> Option<(usize, u64)> {
-    process_tree(pid)
+    fixture::process_tree(pid)
         .into_iter()
         .filter_map(|p| {
             let fds = std::fs::read_dir(format!("/proc/{p}/fd")).ok()?.count();

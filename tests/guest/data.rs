@@ -2,7 +2,7 @@
 //! `verify=crc32c`, pjdfstest (POSIX semantics, as root and as other users) and fsx
 //! (random buffered and O_DIRECT operations checked against a model).
 
-use crate::fixture::TestDir;
+use crate::fixture::{Run, TestDir};
 use crate::{record, run_on_share};
 
 /// Seconds per time-based fio job (`VFSD_FIO_RUNTIME`, default 8).
@@ -35,27 +35,7 @@ fn pjdfstest_passes_every_test_that_runs() {
     let name = "pjdfstest_passes_every_test_that_runs";
     let dir = TestDir::new(name);
     let (_, run) = run_on_share(&dir, &[], 900, |_| {}, "/guest-tests/pjdfstest.sh");
-    run.assert_success();
-    record(
-        name,
-        &run,
-        &["pjdfstest: #", "pjdfstest: FLAKY", "pjdfstest: KNOWN"],
-    );
-    // The script's summary: "pjdfstest: P passed, F failed, S skipped of T".
-    let summary = run
-        .lines("pjdfstest: ")
-        .into_iter()
-        .rev()
-        .find(|l| l.contains(" passed, "))
-        .unwrap_or_else(|| panic!("no pjdfstest summary\n{}", run.tail()));
-    let counts: Vec<u64> = summary
-        .trim_start_matches("pjdfstest: ")
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(counts.len() >= 4, "unreadable summary: {summary}");
-    assert_eq!(counts[1], 0, "pjdfstest failures: {summary}");
-    assert!(counts[0] > 0, "pjdfstest ran nothing: {summary}");
+    check_pjdfstest(name, &run, 1);
 }
 
 #[test]
@@ -72,4 +52,32 @@ fn fsx_buffered_and_direct_operations_match_its_model() {
     );
     run.assert_success();
     record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+}
+
+/// Records pjdfstest's summary lines and checks its run: it passed, its summary ("P
+/// passed, F failed, S skipped of T") counts no failure and at least `min_passed` passes.
+pub(crate) fn check_pjdfstest(name: &str, run: &Run, min_passed: u64) {
+    run.assert_success();
+    record(
+        name,
+        run,
+        &["pjdfstest: #", "pjdfstest: FLAKY", "pjdfstest: KNOWN"],
+    );
+    let summary = run
+        .lines("pjdfstest: ")
+        .into_iter()
+        .rev()
+        .find(|l| l.contains(" passed, "))
+        .unwrap_or_else(|| panic!("no pjdfstest summary\n{}", run.tail()));
+    let counts: Vec<u64> = summary
+        .trim_start_matches("pjdfstest: ")
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(counts.len() >= 4, "unreadable summary: {summary}");
+    assert_eq!(counts[1], 0, "pjdfstest failures: {summary}");
+    assert!(
+        counts[0] >= min_passed,
+        "pjdfstest ran too little (fewer than {min_passed} passed): {summary}"
+    );
 }

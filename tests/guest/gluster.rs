@@ -188,26 +188,7 @@ fn gluster_pjdfstest_fails_only_where_glusterfs_itself_does() {
         1500,
         "/guest-tests/pjdfstest.sh -k /guest-tests/pjdfstest-glusterfs.known",
     );
-    run.assert_success();
-    record(
-        name,
-        &run,
-        &["pjdfstest: #", "pjdfstest: FLAKY", "pjdfstest: KNOWN"],
-    );
-    let summary = run
-        .lines("pjdfstest: ")
-        .into_iter()
-        .rev()
-        .find(|l| l.contains(" passed, "))
-        .unwrap_or_else(|| panic!("no pjdfstest summary\n{}", run.tail()));
-    let counts: Vec<u64> = summary
-        .trim_start_matches("pjdfstest: ")
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(counts.len() >= 4, "unreadable summary: {summary}");
-    assert_eq!(counts[1], 0, "pjdfstest failures: {summary}");
-    assert!(counts[0] > 300, "pjdfstest ran too little: {summary}");
+    crate::data::check_pjdfstest(name, &run, 301);
 }
 
 #[test]
@@ -396,18 +377,7 @@ fn gluster_flock_and_fcntl_locks_exclude_between_guests_on_mounts_a_and_b() {
         .map(|a| vol.a.join(format!("run{a}/sync")))
         .find(|p| p.is_dir())
         .unwrap();
-    for role in ["A", "B"] {
-        let summary = std::fs::read_to_string(last.join(format!("{role}.summary")))
-            .unwrap_or_else(|_| panic!("guest {role} wrote no summary"));
-        let counts: Vec<u64> = summary
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        assert!(
-            counts.len() == 2 && counts[0] > 0 && counts[1] == 0,
-            "guest {role}: {summary} (checks passed, failed)"
-        );
-    }
+    crate::locks::assert_both_guests_passed(&last);
 }
 
 /// xfstests with TEST_DEV and SCRATCH_DEV under mount A (the guest's root and the
@@ -438,19 +408,8 @@ fn gluster_xfstests_list_on_mount_a() {
     how.source = source;
     let summary = crate::xfstests::run_list(&dir, &how, &tests);
     // What did not run, and why: the results go with the test's directory when it passes.
-    for l in summary
-        .text
-        .lines()
-        .filter(|l| l.starts_with("passed ") || l.starts_with("NOTRUN "))
-    {
-        crate::fixture::summarize(name, &format!("xfstests: {l}"));
-    }
-    assert!(
-        summary.ok,
-        "xfstests (results in {}):\n{}",
-        summary.dir.display(),
-        summary.text
-    );
+    summary.record(name, &["passed ", "NOTRUN "]);
+    summary.assert_ok();
 }
 
 /// Live migration from a daemon on mount A to one on mount B, two hosts' views of one

@@ -184,18 +184,7 @@ fn two_guests_and_the_host(name: &str, cache: &str, mode: &str) {
         }
         runs[1].assert_success();
         host.unwrap_or_else(|e| panic!("{e}"));
-        for role in ["A", "B"] {
-            let summary = std::fs::read_to_string(share.join(format!("sync/{role}.summary")))
-                .unwrap_or_else(|_| panic!("guest {role} wrote no summary"));
-            let counts: Vec<u64> = summary
-                .split_whitespace()
-                .filter_map(|w| w.parse().ok())
-                .collect();
-            assert!(
-                counts.len() == 2 && counts[0] > 0 && counts[1] == 0,
-                "guest {role}: {summary} (checks passed, failed)"
-            );
-        }
+        assert_both_guests_passed(&share.join("sync"));
         return;
     }
     unreachable!("the second attempt returns or panics");
@@ -227,4 +216,21 @@ fn lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest() {
         "never",
         "full",
     );
+}
+
+/// Checks the summaries guests A and B wrote in `sync` ("PASSED FAILED"): each passed
+/// some checks and failed none.
+pub(crate) fn assert_both_guests_passed(sync: &Path) {
+    for role in ["A", "B"] {
+        let summary = std::fs::read_to_string(sync.join(format!("{role}.summary")))
+            .unwrap_or_else(|_| panic!("guest {role} wrote no summary"));
+        let counts: Vec<u64> = summary
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(
+            counts.len() == 2 && counts[0] > 0 && counts[1] == 0,
+            "guest {role}: {summary} (checks passed, failed)"
+        );
+    }
 }

@@ -453,6 +453,30 @@ pub struct Summary {
     pub dir: PathBuf,
 }
 
+impl Summary {
+    /// Puts the summary's lines that start with one of `prefixes` in the run's summary
+    /// under `test`'s name.
+    pub fn record(&self, test: &str, prefixes: &[&str]) {
+        for l in self
+            .text
+            .lines()
+            .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        {
+            crate::fixture::summarize(test, &format!("xfstests: {l}"));
+        }
+    }
+
+    /// Fails unless the list passed (`ok`), with where its results are.
+    pub fn assert_ok(&self) {
+        assert!(
+            self.ok,
+            "xfstests (results in {}):\n{}",
+            self.dir.display(),
+            self.text
+        );
+    }
+}
+
 /// Reads the results directory (tests.list, out/check.out, out/watchdog.log, times.tsv,
 /// run.info) and writes summary.json and summary.txt.
 fn summarize_results(results: &Path, wall: u64, strict: bool) -> Summary {
@@ -752,15 +776,8 @@ fn the_ci_xfstests_list_passes_whole() {
     how.strict = true;
     how.source = "guest-tests/xfstests-ci.list".into();
     let summary = run_list(&dir, &how, &tests);
-    for l in summary.text.lines().filter(|l| l.starts_with("passed ")) {
-        crate::fixture::summarize(name, &format!("xfstests: {l}"));
-    }
-    assert!(
-        summary.ok,
-        "xfstests (results in {}):\n{}",
-        summary.dir.display(),
-        summary.text
-    );
+    summary.record(name, &["passed "]);
+    summary.assert_ok();
 }
 
 /// `VFSD_XFSTESTS_LIST` runs any list: `quick`, `quick -dangerous`, `generic/001
@@ -809,9 +826,7 @@ fn any_xfstests_list_named_in_the_environment() {
     how.per_test_secs = env_number("VFSD_XFSTESTS_TEST_TIMEOUT").unwrap_or(PER_TEST_SECS);
     how.source = format!("VFSD_XFSTESTS_LIST={spec}");
     let summary = run_list(&dir, &how, &tests);
-    for l in summary.text.lines().filter(|l| l.starts_with("passed ")) {
-        crate::fixture::summarize(name, &format!("xfstests: {l}"));
-    }
+    summary.record(name, &["passed "]);
     if let Some(other) = env("VFSD_XFSTESTS_COMPARE") {
         let text = std::fs::read_to_string(&other).unwrap_or_else(|e| panic!("{other}: {e}"));
         let theirs: Value = serde_json::from_str(&text).expect("VFSD_XFSTESTS_COMPARE: JSON");
@@ -826,12 +841,7 @@ fn any_xfstests_list_named_in_the_environment() {
         std::fs::write(summary.dir.join("compare.md"), &table).unwrap();
         eprintln!("{table}");
     }
-    assert!(
-        summary.ok,
-        "xfstests (results in {}):\n{}",
-        summary.dir.display(),
-        summary.text
-    );
+    summary.assert_ok();
 }
 
 #[test]
