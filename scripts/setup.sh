@@ -67,13 +67,17 @@ lvv=$(libvirtd --version | sed -n 's/.* \([0-9][0-9]*\)\..*/\1/p')
 if [ -c /dev/kvm ] && [ "$(stat -c %G:%a /dev/kvm)" = root:600 ] && getent group kvm >/dev/null; then
     $SUDO chgrp kvm /dev/kvm && $SUDO chmod 660 /dev/kvm
 fi
+# Each daemon on its own: a package's start-up script, or /run kept from an earlier boot
+# (stale sockets and pid files), can leave libvirtd answering without a virtlogd, and then
+# every domain fails to start. virtlogd first: libvirtd hands it the QEMU and daemon logs.
+pgrep -x virtlogd >/dev/null || $SUDO virtlogd -d
 if ! $SUDO virsh -c qemu:///system version >/dev/null 2>&1; then
-    # virtlogd first: libvirtd hands it the QEMU and daemon logs.
-    [ -S /run/libvirt/virtlogd-sock ] || $SUDO virtlogd -d
-    $SUDO kill -0 "$(cat /run/libvirtd.pid 2>/dev/null)" 2>/dev/null || $SUDO libvirtd -d
+    pgrep -x libvirtd >/dev/null || $SUDO libvirtd -d
     for _ in $(seq 30); do $SUDO virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 1; done
     $SUDO virsh -c qemu:///system version >/dev/null || die "libvirtd does not answer on qemu:///system"
 fi
+for _ in $(seq 10); do [ -S /run/libvirt/virtlogd-sock ] && pgrep -x virtlogd >/dev/null && break; sleep 1; done
+pgrep -x virtlogd >/dev/null || die "virtlogd did not start (libvirt needs it to start a domain)"
 echo "== building vfsd"
 cargo build --release
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
