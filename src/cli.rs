@@ -311,6 +311,11 @@ pub struct Opt {
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub stats_interval: f64,
 
+    /// Serve Prometheus metrics over HTTP at ADDR: a unix socket path, or a loopback
+    /// host:port (127.0.0.1:9100). Off by default; see docs/metrics.md
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+
     /// Print the vhost-user backend capabilities (JSON) and exit
     #[arg(long)]
     pub print_capabilities: bool,

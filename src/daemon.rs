@@ -89,7 +89,7 @@ fn check_shared_dir(dir: &Path) -> Result<(), String> {
 /// Whether some process is listening on the unix socket `path`. Read from
 /// /proc/net/unix rather than by connecting: a connection would look like a frontend
 /// to the daemon that owns the socket.
-fn socket_listening(path: &Path) -> bool {
+pub(crate) fn socket_listening(path: &Path) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
         return false;
     };
@@ -261,6 +261,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         .transpose()
         .map_err(E::Device)?;
 
+    let metrics_addr = (opt.metrics.as_deref().map(crate::metrics::parse_addr))
+        .transpose()
+        .map_err(E::Option)?;
+
     let mut socket_name = None;
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
@@ -283,11 +287,28 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         (None, None) => return Err(E::Option("one of --socket-path or --fd is required".into())),
     };
 
+    // Bound now, outside the sandbox (which hides the path and, with namespaces, the
+    // network); served from inside it.
+    let metrics = match &metrics_addr {
+        Some(addr) => {
+            let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
+            if let crate::metrics::MetricsAddr::Unix(p) = addr {
+                match &mut socket_name {
+                    Some(s) => s.add(p).map_err(E::Socket)?,
+                    None => socket_name = Some(SocketName::new(p).map_err(E::Socket)?),
+                }
+            }
+            Some(l)
+        }
+        None => None,
+    };
+
     // Confinement, before any thread exists (the namespace sandbox forks).
     let mut keep = vec![listener.as_raw_fd()];
+    keep.extend(metrics.iter().map(|m| m.fd()));
     keep.extend(stats_sink.iter().map(|s| s.fd()));
     // Until the sandbox hands it to its supervising parent (or, without one, back).
-    keep.extend(socket_name.iter().map(|s| s.dir_fd()));
+    keep.extend(socket_name.iter().flat_map(|s| s.dir_fds()));
     keep.extend(syslog_fd);
     sandbox::close_other_fds(&keep).map_err(E::Sandbox)?;
     // The lock handover's private directory, outside the share (`passthrough::handover`).
@@ -394,6 +415,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         .map_err(|e| E::Option(e.to_string()))?,
     );
 
+    if let Some(m) = metrics {
+        m.spawn(device.clone())
+            .map_err(|e| E::Device(e.to_string()))?;
+    }
     let stats_sink = stats_sink.map(Arc::new);
     let socket_entry = confined.socket.take().map(Arc::new);
     spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())

@@ -14,6 +14,7 @@ pub mod error;
 #[cfg(feature = "test-frontend")]
 pub mod frontend;
 pub mod idmap;
+pub mod metrics;
 pub mod passthrough;
 pub mod sandbox;
 pub mod seccomp;

@@ -475,18 +475,24 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
     }
 }
 
-/// The listening socket's name: its directory's fd, kept only by a process that never
-/// serves the guest (or by an unconfined daemon), and the socket file's identity, so that
-/// a socket another daemon has bound there since is left alone.
+/// The listening sockets' names (the vhost-user socket's, and `--metrics`'s when it is a
+/// path): each its directory's fd, kept only by a process that never serves the guest (or
+/// by an unconfined daemon), and the socket file's identity, so that a socket another
+/// daemon has bound there since is left alone.
 pub struct SocketName {
-    dir: OwnedFd,
-    name: CString,
-    id: (u64, u64),
+    names: Vec<(OwnedFd, CString, (u64, u64))>,
 }
 
 impl SocketName {
     /// For the socket just bound at `path`.
     pub fn new(path: &Path) -> Result<Self, String> {
+        let mut s = SocketName { names: Vec::new() };
+        s.add(path)?;
+        Ok(s)
+    }
+
+    /// Another socket just bound, at `path`, removed with the first.
+    pub fn add(&mut self, path: &Path) -> Result<(), String> {
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -505,7 +511,8 @@ impl SocketName {
         )
         .map_err(fail)?;
         let id = Self::identity(&dir, &name).map_err(fail)?;
-        Ok(SocketName { dir, name, id })
+        self.names.push((dir, name, id));
+        Ok(())
     }
 
     fn identity(dir: &OwnedFd, name: &CStr) -> io::Result<(u64, u64)> {
@@ -513,15 +520,17 @@ impl SocketName {
         Ok((st.st.st_dev, st.st.st_ino))
     }
 
-    pub fn dir_fd(&self) -> RawFd {
-        self.dir.as_raw_fd()
+    pub fn dir_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.names.iter().map(|(dir, _, _)| dir.as_raw_fd())
     }
 
-    /// Unlinks the name if it is still our socket.
+    /// Unlinks each name that is still our socket.
     pub fn remove(&self) {
-        if Self::identity(&self.dir, &self.name).ok() == Some(self.id) {
-            // SAFETY: NUL-terminated name relative to our dir fd.
-            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
+        for (dir, name, id) in &self.names {
+            if Self::identity(dir, name).ok() == Some(*id) {
+                // SAFETY: NUL-terminated name relative to our dir fd.
+                unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
-//! Run-time counters: per-opcode counts and latencies, and per-inode write concurrency.
+//! Run-time counters: per-opcode counts, errnos and latencies, bytes moved, and per-inode
+//! write concurrency.
 //!
-//! Counters are lock-free atomics; a dump (JSON) is taken on SIGUSR1 or periodically with
-//! `--stats FILE`.
+//! Counters are lock-free atomics, fixed in number (no map grows with what a guest sends).
+//! Two readers take them: a JSON dump on SIGUSR1 or periodically with `--stats FILE`, and
+//! the Prometheus endpoint of `--metrics` (`crate::metrics`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -12,17 +14,45 @@ use crate::passthrough::PassthroughFs;
 
 const SLOTS: usize = 64;
 
+/// Errnos counted by number; any other (none the host kernel returns today) is counted
+/// under 0, "other".
+pub const ERRNO_SLOTS: usize = 134;
+
+/// Upper bounds of the latency histogram's buckets, in seconds (the last bucket, +Inf,
+/// is implied): from a cached GETATTR's tens of microseconds to a SETLKW's long wait.
+pub const LATENCY_BOUNDS_S: [f64; 12] = [
+    10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 100e-3, 1.0, 10.0,
+];
+const BUCKETS: usize = LATENCY_BOUNDS_S.len() + 1;
+
 #[derive(Default)]
 struct OpStats {
     count: AtomicU64,
-    errors: AtomicU64,
+    /// Malformed requests (answered with an errno, or dropped when they take no reply).
+    malformed: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
+    /// Requests per latency bucket (not cumulative).
+    buckets: [AtomicU64; BUCKETS],
+}
+
+/// One opcode's counters, as read at one moment.
+pub struct OpSnapshot {
+    pub count: u64,
+    pub malformed: u64,
+    pub total_s: f64,
+    /// Per bucket of `LATENCY_BOUNDS_S`, then +Inf; not cumulative.
+    pub buckets: [u64; BUCKETS],
 }
 
 pub struct Stats {
     ops: Vec<OpStats>,
+    /// Error replies per opcode and errno: `SLOTS` rows of `ERRNO_SLOTS`.
+    errnos: Box<[AtomicU64]>,
     started: Instant,
+    /// Data bytes in successful READ replies and WRITE replies.
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
     /// READs answered on a queue thread from the page cache, and those handed to the pool
     /// after the attempt would have blocked (see `passthrough::nowait`).
     pub reads_on_queue_thread: AtomicU64,
@@ -58,7 +88,12 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             ops: (0..SLOTS).map(|_| OpStats::default()).collect(),
+            errnos: (0..SLOTS * ERRNO_SLOTS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             started: Instant::now(),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
             reads_on_queue_thread: AtomicU64::new(0),
             reads_handed_off: AtomicU64::new(0),
             reads_direct: AtomicU64::new(0),
@@ -74,15 +109,65 @@ impl Default for Stats {
 }
 
 impl Stats {
-    pub fn record(&self, opcode: u32, elapsed: Duration, error: bool) {
-        let s = &self.ops[(opcode as usize).min(SLOTS - 1)];
+    /// Counts one request: how long it took, whether it was malformed, and the errno it
+    /// was answered with (0 for success or no reply).
+    pub fn record(&self, opcode: u32, elapsed: Duration, malformed: bool, errno: i32) {
+        let slot = (opcode as usize).min(SLOTS - 1);
+        let s = &self.ops[slot];
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
         s.count.fetch_add(1, Ordering::Relaxed);
         s.total_ns.fetch_add(ns, Ordering::Relaxed);
         s.max_ns.fetch_max(ns, Ordering::Relaxed);
-        if error {
-            s.errors.fetch_add(1, Ordering::Relaxed);
+        let secs = ns as f64 / 1e9;
+        let bucket = LATENCY_BOUNDS_S
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(BUCKETS - 1);
+        s.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        if malformed {
+            s.malformed.fetch_add(1, Ordering::Relaxed);
         }
+        if errno != 0 {
+            let e = usize::try_from(errno)
+                .ok()
+                .filter(|&e| e < ERRNO_SLOTS)
+                .unwrap_or(0);
+            self.errnos[slot * ERRNO_SLOTS + e].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// An opcode's counters (None if it was never seen).
+    pub fn op(&self, opcode: u32) -> Option<OpSnapshot> {
+        let s = self.ops.get(opcode as usize)?;
+        let count = s.count.load(Ordering::Relaxed);
+        if count == 0 {
+            return None;
+        }
+        Some(OpSnapshot {
+            count,
+            malformed: s.malformed.load(Ordering::Relaxed),
+            total_s: s.total_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            buckets: std::array::from_fn(|i| s.buckets[i].load(Ordering::Relaxed)),
+        })
+    }
+
+    /// The opcodes' numbers, for `op`.
+    pub fn opcodes() -> std::ops::Range<u32> {
+        0..SLOTS as u32
+    }
+
+    /// An opcode's error replies, per errno (0: any errno beyond the table).
+    pub fn errnos(&self, opcode: u32) -> impl Iterator<Item = (i32, u64)> + '_ {
+        let slot = (opcode as usize).min(SLOTS - 1);
+        self.errnos[slot * ERRNO_SLOTS..(slot + 1) * ERRNO_SLOTS]
+            .iter()
+            .enumerate()
+            .map(|(e, n)| (e as i32, n.load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
     }
 
     pub fn count(&self, opcode: u32) -> u64 {
@@ -105,11 +190,16 @@ impl Stats {
                 "unknown" => format!("opcode {i}"),
                 n => n.to_string(),
             };
+            let errnos: Map<String, Value> = self
+                .errnos(i as u32)
+                .map(|(e, n)| (errno_label(e).into_owned(), json!(n)))
+                .collect();
             ops.insert(
                 name,
                 json!({
                     "count": count,
-                    "errors": s.errors.load(Ordering::Relaxed),
+                    "errors": s.malformed.load(Ordering::Relaxed),
+                    "errnos": errnos,
                     "avg_us": total as f64 / count as f64 / 1000.0,
                     "max_us": s.max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
                 }),
@@ -134,6 +224,8 @@ impl Stats {
         json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "opcodes": ops,
+            "bytes_read": self.bytes_read.load(Ordering::Relaxed),
+            "bytes_written": self.bytes_written.load(Ordering::Relaxed),
             "peak_writes_in_flight": fs.peak_writes_in_flight,
             "exclusive_violations": fs.exclusive_violations,
             "reads_on_queue_thread": self.reads_on_queue_thread.load(Ordering::Relaxed),
@@ -159,4 +251,82 @@ impl Stats {
             "inodes": inodes,
         })
     }
+}
+
+/// An opcode's label: its name in lower case ("lookup"), "opcode_N" for a number FUSE
+/// doesn't define, "other" for the last slot (which every larger number shares).
+pub fn opcode_label(op: u32) -> String {
+    match crate::server::opcode::Opcode::of(op) {
+        Some(o) if (op as usize) < SLOTS - 1 => o.name().to_ascii_lowercase(),
+        _ if op as usize >= SLOTS - 1 => "other".into(),
+        _ => format!("opcode_{op}"),
+    }
+}
+
+/// An errno's label: its symbolic name ("ENOENT"), its number for one without a name
+/// here, and "other" for slot 0 (errnos beyond the table).
+pub fn errno_label(e: i32) -> std::borrow::Cow<'static, str> {
+    match (e, errno_name(e)) {
+        (0, _) => "other".into(),
+        (_, Some(n)) => n.into(),
+        (_, None) => e.to_string().into(),
+    }
+}
+
+fn errno_name(e: i32) -> Option<&'static str> {
+    use libc::*;
+    Some(match e {
+        EPERM => "EPERM",
+        ENOENT => "ENOENT",
+        ESRCH => "ESRCH",
+        EINTR => "EINTR",
+        EIO => "EIO",
+        ENXIO => "ENXIO",
+        E2BIG => "E2BIG",
+        EBADF => "EBADF",
+        EAGAIN => "EAGAIN",
+        ENOMEM => "ENOMEM",
+        EACCES => "EACCES",
+        EFAULT => "EFAULT",
+        EBUSY => "EBUSY",
+        EEXIST => "EEXIST",
+        EXDEV => "EXDEV",
+        ENODEV => "ENODEV",
+        ENOTDIR => "ENOTDIR",
+        EISDIR => "EISDIR",
+        EINVAL => "EINVAL",
+        ENFILE => "ENFILE",
+        EMFILE => "EMFILE",
+        ENOTTY => "ENOTTY",
+        ETXTBSY => "ETXTBSY",
+        EFBIG => "EFBIG",
+        ENOSPC => "ENOSPC",
+        ESPIPE => "ESPIPE",
+        EROFS => "EROFS",
+        EMLINK => "EMLINK",
+        EPIPE => "EPIPE",
+        ERANGE => "ERANGE",
+        EDEADLK => "EDEADLK",
+        ENAMETOOLONG => "ENAMETOOLONG",
+        ENOLCK => "ENOLCK",
+        ENOSYS => "ENOSYS",
+        ENOTEMPTY => "ENOTEMPTY",
+        ELOOP => "ELOOP",
+        ENODATA => "ENODATA",
+        EOVERFLOW => "EOVERFLOW",
+        EBADMSG => "EBADMSG",
+        EOPNOTSUPP => "EOPNOTSUPP",
+        ESTALE => "ESTALE",
+        EDQUOT => "EDQUOT",
+        ECANCELED => "ECANCELED",
+        EOWNERDEAD => "EOWNERDEAD",
+        ENOTCONN => "ENOTCONN",
+        ETIMEDOUT => "ETIMEDOUT",
+        EUCLEAN => "EUCLEAN",
+        ENOKEY => "ENOKEY",
+        EKEYREJECTED => "EKEYREJECTED",
+        EREMOTEIO => "EREMOTEIO",
+        EHWPOISON => "EHWPOISON",
+        _ => return None,
+    })
 }

@@ -635,9 +635,82 @@ pub fn nofile_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// The number of entries in the directory `dir` (an O_PATH fd will do), "." and ".."
+/// left out.
+pub fn count_entries(dir: RawFd) -> io::Result<usize> {
+    let d = openat(
+        dir,
+        c".",
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )?;
+    let mut buf = [0u8; 4096];
+    let mut n = 0;
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let got = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                d.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let got = cvt(got)? as usize;
+        if got == 0 {
+            return Ok(n);
+        }
+        // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; name }
+        let mut at = 0;
+        while at + 19 < got {
+            let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            let name = &buf[at + 19..(at + reclen).min(got)];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if name != b"." && name != b".." {
+                n += 1;
+            }
+            if reclen == 0 {
+                break;
+            }
+            at += reclen;
+        }
+    }
+}
+
+/// The resident set size in bytes, from `statm` in the /proc/PID directory that `fd_dir`
+/// (its `fd` subdirectory) sits in.
+pub fn resident_bytes(fd_dir: RawFd) -> io::Result<u64> {
+    let f = openat(fd_dir, c"../statm", libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut s)?;
+    let pages: u64 = (s.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| io::Error::other("statm: no resident field"))?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    Ok(pages * page)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn count_entries_leaves_out_dot_and_dotdot() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..300 {
+            std::fs::write(d.path().join(format!("a-long-enough-name-{i}")), b"").unwrap();
+        }
+        let fd = std::fs::File::open(d.path()).unwrap();
+        assert_eq!(count_entries(fd.as_raw_fd()).unwrap(), 300);
+    }
+
+    #[test]
+    fn resident_bytes_reads_this_process() {
+        let fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let rss = resident_bytes(fd.as_raw_fd()).unwrap();
+        assert!(rss > 100_000 && rss < 100 << 30, "{rss}");
+    }
 
     #[test]
     fn fd_names_are_the_decimal_numbers() {

@@ -36,6 +36,7 @@ use crate::server::{Deferred, FuseServer, GuestMem, Placement, Popped, Slot};
 
 mod route;
 mod state;
+pub use state::{MigrationSnapshot, MigrationStats, MIGRATION_STATES};
 mod vring;
 use route::{Fallback, Inline, Lone, Place, RingPoll};
 use vring::Ticket;
@@ -201,6 +202,20 @@ pub struct FsDevice {
     masks: Vec<u64>,
     /// Rings that failed to serve a kick (a guest's bad avail index, say), for the log.
     queue_errors: AtomicU64,
+    /// Each queue's ring, kept at its first event so `--metrics` can read its requests in
+    /// flight; `rings_seen` has a bit per queue kept, so the usual event costs one load.
+    rings: Mutex<Vec<Option<TrackedVring>>>,
+    rings_seen: AtomicU64,
+}
+
+/// The device's queues, as read at one moment (`FsDevice::queue_gauges`).
+pub struct QueueGauges {
+    /// Per queue that has served a kick (0 is hiprio): requests popped and not yet
+    /// answered, lock waits included.
+    pub in_flight: Vec<(usize, usize)>,
+    /// Requests handed to the worker pool that no worker has taken yet.
+    pub pool_queued: usize,
+    pub pool_threads: usize,
 }
 
 impl FsDevice {
@@ -235,7 +250,6 @@ impl FsDevice {
         let poll = RingPoll::new(cfg.request_queues + 1);
         Ok(FsDevice {
             server,
-            cfg,
             mem: RwLock::new(None),
             mapped: Default::default(),
             event_idx,
@@ -247,11 +261,41 @@ impl FsDevice {
             transfer: Default::default(),
             masks,
             queue_errors: AtomicU64::new(0),
+            rings: Mutex::new(vec![None; cfg.request_queues + 1]),
+            rings_seen: AtomicU64::new(0),
+            cfg,
         })
     }
 
     pub fn server(&self) -> &Arc<FuseServer> {
         &self.server
+    }
+
+    /// Requests in flight per queue and the pool's backlog, for `--metrics`.
+    pub fn queue_gauges(&self) -> QueueGauges {
+        let rings = self.rings.lock().unwrap();
+        QueueGauges {
+            in_flight: (rings.iter().enumerate())
+                .filter_map(|(q, r)| Some((q, r.as_ref()?.in_flight())))
+                .collect(),
+            pool_queued: self.pool.as_ref().map_or(0, |p| p.tx.len()),
+            pool_threads: self.cfg.thread_pool_size,
+        }
+    }
+
+    /// The device-state transfers (migration), for `--metrics`.
+    pub fn migration_stats(&self) -> &state::MigrationStats {
+        self.transfer.stats()
+    }
+
+    fn keep_ring(&self, vring: &TrackedVring, queue: usize) {
+        let bit = 1u64 << queue;
+        if self.rings_seen.load(Ordering::Relaxed) & bit == 0 {
+            if let Some(slot) = self.rings.lock().unwrap().get_mut(queue) {
+                *slot = Some(vring.clone());
+            }
+            self.rings_seen.fetch_or(bit, Ordering::Relaxed);
+        }
     }
 
     /// `struct virtio_fs_config`: the tag, NUL-padded, then le32 num_request_queues.
@@ -855,6 +899,7 @@ impl VhostUserBackend for FsDevice {
         // (hiprio beside the first request queue): a ring the guest broke stays broken
         // until it is set up again, and the others go on. Logged at powers of two, since
         // the guest kicks as often as it likes.
+        self.keep_ring(vring, queue);
         if let Err(e) = self.process_queue(vring, queue) {
             let n = self.queue_errors.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {

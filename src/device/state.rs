@@ -5,8 +5,10 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use log::{error, info};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
@@ -17,6 +19,74 @@ use crate::server::FuseServer;
 #[derive(Default)]
 pub struct Transfer {
     running: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
+    stats: Arc<MigrationStats>,
+}
+
+/// Where the device-state transfers stand, for `--metrics`.
+#[derive(Default)]
+pub struct MigrationStats {
+    state: AtomicU8,
+    last_bytes: AtomicU64,
+    last_duration_us: AtomicU64,
+    /// Saves and loads, each ok and failed.
+    saved: AtomicU64,
+    loaded: AtomicU64,
+    failed_saves: AtomicU64,
+    failed_loads: AtomicU64,
+}
+
+/// The states `MigrationStats::state` reports, in the order of their numbers.
+pub const MIGRATION_STATES: [&str; 6] = ["none", "saving", "loading", "saved", "loaded", "failed"];
+
+/// A reading of `MigrationStats`.
+pub struct MigrationSnapshot {
+    /// One of `MIGRATION_STATES`.
+    pub state: &'static str,
+    /// The last finished transfer's state size and how long it took.
+    pub last_bytes: u64,
+    pub last_duration_s: f64,
+    pub saved: u64,
+    pub loaded: u64,
+    pub failed_saves: u64,
+    pub failed_loads: u64,
+}
+
+impl MigrationStats {
+    pub fn snapshot(&self) -> MigrationSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MigrationSnapshot {
+            state: MIGRATION_STATES
+                .get(self.state.load(Ordering::Relaxed) as usize)
+                .copied()
+                .unwrap_or("none"),
+            last_bytes: l(&self.last_bytes),
+            last_duration_s: l(&self.last_duration_us) as f64 / 1e6,
+            saved: l(&self.saved),
+            loaded: l(&self.loaded),
+            failed_saves: l(&self.failed_saves),
+            failed_loads: l(&self.failed_loads),
+        }
+    }
+
+    fn finish(&self, save: bool, started: Instant, r: &Result<usize, StateError>) {
+        let (ok, failed, state) = match save {
+            true => (&self.saved, &self.failed_saves, 3),
+            false => (&self.loaded, &self.failed_loads, 4),
+        };
+        match r {
+            Ok(bytes) => {
+                self.last_bytes.store(*bytes as u64, Ordering::Relaxed);
+                let us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
+                self.last_duration_us.store(us, Ordering::Relaxed);
+                ok.fetch_add(1, Ordering::Relaxed);
+                self.state.store(state, Ordering::Relaxed);
+            }
+            Err(_) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+                self.state.store(5, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Transfer {
@@ -50,11 +120,24 @@ impl Transfer {
             None => {}
         }
         let t = std::thread::Builder::new().name("vfsd-device-state".into());
-        *running = Some(match direction {
-            VhostTransferStateDirection::SAVE => t.spawn(move || save(&server, file))?,
-            VhostTransferStateDirection::LOAD => t.spawn(move || load(&server, queues, file))?,
-        });
+        let (stats, started) = (self.stats.clone(), Instant::now());
+        let is_save = direction == VhostTransferStateDirection::SAVE;
+        stats
+            .state
+            .store(if is_save { 1 } else { 2 }, Ordering::Relaxed);
+        *running = Some(t.spawn(move || {
+            let r = match is_save {
+                true => save(&server, file),
+                false => load(&server, queues, file),
+            };
+            stats.finish(is_save, started, &r);
+            r.map(|_| ())
+        })?);
         Ok(())
+    }
+
+    pub fn stats(&self) -> &MigrationStats {
+        &self.stats
     }
 
     pub fn check(&self) -> io::Result<()> {
@@ -69,7 +152,8 @@ impl Transfer {
     }
 }
 
-fn save(server: &FuseServer, mut pipe: File) -> Result<(), StateError> {
+/// Ok: the state's size in bytes.
+fn save(server: &FuseServer, mut pipe: File) -> Result<usize, StateError> {
     // The rings are stopped: the suspended requests are all there are.
     let in_flight = server.suspended();
     let r = server.fs().save_state(&in_flight).and_then(|state| {
@@ -79,7 +163,7 @@ fn save(server: &FuseServer, mut pipe: File) -> Result<(), StateError> {
             state.len(),
             in_flight.len()
         );
-        Ok(())
+        Ok(state.len())
     });
     if let Err(e) = &r {
         error!("migration: saving the device state failed: {e}");
@@ -87,7 +171,8 @@ fn save(server: &FuseServer, mut pipe: File) -> Result<(), StateError> {
     r
 }
 
-fn load(server: &FuseServer, queues: usize, pipe: File) -> Result<(), StateError> {
+/// Ok: the state's size in bytes.
+fn load(server: &FuseServer, queues: usize, pipe: File) -> Result<usize, StateError> {
     let r = read_state(pipe).and_then(|state| {
         server.set_suspended(Vec::new());
         let report = server.fs().load_state(&state)?;
@@ -104,7 +189,7 @@ fn load(server: &FuseServer, queues: usize, pipe: File) -> Result<(), StateError
             report.waiting_locks,
             report.in_flight.len()
         );
-        Ok(())
+        Ok(state.len())
     });
     if let Err(e) = &r {
         error!("migration: loading the device state failed: {e}");

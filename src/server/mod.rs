@@ -282,16 +282,16 @@ impl FuseServer {
         let (descs, copy) = popped.parts(mem);
         // The room an effect's check finds (`outcome`) is the room its reply is written to.
         let bufs = descs.writable_bufs();
-        let (len, op, bad) = match copy {
+        let (len, op, bad, error) = match copy {
             Err(request::BadRequest { hdr: None, why }) => {
                 warn!("dropping request: {why}");
-                (Some(0), 0, true)
+                (Some(0), 0, true, 0)
             }
             // The header was readable, so the guest learns its request failed.
             Err(request::BadRequest { hdr: Some(h), why }) => {
                 warn!("request {} answered EFAULT: {why}", h.unique);
                 let len = answer_errno(mem, &bufs, h, libc::EFAULT);
-                (Some(len), h.opcode, true)
+                (Some(len), h.opcode, true, libc::EFAULT)
             }
             Ok(req) if descs.overlong() => {
                 warn!(
@@ -300,7 +300,7 @@ impl FuseServer {
                     chain::MAX_DESCS
                 );
                 let len = answer_errno(mem, &bufs, &req.hdr, libc::EINVAL);
-                (Some(len), req.hdr.opcode, true)
+                (Some(len), req.hdr.opcode, true, libc::EINVAL)
             }
             Ok(req) => {
                 let op = req.hdr.opcode;
@@ -310,20 +310,33 @@ impl FuseServer {
                 match served {
                     Ok(Served::Answered(Some(a))) => {
                         self.count_fd_exhaustion(&a);
-                        (Some(a.len), op, a.malformed)
+                        if op == Opcode::Read as u32 && a.error == 0 {
+                            self.count_read(a.len);
+                        }
+                        (Some(a.len), op, a.malformed, a.error)
                     }
-                    Ok(Served::Answered(None)) => (None, op, false),
+                    Ok(Served::Answered(None)) => (None, op, false, 0),
                     // Counted where it is served.
                     Ok(Served::WouldWait) => return Handled::WouldWait,
-                    Err(_) => (Some(self.answer_panic(mem, &bufs, &req.hdr)), op, true),
+                    Err(_) => (
+                        Some(self.answer_panic(mem, &bufs, &req.hdr)),
+                        op,
+                        true,
+                        libc::EIO,
+                    ),
                 }
             }
         };
-        self.stats.record(op, start.elapsed(), bad);
+        self.stats.record(op, start.elapsed(), bad, error);
         match len {
             Some(len) => Handled::Answered(len),
             None => Handled::Later,
         }
+    }
+
+    /// The request counters (`--metrics` reads them).
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// `--stats`: the counters, with the filesystem's, as one JSON value.
@@ -409,6 +422,14 @@ impl FuseServer {
 
     /// Counts a reply of EMFILE or ENFILE: the host's fd limits were reached, and
     /// `--stats` says so.
+    /// A successful READ's data: the reply past its header.
+    fn count_read(&self, used_len: u32) {
+        let data = (used_len as usize).saturating_sub(std::mem::size_of::<OutHeader>());
+        self.stats
+            .bytes_read
+            .fetch_add(data as u64, Ordering::Relaxed);
+    }
+
     fn count_fd_exhaustion(&self, a: &Answer) {
         let header_only = a.len as usize == std::mem::size_of::<OutHeader>();
         if header_only && (a.error == libc::EMFILE || a.error == libc::ENFILE) {
@@ -461,7 +482,8 @@ impl FuseServer {
             }
         };
         self.stats
-            .record(Opcode::Read as u32, start.elapsed(), false);
+            .record(Opcode::Read as u32, start.elapsed(), false, 0);
+        self.count_read(len);
         self.stats.reads_direct.fetch_add(1, Ordering::Relaxed);
         self.stats
             .reads_on_queue_thread
@@ -569,7 +591,15 @@ impl FuseServer {
             Opcode::Symlink => Reply(create::symlink(fs, &hdr, args, &ext)),
             Opcode::Tmpfile => Reply(newer::tmpfile(fs, &hdr, args, ext)),
             Opcode::Write => match write::write(fs, mem, descs, req) {
-                Ok(r) => Reply(r),
+                Ok(r) => {
+                    if let Some(out) = r.as_ref().ok().and_then(|o| o.get(..4)) {
+                        let n = u32::from_le_bytes(out.try_into().unwrap());
+                        self.stats
+                            .bytes_written
+                            .fetch_add(n.into(), Ordering::Relaxed);
+                    }
+                    Reply(r)
+                }
                 Err(bad) => Malformed(errno(bad)),
             },
             Opcode::Setxattr if fs.enabled(crate::abi::flags::SETXATTR_EXT) => {

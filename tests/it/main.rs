@@ -24,6 +24,7 @@ mod ioctl;
 mod keep_listening;
 mod killpriv;
 mod locks;
+mod metrics;
 mod migration;
 mod newer_ops;
 mod opcodes;

@@ -1,0 +1,517 @@
+//! `--metrics ADDR`: the daemon's counters in the Prometheus text format, over HTTP on a
+//! unix socket or a loopback TCP port.
+//!
+//! The endpoint is one thread inside the sandbox, under the same seccomp filter as the rest
+//! (it needs only accept4, read, write, setsockopt and close, all allowed already). It reads
+//! the same atomics `--stats` dumps, when scraped, so serving requests never waits on it.
+//! A scraper gets one connection at a time, a 2 s deadline for its whole exchange, at most
+//! 8 KiB of request head, and no request body is ever read: a slow or hostile one delays
+//! only other scrapers, and holds no memory beyond one reply. docs/metrics.md lists the
+//! metrics.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::device::{FsDevice, MIGRATION_STATES};
+use crate::stats::{errno_label, opcode_label, Stats, LATENCY_BOUNDS_S};
+
+/// How long one scrape may take, from its connection to the last byte of the reply.
+const DEADLINE: Duration = Duration::from_secs(2);
+/// The most of a request head read; a longer one is answered 431.
+const MAX_HEAD: usize = 8192;
+
+/// Where `--metrics` listens.
+#[derive(Debug, PartialEq)]
+pub enum MetricsAddr {
+    Unix(PathBuf),
+    Tcp(Vec<SocketAddr>),
+}
+
+/// Parses `--metrics`: `host:port` with a loopback host, or else a unix socket path (any
+/// value with a `/`, or without a `:port`).
+pub fn parse_addr(s: &str) -> Result<MetricsAddr, String> {
+    let tcp_form = !s.contains('/')
+        && s.rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+    if !tcp_form {
+        if s.is_empty() {
+            return Err("--metrics: give a unix socket path or a loopback host:port".into());
+        }
+        return Ok(MetricsAddr::Unix(PathBuf::from(s)));
+    }
+    let addrs: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("--metrics '{s}': {e}"))?
+        .collect();
+    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(format!(
+            "--metrics '{s}': only a loopback address (127.0.0.1:PORT, [::1]:PORT, localhost:PORT) or a unix socket path: the metrics show every guest request's kind and errors"
+        ));
+    }
+    Ok(MetricsAddr::Tcp(addrs))
+}
+
+/// The bound endpoint, not yet served.
+pub enum MetricsListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl MetricsListener {
+    /// Binds `addr`. A unix path another process listens on is refused; a stale socket
+    /// there is replaced; anything else there is refused.
+    pub fn bind(addr: &MetricsAddr) -> Result<Self, String> {
+        match addr {
+            MetricsAddr::Unix(p) => bind_unix(p).map(MetricsListener::Unix),
+            MetricsAddr::Tcp(a) => TcpListener::bind(&a[..])
+                .map(MetricsListener::Tcp)
+                .map_err(|e| format!("--metrics {}: cannot listen: {e}", a[0])),
+        }
+    }
+
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            MetricsListener::Unix(l) => l.as_raw_fd(),
+            MetricsListener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    /// Serves scrapes on a thread of its own, for as long as the process lives.
+    pub fn spawn(self, device: Arc<FsDevice>) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name("vfsd-metrics".into())
+            .spawn(move || loop {
+                let served = match &self {
+                    MetricsListener::Unix(l) => l.accept().map(|(c, _)| serve(c, &device)),
+                    MetricsListener::Tcp(l) => l.accept().map(|(c, _)| serve(c, &device)),
+                };
+                if let Err(e) = served {
+                    // Out of fds, say: try again a little later rather than spin.
+                    warn!("metrics endpoint: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+            .map(drop)
+    }
+}
+
+fn bind_unix(p: &Path) -> Result<UnixListener, String> {
+    use std::os::unix::fs::FileTypeExt;
+    if crate::daemon::socket_listening(p) {
+        return Err(format!(
+            "--metrics '{}': in use by another process",
+            p.display()
+        ));
+    }
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(p).map_err(|e| format!("--metrics '{}': {e}", p.display()))?
+        }
+        Ok(_) => {
+            return Err(format!(
+                "--metrics '{}': exists and is not a socket",
+                p.display()
+            ))
+        }
+        Err(_) => {}
+    }
+    UnixListener::bind(p).map_err(|e| format!("--metrics '{}': cannot listen: {e}", p.display()))
+}
+
+/// A scraper's connection: a stream with timeouts.
+trait Conn: Read + Write {
+    fn read_timeout(&self, d: Duration) -> io::Result<()>;
+    fn write_timeout(&self, d: Duration) -> io::Result<()>;
+}
+
+impl Conn for UnixStream {
+    fn read_timeout(&self, d: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+    fn write_timeout(&self, d: Duration) -> io::Result<()> {
+        self.set_write_timeout(Some(d))
+    }
+}
+
+impl Conn for TcpStream {
+    fn read_timeout(&self, d: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+    fn write_timeout(&self, d: Duration) -> io::Result<()> {
+        self.set_write_timeout(Some(d))
+    }
+}
+
+/// Reads one request head, answers it, and closes the connection (by dropping it).
+fn serve(mut conn: impl Conn, device: &Arc<FsDevice>) {
+    let start = Instant::now();
+    let left = || {
+        DEADLINE
+            .checked_sub(start.elapsed())
+            .filter(|d| !d.is_zero())
+    };
+    let mut buf = vec![0u8; MAX_HEAD];
+    let mut n = 0;
+    let reply = loop {
+        let Some(d) = left() else { return };
+        if conn.read_timeout(d).is_err() {
+            return;
+        }
+        match conn.read(&mut buf[n..]) {
+            Ok(0) => return,
+            Err(e) => {
+                debug!("metrics endpoint: scraper dropped after {n} bytes: {e}");
+                return;
+            }
+            Ok(k) => n += k,
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf[..n]) {
+            Ok(httparse::Status::Complete(_)) => {
+                break respond(req.method.unwrap_or(""), req.path.unwrap_or(""), device)
+            }
+            Ok(httparse::Status::Partial) if n < MAX_HEAD => continue,
+            Ok(httparse::Status::Partial) => break plain(431, "request head too long\n"),
+            Err(e) => break plain(400, &format!("{e}\n")),
+        }
+    };
+    let Some(d) = left() else { return };
+    if conn.write_timeout(d).is_ok() {
+        if let Err(e) = conn.write_all(&reply) {
+            debug!("metrics endpoint: reply not sent: {e}");
+        }
+    }
+}
+
+/// The reply to `method path`.
+fn respond(method: &str, path: &str, device: &Arc<FsDevice>) -> Vec<u8> {
+    let path = path.split('?').next().unwrap_or("");
+    if path != "/metrics" && path != "/" {
+        return plain(404, "not found: the metrics are at /metrics\n");
+    }
+    let head_only = match method {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return plain(405, "only GET and HEAD\n"),
+    };
+    let body = render(device);
+    let mut r = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        r.extend_from_slice(body.as_bytes());
+    }
+    r
+}
+
+fn plain(code: u16, text: &str) -> Vec<u8> {
+    let reason = match code {
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Request Header Fields Too Large",
+    };
+    let allow = if code == 405 {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
+    format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .into_bytes()
+}
+
+/// Every metric, in the Prometheus text format (0.0.4).
+pub fn render(device: &Arc<FsDevice>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Counters(device.clone())));
+    let mut out = String::new();
+    // Writing into a String can't fail, and neither can the collector.
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+        let _ = writeln!(out, "# encoding failed: {e}");
+    }
+    out
+}
+
+/// Reads the counters when the registry encodes them: one registry per scrape.
+struct Counters(Arc<FsDevice>);
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("vfsd counters")
+    }
+}
+
+type Enc<'a> = DescriptorEncoder<'a>;
+
+fn counter(enc: &mut Enc, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    enc.encode_descriptor(name, help, None, MetricType::Counter)?
+        .encode_counter::<NoLabelSet, _, u64>(&v, None)
+}
+
+fn gauge(enc: &mut Enc, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    enc.encode_descriptor(name, help, None, MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+fn gauge_f(enc: &mut Enc, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    enc.encode_descriptor(name, help, None, MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+fn requests(enc: &mut Enc, stats: &Stats) -> std::fmt::Result {
+    let ops: Vec<_> = Stats::opcodes()
+        .filter_map(|op| Some((op, opcode_label(op), stats.op(op)?)))
+        .collect();
+    let mut m = enc.encode_descriptor(
+        "vfsd_requests",
+        "FUSE requests served, by opcode.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (_, name, s) in &ops {
+        m.encode_family(&[("opcode", name.as_str())])?
+            .encode_counter::<NoLabelSet, _, u64>(&s.count, None)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "vfsd_request_errors",
+        "FUSE requests answered with an error, by opcode and errno.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (op, name, _) in &ops {
+        for (e, n) in stats.errnos(*op) {
+            m.encode_family(&[("opcode", name.as_str()), ("errno", &errno_label(e))])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "vfsd_malformed_requests",
+        "FUSE requests that were malformed (answered with an errno, or dropped), by opcode.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (_, name, s) in &ops {
+        if s.malformed > 0 {
+            m.encode_family(&[("opcode", name.as_str())])?
+                .encode_counter::<NoLabelSet, _, u64>(&s.malformed, None)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "vfsd_request_duration_seconds",
+        "Time from a request's decoding to its reply (for a SETLKW that waits, to its hand-off to a waiter thread), by opcode.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (_, name, s) in &ops {
+        let buckets: Vec<(f64, u64)> = (LATENCY_BOUNDS_S.iter().copied())
+            .chain([f64::INFINITY])
+            .zip(s.buckets)
+            .collect();
+        m.encode_family(&[("opcode", name.as_str())])?
+            .encode_histogram::<NoLabelSet>(s.total_s, s.count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+impl Collector for Counters {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let device = &self.0;
+        let server = device.server();
+        let stats = server.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        requests(&mut enc, stats)?;
+        counter(
+            &mut enc,
+            "vfsd_read_bytes",
+            "Data bytes read by the guest (READ replies).",
+            load(&stats.bytes_read),
+        )?;
+        counter(
+            &mut enc,
+            "vfsd_written_bytes",
+            "Data bytes written by the guest (WRITE replies).",
+            load(&stats.bytes_written),
+        )?;
+        counter(
+            &mut enc,
+            "vfsd_request_panics",
+            "Requests whose handler panicked (answered EIO).",
+            load(&stats.panics),
+        )?;
+        counter(
+            &mut enc,
+            "vfsd_fds_exhausted",
+            "Requests answered EMFILE or ENFILE: the host's fd limits were reached.",
+            load(&stats.fds_exhausted),
+        )?;
+
+        let q = device.queue_gauges();
+        let mut m = enc.encode_descriptor(
+            "vfsd_requests_in_flight",
+            "Requests popped from a queue and not yet answered, lock waits included (queue 0 is the high-priority queue).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (queue, n) in &q.in_flight {
+            m.encode_family(&[("queue", queue.to_string())])?
+                .encode_gauge(&(*n as i64))?;
+        }
+        gauge(
+            &mut enc,
+            "vfsd_worker_pool_queued_requests",
+            "Requests handed to the worker pool that no worker has taken yet.",
+            q.pool_queued as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_worker_pool_threads",
+            "Worker threads (--thread-pool-size; 0: each queue thread serves its own).",
+            q.pool_threads as i64,
+        )?;
+
+        let fs = server.fs().gauges();
+        gauge(
+            &mut enc,
+            "vfsd_inodes",
+            "Inodes the guest knows (looked up and not forgotten).",
+            fs.live_inodes as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_inode_fds",
+            "O_PATH fds the inodes hold.",
+            fs.inode_fds as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_inode_fds_limit",
+            "The bound on O_PATH fds the inodes hold.",
+            fs.inode_fd_limit as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_open_handles",
+            "File and directory handles open for the guest.",
+            fs.open_handles as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_locks_held",
+            "POSIX lock and flock ranges the guest holds.",
+            fs.locks_held as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_lock_waiters",
+            "SETLKW requests waiting for a lock.",
+            fs.lock_waiters as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "vfsd_lock_owners",
+            "Lock owners, each with a host open file description.",
+            fs.lock_owners as i64,
+        )?;
+        counter(
+            &mut enc,
+            "vfsd_lock_enolck",
+            "Lock requests answered ENOLCK (a lock bound was reached).",
+            fs.lock_enolck,
+        )?;
+        counter(
+            &mut enc,
+            "vfsd_lock_edeadlk",
+            "SETLKW requests answered EDEADLK (a cycle of waits).",
+            fs.lock_edeadlk,
+        )?;
+
+        let mig = device.migration_stats().snapshot();
+        let mut m = enc.encode_descriptor(
+            "vfsd_migration_state",
+            "The device-state transfer's state: 1 for the current one.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in MIGRATION_STATES {
+            m.encode_family(&[("state", s)])?
+                .encode_gauge(&i64::from(s == mig.state))?;
+        }
+        gauge(
+            &mut enc,
+            "vfsd_migration_last_state_bytes",
+            "The last finished device-state transfer's size.",
+            mig.last_bytes as i64,
+        )?;
+        gauge_f(
+            &mut enc,
+            "vfsd_migration_last_duration_seconds",
+            "How long the last finished device-state transfer took.",
+            mig.last_duration_s,
+        )?;
+        let mut m = enc.encode_descriptor(
+            "vfsd_migration_transfers",
+            "Device-state transfers, by direction and result.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (dir, result, n) in [
+            ("save", "ok", mig.saved),
+            ("save", "failed", mig.failed_saves),
+            ("load", "ok", mig.loaded),
+            ("load", "failed", mig.failed_loads),
+        ] {
+            m.encode_family(&[("direction", dir), ("result", result)])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+
+        let (fds, rss) = server.fs().process_gauges();
+        if let Some(n) = fds {
+            gauge(
+                &mut enc,
+                "process_open_fds",
+                "Open file descriptors.",
+                n as i64,
+            )?;
+        }
+        gauge(
+            &mut enc,
+            "process_max_fds",
+            "The soft limit on open file descriptors.",
+            crate::sys::nofile_limit().min(i64::MAX as u64) as i64,
+        )?;
+        if let Some(b) = rss {
+            gauge(
+                &mut enc,
+                "process_resident_memory_bytes",
+                "Resident memory size.",
+                b.min(i64::MAX as u64) as i64,
+            )?;
+        }
+        gauge_f(
+            &mut enc,
+            "vfsd_uptime_seconds",
+            "Time since the daemon began serving this frontend.",
+            stats.uptime().as_secs_f64(),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,415 @@
+//! `--metrics`: the Prometheus endpoint, scraped over its unix socket and a loopback port
+//! while requests go through the real socket and virtqueues; its counters checked against
+//! what was sent, and a stalling or flooding scraper against the request path.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common::{run_vfsd, Daemon, ROOT};
+use vfsd::frontend::fuse::*;
+
+/// A daemon with `--metrics` on a socket in a directory of its own (kept as long as the
+/// daemon: dropped after it).
+fn start(extra: &[&str]) -> (Daemon, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.sock");
+    let mut args = vec!["--metrics", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    (Daemon::start(&args), path, dir)
+}
+
+/// One HTTP exchange: the raw response (head and body).
+fn exchange(mut s: impl Read + Write, request: &[u8]) -> String {
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn scrape(path: &Path) -> Metrics {
+    let s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    parse(&exchange(s, b"GET /metrics HTTP/1.1\r\nHost: vfsd\r\n\r\n"))
+}
+
+/// The samples of a 200 response, read by a Prometheus text parser: `name{labels}` (the
+/// labels sorted by name) to value; a histogram's buckets under its name as
+/// `name{labels}` in `buckets`.
+fn parse(response: &str) -> Metrics {
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the Prometheus text format");
+    let mut m = Metrics::default();
+    for s in scrape.samples {
+        let mut labels: Vec<_> = s
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .collect();
+        labels.sort();
+        let key = match labels.is_empty() {
+            true => s.metric.clone(),
+            false => format!("{}{{{}}}", s.metric, labels.join(",")),
+        };
+        use prometheus_parse::Value::*;
+        match s.value {
+            Counter(v) | Gauge(v) | Untyped(v) => {
+                m.values.insert(key, v);
+            }
+            Histogram(b) => {
+                let b = b.iter().map(|c| (c.less_than, c.count)).collect();
+                m.buckets.insert(key, b);
+            }
+            Summary(_) => panic!("vfsd exports no summaries: {key}"),
+        }
+    }
+    assert!(!m.values.is_empty(), "no samples in {body:.200}");
+    m
+}
+
+#[derive(Default, Debug)]
+struct Metrics {
+    values: HashMap<String, f64>,
+    buckets: HashMap<String, Vec<(f64, f64)>>,
+}
+
+impl Metrics {
+    fn contains_key(&self, key: &str) -> bool {
+        self.values.contains_key(key)
+    }
+}
+
+fn get(m: &Metrics, key: &str) -> f64 {
+    *m.values.get(key).unwrap_or_else(|| {
+        panic!(
+            "no sample {key} in {:?}",
+            m.values.keys().collect::<Vec<_>>()
+        )
+    })
+}
+
+/// What the client sent comes back counted: requests and errnos per opcode, the
+/// latency histogram's count, bytes both ways, open handles; and the JSON of `--stats`
+/// agrees, from the same counters.
+#[test]
+fn metrics_count_requests_errnos_latency_and_bytes_as_the_guest_sent_them() {
+    let (d, path, _dir) = start(&[]);
+    let c = d.client();
+    // A missing name is a negative entry, not an error reply: UNLINK answers ENOENT.
+    assert_eq!(
+        c.lookup(ROOT, "missing").unwrap_err().errno(),
+        Some(libc::ENOENT)
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            c.unlink(ROOT, "missing").unwrap_err().errno(),
+            Some(libc::ENOENT)
+        );
+    }
+    let (e, o) = c
+        .create(ROOT, "f", libc::O_RDWR as u32, 0o644)
+        .expect("CREATE");
+    let data = vec![7u8; 5000];
+    assert_eq!(c.write(e.nodeid, o.fh, 0, &data).unwrap(), 5000);
+    assert_eq!(c.read(e.nodeid, o.fh, 0, 8192).unwrap().len(), 5000);
+    assert_eq!(c.read(e.nodeid, o.fh, 1000, 8192).unwrap().len(), 4000);
+
+    let m = scrape(&path);
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="lookup"}"#), 1.0);
+    assert!(!m.contains_key(r#"vfsd_request_errors_total{errno="ENOENT",opcode="lookup"}"#));
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="unlink"}"#), 3.0);
+    assert_eq!(
+        get(
+            &m,
+            r#"vfsd_request_errors_total{errno="ENOENT",opcode="unlink"}"#
+        ),
+        3.0
+    );
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="create"}"#), 1.0);
+    assert!(!m.contains_key(r#"vfsd_request_errors_total{errno="ENOENT",opcode="create"}"#));
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="read"}"#), 2.0);
+    assert_eq!(
+        get(
+            &m,
+            r#"vfsd_request_duration_seconds_count{opcode="unlink"}"#
+        ),
+        3.0
+    );
+    // Cumulative buckets that never fall, up to +Inf holding every request.
+    let unlinks = &m.buckets[r#"vfsd_request_duration_seconds{opcode="unlink"}"#];
+    assert_eq!(unlinks.len(), 13, "{unlinks:?}");
+    assert_eq!(*unlinks.last().unwrap(), (f64::INFINITY, 3.0));
+    assert!(
+        unlinks
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+        "{unlinks:?}"
+    );
+    assert!(get(&m, r#"vfsd_request_duration_seconds_sum{opcode="unlink"}"#) > 0.0);
+    assert_eq!(get(&m, "vfsd_written_bytes_total"), 5000.0);
+    assert_eq!(get(&m, "vfsd_read_bytes_total"), 9000.0);
+    assert_eq!(get(&m, "vfsd_open_handles"), 1.0);
+    assert!(get(&m, "vfsd_inodes") >= 2.0);
+    assert!(get(&m, "vfsd_inode_fds_limit") >= get(&m, "vfsd_inode_fds"));
+    assert_eq!(get(&m, r#"vfsd_requests_in_flight{queue="1"}"#), 0.0);
+    assert_eq!(get(&m, r#"vfsd_migration_state{state="none"}"#), 1.0);
+    assert!(get(&m, "process_open_fds") >= 5.0);
+    assert!(get(&m, "process_resident_memory_bytes") > 1e6);
+
+    let st = d.stats();
+    assert_eq!(st["bytes_written"], 5000);
+    assert_eq!(st["bytes_read"], 9000);
+    assert_eq!(st["opcodes"]["UNLINK"]["errnos"]["ENOENT"], 3);
+    assert_eq!(st["opcodes"]["UNLINK"]["count"], 3);
+}
+
+/// A SETLKW that waits shows as a request in flight on its queue and a lock waiter,
+/// beside the lock it waits for; answered, both go back to 0.
+#[test]
+fn a_waiting_setlkw_shows_in_flight_and_as_a_lock_waiter() {
+    let (d, path, _dir) = start(&[]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let c = d.client();
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    let fh = c.open(n, libc::O_RDWR as u32).unwrap().fh;
+    let wr = |pid| Lock::range(0, 0, libc::F_WRLCK, pid);
+    c.setlk(n, fh, 0xa, wr(1)).unwrap();
+    let t = c.setlkw(1, n, fh, 0xb, wr(2)).unwrap();
+    let start = Instant::now();
+    let m = loop {
+        let m = scrape(&path);
+        if get(&m, "vfsd_lock_waiters") == 1.0 {
+            break m;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no waiter: {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(get(&m, r#"vfsd_requests_in_flight{queue="1"}"#), 1.0);
+    assert_eq!(get(&m, "vfsd_locks_held"), 1.0);
+    // The holder and the waiter each have their host open file description.
+    assert_eq!(get(&m, "vfsd_lock_owners"), 2.0);
+    c.setlk(n, fh, 0xa, Lock::range(0, 0, libc::F_UNLCK, 0))
+        .unwrap();
+    assert_eq!(c.wait(t).unwrap().error, 0);
+    let m = scrape(&path);
+    assert_eq!(get(&m, "vfsd_lock_waiters"), 0.0);
+    assert_eq!(get(&m, r#"vfsd_requests_in_flight{queue="1"}"#), 0.0);
+}
+
+/// Scrapers that connect and send nothing, or trickle a byte at a time, or send an
+/// endless head, hold the endpoint for at most its 2 s deadline each, are cut off, and
+/// never delay a request: the client's GETATTRs are answered all the while.
+#[test]
+fn a_stalling_or_flooding_scraper_is_cut_off_and_delays_no_request() {
+    let (d, path, _dir) = start(&[]);
+    let c = d.client();
+    // Three that send nothing, queued behind one another.
+    let idle: Vec<UnixStream> = (0..3)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let start = Instant::now();
+    let mut served = 0;
+    while start.elapsed() < Duration::from_millis(1500) {
+        c.getattr(ROOT).unwrap();
+        served += 1;
+    }
+    assert!(
+        served > 10,
+        "{served} GETATTRs in 1.5 s beside idle scrapers"
+    );
+    // Each idle connection is closed at its deadline without a reply.
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(s.read_to_end(&mut buf).unwrap(), 0);
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited < Duration::from_secs(9),
+        "three idle scrapers held the endpoint for {waited:?}"
+    );
+    // A head longer than 8 KiB is refused, without reading on.
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let long = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n", "a".repeat(9000));
+    let _ = s.write_all(long.as_bytes());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out:.80}");
+    // Wrong path and method.
+    let r = exchange(
+        UnixStream::connect(&path).unwrap(),
+        b"GET /x HTTP/1.1\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    let r = exchange(
+        UnixStream::connect(&path).unwrap(),
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    );
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    // A well-behaved scrape still works, and the requests were counted.
+    let m = scrape(&path);
+    assert!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#) >= served as f64);
+}
+
+/// The loopback TCP form serves the same; a HEAD gets the head only.
+#[test]
+fn metrics_on_a_loopback_port() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start(&["--metrics", &addr]);
+    // Kept: the daemon exits when its frontend goes.
+    let c = d.client();
+    c.getattr(ROOT).unwrap();
+    let s = std::net::TcpStream::connect(&addr).unwrap();
+    let m = parse(&exchange(s, b"GET /metrics HTTP/1.0\r\n\r\n"));
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 1.0);
+    let s = std::net::TcpStream::connect(&addr).unwrap();
+    let r = exchange(s, b"HEAD /metrics HTTP/1.1\r\n\r\n");
+    let (head, body) = r.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && body.is_empty(), "{r}");
+}
+
+/// Each wrong `--metrics` ends start-up with one line and a non-zero exit: a port open
+/// to the network, a path that is no socket, a socket another daemon listens on.
+#[test]
+fn metrics_refuses_a_non_loopback_address_a_non_socket_and_a_socket_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let sock = dir.path().join("v.sock");
+    let run = |metrics: &str| {
+        run_vfsd(&[
+            "--socket-path",
+            sock.to_str().unwrap(),
+            "--shared-dir",
+            share.to_str().unwrap(),
+            "--metrics",
+            metrics,
+        ])
+    };
+    let (code, err) = run("0.0.0.0:9187");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("only a loopback address"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"").unwrap();
+    let (code, err) = run(file.to_str().unwrap());
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not a socket"), "{err}");
+    assert!(file.exists());
+    let busy = dir.path().join("busy.sock");
+    let _l = std::os::unix::net::UnixListener::bind(&busy).unwrap();
+    let (code, err) = run(busy.to_str().unwrap());
+    assert_eq!(code, Some(1));
+    assert!(err.contains("in use"), "{err}");
+}
+
+/// The endpoint's socket goes with the daemon, and a stale one is replaced.
+#[test]
+fn the_metrics_socket_is_removed_at_exit_and_a_stale_one_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sock");
+    // A stale socket: bound, then its listener gone.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let d = Daemon::start(&["--metrics", path.to_str().unwrap()]);
+    assert!(scrape(&path).contains_key("vfsd_inodes"));
+    drop(d);
+    assert!(!path.exists(), "the metrics socket outlived the daemon");
+}
+
+/// A device-state save and loads (one refused, one good) show in the migration metrics
+/// of each side: the state, the counts by result, the last state's size.
+#[test]
+fn migration_metrics_follow_a_save_and_a_refused_and_a_good_load() {
+    let (src, src_metrics, _d1) = start(&[]);
+    let c = src.client();
+    let (e, o) = c.create(ROOT, "f", libc::O_RDWR as u32, 0o644).unwrap();
+    c.write(e.nodeid, o.fh, 0, b"data").unwrap();
+    let state = c.fe.save_state().unwrap();
+    let m = scrape(&src_metrics);
+    assert_eq!(get(&m, r#"vfsd_migration_state{state="saved"}"#), 1.0);
+    assert_eq!(get(&m, r#"vfsd_migration_state{state="none"}"#), 0.0);
+    assert_eq!(
+        get(
+            &m,
+            r#"vfsd_migration_transfers_total{direction="save",result="ok"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "vfsd_migration_last_state_bytes"),
+        state.len() as f64
+    );
+    assert!(get(&m, "vfsd_migration_last_duration_seconds") > 0.0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let dst_metrics = dir.path().join("m.sock");
+    let dst = Daemon::start_on(&src.share, &["--metrics", dst_metrics.to_str().unwrap()]);
+    let fe = dst.frontend(vfsd::frontend::FrontendConfig::default());
+    assert!(fe.load_state(&state[..state.len() / 2]).is_err());
+    let m = scrape(&dst_metrics);
+    assert_eq!(get(&m, r#"vfsd_migration_state{state="failed"}"#), 1.0);
+    assert_eq!(
+        get(
+            &m,
+            r#"vfsd_migration_transfers_total{direction="load",result="failed"}"#
+        ),
+        1.0
+    );
+    fe.load_state(&state).unwrap();
+    let m = scrape(&dst_metrics);
+    assert_eq!(get(&m, r#"vfsd_migration_state{state="loaded"}"#), 1.0);
+    assert_eq!(
+        get(
+            &m,
+            r#"vfsd_migration_transfers_total{direction="load",result="ok"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "vfsd_migration_last_state_bytes"),
+        state.len() as f64
+    );
+    assert_eq!(get(&m, "vfsd_open_handles"), 1.0);
+}
+
+/// Scrapes taken while a client sends GETATTRs see the count only rise, and the last
+/// one, after the client is done, sees exactly what was sent.
+#[test]
+fn scrapes_during_a_workload_see_the_count_rise_to_the_requests_sent() {
+    let (d, path, _dir) = start(&[]);
+    let c = d.client();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let (path, done) = (path.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let m = scrape(&path);
+                let key = r#"vfsd_requests_total{opcode="getattr"}"#;
+                seen.push(m.values.get(key).copied().unwrap_or(0.0));
+            }
+            seen
+        })
+    };
+    for _ in 0..3000 {
+        c.getattr(ROOT).unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = scraper.join().unwrap();
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    let m = scrape(&path);
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 3000.0);
+}
