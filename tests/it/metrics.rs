@@ -338,15 +338,8 @@ fn migration_metrics_follow_a_save_and_a_refused_and_a_good_load() {
     c.write(e.nodeid, o.fh, 0, b"data").unwrap();
     let state = c.fe.save_state().unwrap();
     let m = scrape(&src_metrics);
-    assert_eq!(get(&m, r#"vfsd_migration_state{state="saved"}"#), 1.0);
+    assert_transfer(&m, "saved", "save", "ok");
     assert_eq!(get(&m, r#"vfsd_migration_state{state="none"}"#), 0.0);
-    assert_eq!(
-        get(
-            &m,
-            r#"vfsd_migration_transfers_total{direction="save",result="ok"}"#
-        ),
-        1.0
-    );
     assert_eq!(
         get(&m, "vfsd_migration_last_state_bytes"),
         state.len() as f64
@@ -358,30 +351,30 @@ fn migration_metrics_follow_a_save_and_a_refused_and_a_good_load() {
     let dst = Daemon::start_on(&src.share, &["--metrics", dst_metrics.to_str().unwrap()]);
     let fe = dst.frontend(vfsd::frontend::FrontendConfig::default());
     assert!(fe.load_state(&state[..state.len() / 2]).is_err());
-    let m = scrape(&dst_metrics);
-    assert_eq!(get(&m, r#"vfsd_migration_state{state="failed"}"#), 1.0);
-    assert_eq!(
-        get(
-            &m,
-            r#"vfsd_migration_transfers_total{direction="load",result="failed"}"#
-        ),
-        1.0
-    );
+    assert_transfer(&scrape(&dst_metrics), "failed", "load", "failed");
     fe.load_state(&state).unwrap();
     let m = scrape(&dst_metrics);
-    assert_eq!(get(&m, r#"vfsd_migration_state{state="loaded"}"#), 1.0);
-    assert_eq!(
-        get(
-            &m,
-            r#"vfsd_migration_transfers_total{direction="load",result="ok"}"#
-        ),
-        1.0
-    );
+    assert_transfer(&m, "loaded", "load", "ok");
     assert_eq!(
         get(&m, "vfsd_migration_last_state_bytes"),
         state.len() as f64
     );
     assert_eq!(get(&m, "vfsd_open_handles"), 1.0);
+}
+
+/// The migration state is `state` alone, and one transfer of its kind was counted.
+fn assert_transfer(m: &Metrics, state: &str, direction: &str, result: &str) {
+    for s in ["none", "saving", "loading", "saved", "loaded", "failed"] {
+        let want = if s == state { 1.0 } else { 0.0 };
+        assert_eq!(
+            get(m, &format!(r#"vfsd_migration_state{{state="{s}"}}"#)),
+            want,
+            "{s}"
+        );
+    }
+    let key =
+        format!(r#"vfsd_migration_transfers_total{{direction="{direction}",result="{result}"}}"#);
+    assert_eq!(get(m, &key), 1.0);
 }
 
 /// Scrapes taken while a client sends GETATTRs see the count only rise, and the last
