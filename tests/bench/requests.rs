@@ -10,9 +10,10 @@
 //! ```
 //!
 //! The guest side is guest-tests/tree-bench.sh on a source tree (the pinned xfstests
-//! tarball, 4,684 entries). Writes docs/benchmarks/requests/results.jsonl (a line per
-//! daemon, mode and step) and docs/benchmarks/requests/report.md (the tables), or under
-//! `--out DIR`.
+//! tarball, 4,684 entries). Writes docs/benchmarks/tree/results.jsonl (a line per
+//! daemon, mode and step, with the commit and date) and docs/benchmarks/tree/report.md
+//! (the tables), or under `--out DIR`, then runs scripts/bench-report.py, which rewrites
+//! docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
@@ -43,7 +44,7 @@ fn options() -> Options {
             .to_vec(),
         daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
         steps: STEPS.into(),
-        out: repo().join("docs/benchmarks/requests"),
+        out: repo().join("docs/benchmarks/tree"),
         tmpfs: true,
     };
     let mut args = std::env::args().skip(1);
@@ -267,22 +268,7 @@ fn main() {
     let o = options();
     let cache = cache_dir();
     let (tar, entries) = source_tree(&cache);
-    let commit = Command::new("git")
-        .args([
-            "-C",
-            &repo().to_string_lossy(),
-            "rev-parse",
-            "--short",
-            "HEAD",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let date = Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let (commit, date) = fixture::commit_and_date();
     eprintln!(
         "requests: tree of {entries} entries; modes {:?}; daemons {:?}; steps {}",
         o.modes, o.daemons, o.steps
@@ -450,4 +436,5 @@ fn write_report(
     }
     std::fs::write(o.out.join("report.md"), md).unwrap();
     eprintln!("requests: wrote {}", o.out.join("report.md").display());
+    fixture::bench_report();
 }
