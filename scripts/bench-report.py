@@ -121,7 +121,7 @@ def io_section(workload, lines, title, cmd, bounds, limit_cfg="native", limit_na
                    [("vfsd", rn), ("virtiofsd", [get("loadgen", r, "virtiofsd-default") / get("loadgen", r, "native")
                                                  if get("loadgen", r, "virtiofsd-default") and get("loadgen", r, "native") else None for r in lg])],
                    f"{title}: load generator, ops/s relative to native", "÷ native", 1.0, "native")
-        md += f"### Load generator\n\nOperations per second, medians; vfsd and virtiofsd at their defaults, virtiofsd also at its best pool size (4); native is fio on the host at the same concurrency (a psync thread per request in flight, buffered, as the daemons do). CPU is each daemon's µs per operation.\n\n"
+        md += f"### Load generator\n\nOperations per second, medians; vfsd and virtiofsd at their defaults, virtiofsd also at its best pool size (4); native is fio on the host at the same concurrency (a psync thread per request in flight, buffered, as the daemons do). CPU is each daemon's µs per operation. Queues, requests in flight and block size per workload are WORKLOADS in tests/bench/io.rs (4 KiB at 32 in flight for the `-shared` rows and lookup-getattr, 1 MiB at 4 for seqread and seqwrite; the GlusterFS rows name theirs), `--cache=never`.\n\n"
         md += table(["workload", "vfsd", "virtiofsd", "virtiofsd, pool 4", "native", "vfsd ÷ virtiofsd",
                      "vfsd ÷ virtiofsd pool 4", "vfsd ÷ native", "CPU µs/op vfsd / virtiofsd"], rows)
         md += f"\n![{title}: load generator]({png})\n\n"
