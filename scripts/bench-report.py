@@ -34,14 +34,14 @@ def load(workload):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def measured(lines, cmd=None):
+def measured(lines, cmd=None, with_cmd=True):
     """Where the figures come from: commit(s), date(s), and the command (the one saved
     with the data, else cmd)."""
     commits = sorted({str(x.get("commit", "?")) for x in lines})
     dates = sorted({str(x.get("date", "?")) for x in lines})
     out = f"commit {', '.join(commits)}, {', '.join(dates)}"
-    cmd = lines[0].get("command", cmd)
-    return out + (f", `{cmd}`" if cmd else "")
+    cmd = lines[0].get("command") or cmd
+    return out + (f", `{cmd}`" if cmd and with_cmd else "")
 
 
 def medians(lines):
@@ -273,16 +273,18 @@ def walk_section(lines):
 
 def migration_section(lines):
     rows = [[x["daemon"], x["share"], f"{x['total_ms'] / 1000:.1f} s", f"{x['downtime_ms']} ms", f"{x['ram_mib']} MiB",
-             x["lines_written"], x["result"], f"[{x['raw']}](benchmarks/migration/{x['raw']})"] for x in lines]
-    cmd = "cargo test --release --test guest live_migration -- --nocapture"
-    md = (f"## Live migration\n\nMeasured at {measured(lines, 'scripts/guest-migrate.sh')} (the vfsd and virtiofsd 1.14 rows alike; "
-          f"the script is in git at that commit). The guest tests that migrate print the same figures: `{cmd}` "
+             x["lines_written"], x["result"], f"`{x['command']}`", f"[{x['raw']}](benchmarks/migration/{x['raw']})"] for x in lines]
+    cmd = "cargo test --release --test guest -- --include-ignored --nocapture migration::live_migration_through_a_socket"
+    commit = lines[0]["commit"]
+    md = (f"## Live migration\n\nMeasured at {measured(lines, with_cmd=False)} with the commands in the table "
+          f"(`git show {commit}:scripts/guest-migrate.sh`; the vfsd and virtiofsd 1.14 rows alike). The guest tests that migrate "
+          f"print the same figures: `{cmd}` "
           "(and `VFSD_TEST_DAEMON=virtiofsd` for virtiofsd).\n\n"
           "A TCG guest (2 vCPUs, 1 GiB) moves between two QEMU 10.0.2 processes on this host, each with its own daemon, while it "
           "writes a line every ~100 ms and, in the fio rows, runs crc32c-verified direct and buffered I/O across the switch.\n\n"
           "**What bounds it:** copying the guest's RAM (about 230 MiB in 3-4 passes under TCG); the daemon's own state is a few "
           "hundred bytes, and the downtime is QEMU's stop-and-copy.\n\n")
-    md += table(["daemon", "share", "total", "downtime", "RAM sent", "guest lines", "result", "raw summary"], rows)
+    md += table(["daemon", "share", "total", "downtime", "RAM sent", "guest lines", "result", "command", "raw summary"], rows)
     vf = {x["share"]: x for x in lines if x["daemon"] == "vfsd"}
     vd = {x["share"]: x for x in lines if x["daemon"] == "virtiofsd"}
     rv = [vd[s]["downtime_ms"] / vf[s]["downtime_ms"] for s in vf if s in vd]
@@ -319,7 +321,7 @@ def main():
             continue
         md, s = fn(lines)
         parts.append(md)
-        summary += [(t, rv, rn, measured(lines)) for t, rv, rn in s]
+        summary += [(t, rv, rn, measured(lines, with_cmd=False)) for t, rv, rn in s]
     page = (
         "# Benchmarks\n\n"
         "<!-- Written by scripts/bench-report.py from docs/benchmarks/*/results.jsonl: edit the script or re-run a bench, not this page. -->\n\n"
