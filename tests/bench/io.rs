@@ -22,7 +22,7 @@
 //!
 //! Each figure is the median of `--runs` runs, the runs interleaved across daemons so
 //! that drift hits each alike. Writes OUT/results.jsonl (a line per figure and run, with
-//! the commit and date) and OUT/report.md (default docs/benchmarks/io), then runs
+//! the commit and date; the lines of parts not run this time are kept) and OUT/report.md (default docs/benchmarks/io), then runs
 //! scripts/bench-report.py, which rewrites docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
@@ -558,8 +558,31 @@ fn main() {
     let o = options();
     let (commit, date) = fixture::commit_and_date();
     std::fs::create_dir_all(&o.out).unwrap();
+    // The saved lines of the parts this run does not measure are kept, so a run of some
+    // parts replaces only theirs on the benchmark page.
+    let path = o.out.join("results.jsonl");
+    let runs = |p: &str| o.parts.iter().any(|x| x == p);
+    let kept: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_default();
+            match (v["part"].as_str(), v["config"].as_str()) {
+                (Some("loadgen"), _) => !runs("loadgen"),
+                (Some("fio"), Some("native")) => !runs("native"),
+                (Some("fio"), _) => !runs("guest"),
+                (Some("instr"), _) => !runs("instr"),
+                _ => false,
+            }
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, kept.concat()).unwrap();
     let mut rec = Record {
-        jsonl: std::fs::File::create(o.out.join("results.jsonl")).unwrap(),
+        jsonl: std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap(),
         commit: &commit,
         date: &date,
         figures: BTreeMap::new(),
