@@ -11,7 +11,8 @@
 //!
 //! The guest side is guest-tests/tree-bench.sh on a source tree (the pinned xfstests
 //! tarball, 4,684 entries). Writes docs/benchmarks/tree/results.jsonl (a line per
-//! daemon, mode and step, with the commit and date) and docs/benchmarks/tree/report.md
+//! daemon, mode and step, with the commit and date; the lines of those not run this time
+//! are kept) and docs/benchmarks/tree/report.md
 //! (the tables), or under `--out DIR`, then runs scripts/bench-report.py, which rewrites
 //! docs/benchmarks.md and its plots.
 
@@ -274,7 +275,32 @@ fn main() {
         o.modes, o.daemons, o.steps
     );
     std::fs::create_dir_all(&o.out).unwrap();
-    let mut jsonl = std::fs::File::create(o.out.join("results.jsonl")).unwrap();
+    // The saved lines of the daemons, modes and steps this run does not measure are kept,
+    // so a run of some replaces only theirs on the benchmark page.
+    let path = o.out.join("results.jsonl");
+    let steps: Vec<&str> = o.steps.split(',').collect();
+    let kept: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            let step = v["step"].as_str().unwrap_or_default();
+            let measured = match (v["daemon"].as_str(), v["mode"].as_str()) {
+                (Some("tmpfs"), _) => o.tmpfs,
+                (Some(d), Some(m)) => {
+                    o.daemons.iter().any(|k| label(k) == d) && o.modes.iter().any(|x| x == m)
+                }
+                _ => true,
+            };
+            !(measured && steps.contains(&step))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, kept.concat()).unwrap();
+    let mut jsonl = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
     // (mode, step) -> daemon -> result
     let mut table: BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>> = BTreeMap::new();
     let mut step_order: Vec<String> = Vec::new();
