@@ -11,8 +11,9 @@
 //!
 //! The tree (1,000 files per directory) is made once under the cache directory and
 //! kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB), OUT/results.jsonl (a line per
-//! daemon, with the commit and date) and OUT/report.md (default docs/benchmarks/walk),
-//! then runs scripts/bench-report.py, which rewrites docs/benchmarks.md and its plots.
+//! daemon, with the commit and date; other daemons' lines are kept) and OUT/report.md
+//! (default docs/benchmarks/walk), then runs scripts/bench-report.py, which rewrites
+//! docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
@@ -215,7 +216,17 @@ fn write_report(o: &Options, rows: &[(&str, usize, u64, u64, String)]) {
         if args.is_empty() { "" } else { " -- " },
         args.join(" ")
     );
-    let mut json = String::new();
+    // The saved lines of daemons this run did not measure are kept.
+    let path = o.out.join("results.jsonl");
+    let mut json: String = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            !rows.iter().any(|r| v["daemon"].as_str() == Some(r.0))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
     for (name, fds, rss, secs, walk) in rows {
         json += &serde_json::json!({"commit": commit, "date": date, "files": o.files,
             "daemon": name, "daemon_args": o.daemon_args, "peak_fds": fds,
@@ -229,7 +240,7 @@ fn write_report(o: &Options, rows: &[(&str, usize, u64, u64, String)]) {
         );
     }
     std::fs::write(o.out.join("report.md"), md).unwrap();
-    std::fs::write(o.out.join("results.jsonl"), json).unwrap();
+    std::fs::write(&path, json).unwrap();
     eprintln!("walk: wrote {}", o.out.join("report.md").display());
     fixture::bench_report();
 }
