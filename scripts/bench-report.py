@@ -265,7 +265,7 @@ def walk_section(lines):
                     r.append(int(rss) / 1024)
             a.plot(t, f, label=x["daemon"])
             b.plot(t, r, label=x["daemon"])
-    a.axhline(10000, color="black", linestyle="--", label="vfsd's bound (half the fd limit)")
+    a.axhline(10000, color="black", linestyle="--", label="vfsd's bound (half its fd limit of 20,000)")
     a.set_title("open fds", fontsize=9)
     b.set_title("RSS (MiB)", fontsize=9)
     for ax in (a, b):
@@ -275,13 +275,16 @@ def walk_section(lines):
     fig.savefig(os.path.join(DATA, "walk", "walk.png"), dpi=80)
     plt.close(fig)
     cmd = "cargo bench --bench walk"
-    md = (f"## fds and memory under a walk of a million files\n\nMeasured at {measured(lines, cmd)}. To run again: `{cmd}`.\n\n"
-          f"A TCG guest runs `find | wc -l`, then `du -s`, over {lines[0]['files']:,} host-made files (1,000 directories of 1,000) "
+    per_file = [x["peak_rss_kib"] * 1024 // x["files"] for x in lines]
+    md = (f"## fds and memory under a walk of {lines[0]['files']:,} files\n\nMeasured at {measured(lines, cmd)}. To run again: `{cmd}` "
+          "(1,000,000 files by default).\n\n"
+          f"A TCG guest runs `find | wc -l`, then `du -s`, over {lines[0]['files']:,} host-made files (directories of 1,000) "
           "on a read-only share, cache mode auto (the guest keeps every inode it has seen); each daemon with its defaults plus `--xattr`. "
-          "The host samples the open fds and RSS of the daemon's serving process every second (walk/*.csv). The fd limit was 20,000.\n\n"
-          "**What bounds it:** vfsd keeps its nodes' O_PATH fds as a cache bounded by half the fd limit, and RSS grows with the files "
-          "the guest knows (about 660 bytes each for both daemons) until the guest forgets them; the walk's time moved 30-40% between runs, "
-          "so it is not a speed figure.\n\n")
+          "The host samples the open fds and RSS of the daemon's serving process every second (walk/*.csv). vfsd ran with an fd limit "
+          "of 20,000, so its bound was 10,000.\n\n"
+          "**What bounds it:** vfsd keeps its nodes' O_PATH fds as a cache bounded by half its fd limit (at most 65,536), and RSS grows "
+          f"with the files the guest knows ({min(per_file)}-{max(per_file)} bytes each here) until the guest forgets them; the walk's "
+          "time moves by tens of percent between runs on this machine, so it is not a speed figure.\n\n")
     md += table(["daemon", "peak fds", "peak RSS", "RSS bytes per file", "wall s", "walk"], rows)
     return md + "\n![fds and RSS during the walk](benchmarks/walk/walk.png)\n\n"
 
