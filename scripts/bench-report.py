@@ -306,6 +306,19 @@ def migration_section(lines):
     vf = {x["share"]: x for x in lines if x["daemon"] == "vfsd"}
     vd = {x["share"]: x for x in lines if x["daemon"] == "virtiofsd"}
     rv = [vd[s]["downtime_ms"] / vf[s]["downtime_ms"] for s in vf if s in vd]
+    shares = list(vf)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, key, unit in ((axes[0], "total_ms", "total (ms)"), (axes[1], "downtime_ms", "downtime (ms)")):
+        for i, (name, d) in enumerate((("vfsd", vf), ("virtiofsd", vd))):
+            ax.bar([g + (i - 0.5) * 0.4 for g in range(len(shares))], [d[x][key] if x in d else 0 for x in shares], 0.4, label=name)
+        ax.set_xticks(range(len(shares)))
+        ax.set_xticklabels([x.split(":")[0] for x in shares], fontsize=8)
+        ax.set_title(f"{unit}, lower is better", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DATA, "migration", "migration.png"), dpi=80)
+    plt.close(fig)
+    md += "\n![live migration: total time and downtime](benchmarks/migration/migration.png)\n"
     return md + "\n", [("Live migration: downtime (virtiofsd ÷ vfsd, higher is better for vfsd)", rv, [])]
 
 
