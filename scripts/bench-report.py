@@ -363,6 +363,8 @@ def main():
         "figures were measured at and the command that measures them again; the bench rewrites its results.jsonl and this page.\n\n"
         "Regenerate the page and plots from the saved data: `python3 scripts/bench-report.py`.\n\n"
         "## Summary\n\n"
+        "Each ratio is of speeds, so above 1 vfsd is the faster (for times, the ratio of seconds is turned over); the limit is "
+        "native, the guest's tmpfs or the guest's ceiling, as each section says. The ranges run over the section's rows.\n\n"
         + table(["workload", "vfsd ÷ virtiofsd (range over rows)", "vfsd ÷ limit", "measured at"],
                 [[t, span(rv), span(rn), m] for t, rv, rn, m in summary])
         + "\n" + "".join(parts)
