@@ -492,8 +492,9 @@ impl Opt {
 }
 
 /// Enough workers that requests queued together on one queue run together: max(8, 2 ×
-/// CPUs). On a 2-core host 8 beat 0, 2 and 4 for writes and metadata
-/// (docs/benchmarks/pool-sweep.txt); workers mostly wait on the host, so twice the CPUs.
+/// CPUs). On a 2-core host 8 beat 0, 2 and 4 for writes and metadata with the load
+/// generator (docs/design.md, "Parallel direct writes"); workers mostly wait on the host, so
+/// twice the CPUs.
 pub fn default_pool_size() -> usize {
     std::thread::available_parallelism()
         .map_or(8, |n| n.get() * 2)

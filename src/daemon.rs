@@ -211,7 +211,7 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
         Ok(()) => Ok(()),
         Err(e) if want.is_some() => Err(format!("--rlimit-nofile {target}: {e}")),
         // Not allowed to raise the hard limit (no CAP_SYS_RESOURCE): use it as it is.
-        // Quiet by default, like the old behaviour it falls back to.
+        // Logged at debug only: running at the hard limit is the ordinary case then.
         Err(e) => {
             log::debug!(
                 "RLIMIT_NOFILE {target}: {e}; using the hard limit ({})",

@@ -52,8 +52,8 @@ pub const SMALL_POP: usize = 4;
 /// guest's vCPUs want the same CPUs, and the hand-off costs more than the requests.
 /// Measured on 2 CPUs with the load generator's lookup-getattr at 8 in flight, the pool
 /// took 3 times the daemon CPU per request of serving on the queue thread, at half the
-/// rate; and `git status` in a guest under `--cache never` twice the CPU
-/// (docs/benchmarks.md, "Session 13").
+/// rate; and `git status` in a guest under `--cache never` twice the CPU (docs/design.md,
+/// "Quick metadata beside others in flight").
 pub const SMALL_HOST_CPUS: usize = 2;
 
 /// The largest pop served inline on a small host: enough for a guest's parallel tree walk

@@ -21,8 +21,9 @@
 //! ```
 //!
 //! Each figure is the median of `--runs` runs, the runs interleaved across daemons so
-//! that drift hits each alike. Writes OUT/results.jsonl and OUT/report.md (default
-//! docs/benchmarks/io).
+//! that drift hits each alike. Writes OUT/results.jsonl (a line per figure and run, with
+//! the commit and date; the lines of parts not run this time are kept) and OUT/report.md (default docs/benchmarks/io), then runs
+//! scripts/bench-report.py, which rewrites docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
@@ -257,8 +258,10 @@ impl Record<'_> {
         fig: (f64, f64, f64),
         raw: Value,
     ) {
+        // value: ops/s (or IOPS, or instructions per operation for instr).
         let line = json!({"commit": self.commit, "date": self.date, "part": part, "row": row,
-            "config": col, "run": run, "result": raw});
+            "config": col, "run": run, "value": fig.0, "mib_per_s": fig.1,
+            "cpu_us_per_op": fig.2, "result": raw});
         writeln!(self.jsonl, "{line}").unwrap();
         eprintln!(
             "io: {part} {row} {col} run {run}: {:.0} ({:.1} MiB/s)",
@@ -553,28 +556,33 @@ fn instr(dir: &TestDir, rec: &mut Record) {
 
 fn main() {
     let o = options();
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(repo())
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
-    let date = String::from_utf8_lossy(
-        &Command::new("date")
-            .arg("+%Y-%m-%d")
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let (commit, date) = fixture::commit_and_date();
     std::fs::create_dir_all(&o.out).unwrap();
+    // The saved lines of the parts this run does not measure are kept, so a run of some
+    // parts replaces only theirs on the benchmark page.
+    let path = o.out.join("results.jsonl");
+    let runs = |p: &str| o.parts.iter().any(|x| x == p);
+    let kept: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_default();
+            match (v["part"].as_str(), v["config"].as_str()) {
+                (Some("loadgen"), _) => !runs("loadgen"),
+                (Some("fio"), Some("native")) => !runs("native"),
+                (Some("fio"), _) => !runs("guest"),
+                (Some("instr"), _) => !runs("instr"),
+                _ => false,
+            }
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, kept.concat()).unwrap();
     let mut rec = Record {
-        jsonl: std::fs::File::create(o.out.join("results.jsonl")).unwrap(),
+        jsonl: std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap(),
         commit: &commit,
         date: &date,
         figures: BTreeMap::new(),
@@ -596,6 +604,7 @@ fn main() {
         instr(&dir, &mut rec);
     }
     write_report(&o, &rec);
+    fixture::bench_report();
 }
 
 fn write_report(o: &Options, rec: &Record) {

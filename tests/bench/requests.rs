@@ -10,9 +10,11 @@
 //! ```
 //!
 //! The guest side is guest-tests/tree-bench.sh on a source tree (the pinned xfstests
-//! tarball, 4,684 entries). Writes docs/benchmarks/requests/results.jsonl (a line per
-//! daemon, mode and step) and docs/benchmarks/requests/report.md (the tables), or under
-//! `--out DIR`.
+//! tarball, 4,684 entries). Writes docs/benchmarks/tree/results.jsonl (a line per
+//! daemon, mode and step, with the commit and date; the lines of those not run this time
+//! are kept) and docs/benchmarks/tree/report.md
+//! (the tables), or under `--out DIR`, then runs scripts/bench-report.py, which rewrites
+//! docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
@@ -43,7 +45,7 @@ fn options() -> Options {
             .to_vec(),
         daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
         steps: STEPS.into(),
-        out: repo().join("docs/benchmarks/requests"),
+        out: repo().join("docs/benchmarks/tree"),
         tmpfs: true,
     };
     let mut args = std::env::args().skip(1);
@@ -267,28 +269,38 @@ fn main() {
     let o = options();
     let cache = cache_dir();
     let (tar, entries) = source_tree(&cache);
-    let commit = Command::new("git")
-        .args([
-            "-C",
-            &repo().to_string_lossy(),
-            "rev-parse",
-            "--short",
-            "HEAD",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let date = Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let (commit, date) = fixture::commit_and_date();
     eprintln!(
         "requests: tree of {entries} entries; modes {:?}; daemons {:?}; steps {}",
         o.modes, o.daemons, o.steps
     );
     std::fs::create_dir_all(&o.out).unwrap();
-    let mut jsonl = std::fs::File::create(o.out.join("results.jsonl")).unwrap();
+    // The saved lines of the daemons, modes and steps this run does not measure are kept,
+    // so a run of some replaces only theirs on the benchmark page.
+    let path = o.out.join("results.jsonl");
+    let steps: Vec<&str> = o.steps.split(',').collect();
+    let kept: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            let step = v["step"].as_str().unwrap_or_default();
+            let measured = match (v["daemon"].as_str(), v["mode"].as_str()) {
+                (Some("tmpfs"), _) => o.tmpfs,
+                (Some(d), Some(m)) => {
+                    o.daemons.iter().any(|k| label(k) == d) && o.modes.iter().any(|x| x == m)
+                }
+                _ => true,
+            };
+            !(measured && steps.contains(&step))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, kept.concat()).unwrap();
+    let mut jsonl = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
     // (mode, step) -> daemon -> result
     let mut table: BTreeMap<(usize, String), BTreeMap<&'static str, StepResult>> = BTreeMap::new();
     let mut step_order: Vec<String> = Vec::new();
@@ -450,4 +462,5 @@ fn write_report(
     }
     std::fs::write(o.out.join("report.md"), md).unwrap();
     eprintln!("requests: wrote {}", o.out.join("report.md").display());
+    fixture::bench_report();
 }

@@ -10,8 +10,10 @@
 //! ```
 //!
 //! The tree (1,000 files per directory) is made once under the cache directory and
-//! kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB) and OUT/report.md (default
-//! docs/benchmarks/walk).
+//! kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB), OUT/results.jsonl (a line per
+//! daemon, with the commit and date; other daemons' lines are kept) and OUT/report.md
+//! (default docs/benchmarks/walk), then runs scripts/bench-report.py, which rewrites
+//! docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
@@ -204,23 +206,33 @@ fn write_report(o: &Options, rows: &[(&str, usize, u64, u64, String)]) {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    let commit = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo())
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let (commit, date) = fixture::commit_and_date();
     let mut md = format!(
         "# A guest walks {} host-made files: the daemon's fds and RSS\n\nWritten by `cargo bench --bench walk{}{}` \
-         (tests/bench/walk.rs) at {commit}: a TCG guest, cache mode auto, each daemon with its defaults plus \
+         (tests/bench/walk.rs) at {commit}, {date}: a TCG guest, cache mode auto, each daemon with its defaults plus \
          `--xattr`. Samples once a second: `<daemon>.csv` beside this file.\n\n\
          | daemon | peak fds | peak RSS (MiB) | RSS per file (bytes) | wall time (s) | walk |\n|---|---:|---:|---:|---:|---|\n",
         o.files,
         if args.is_empty() { "" } else { " -- " },
         args.join(" ")
     );
+    // The saved lines of daemons this run did not measure are kept.
+    let path = o.out.join("results.jsonl");
+    let mut json: String = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            !rows.iter().any(|r| v["daemon"].as_str() == Some(r.0))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
     for (name, fds, rss, secs, walk) in rows {
+        json += &serde_json::json!({"commit": commit, "date": date, "files": o.files,
+            "daemon": name, "daemon_args": o.daemon_args, "peak_fds": fds,
+            "peak_rss_kib": rss, "seconds": secs, "walk": walk})
+        .to_string();
+        json += "\n";
         md += &format!(
             "| {name} | {fds} | {} | {} | {secs} | {walk} |\n",
             rss / 1024,
@@ -228,5 +240,7 @@ fn write_report(o: &Options, rows: &[(&str, usize, u64, u64, String)]) {
         );
     }
     std::fs::write(o.out.join("report.md"), md).unwrap();
+    std::fs::write(&path, json).unwrap();
     eprintln!("walk: wrote {}", o.out.join("report.md").display());
+    fixture::bench_report();
 }

@@ -781,7 +781,7 @@ fn the_ci_xfstests_list_passes_whole() {
 }
 
 /// `VFSD_XFSTESTS_LIST` runs any list: `quick`, `quick -dangerous`, `generic/001
-/// generic/013`, `guest-tests/xfstests-issue12.list` (resolve_list). Unset, the test has
+/// generic/013`, `guest-tests/xfstests-fuse-features.list` (resolve_list). Unset, the test has
 /// nothing to run and passes. It fails when a test fails or never starts (with
 /// `VFSD_XFSTESTS_STRICT=1` also when one does not run). The results are kept in
 /// `VFSD_XFSTESTS_RESULTS` (default: the cache's `xfstests-runs/<daemon>-<time>`), the

@@ -112,11 +112,11 @@ fn open(server: &FuseServer, name: &str) -> (u64, u64) {
 /// same time by two workers (as the device's thread pool does), must not deadlock.
 ///
 /// Found by a two-worker check alongside the fuzzers. `PassthroughFs::copy_file_range`
-/// (src/passthrough/file.rs) takes the destination's I/O lock exclusively and then the
-/// source's shared: worker 1 (a -> b) holds b and waits for a while worker 2 (b -> a) holds
-/// a and waits for b. Both workers hang for good, and so does every later request that needs
-/// either file's lock. Fix: take the two locks in one global order (e.g. lower node id
-/// first, whichever mode each is taken in).
+/// (src/passthrough/file.rs) takes the destination's I/O lock exclusively and the
+/// source's shared. Taken destination first, worker 1 (a -> b) would hold b and wait for a
+/// while worker 2 (b -> a) held a and waited for b, and every later request that needs
+/// either file's lock would hang with them; so the two locks are taken in one order, by
+/// address, whichever mode each is taken in.
 #[test]
 fn copy_file_range_in_opposite_directions_does_not_deadlock() {
     let dir = tempfile::tempdir().unwrap();

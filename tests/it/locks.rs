@@ -398,7 +398,7 @@ fn an_interrupt_cancels_a_waiting_setlkw() {
 /// An OFD lock belongs to the guest's open file, not to a process: the guest's close()
 /// sends FLUSH with the process's owner (which is not the OFD lock's), and the lock must go
 /// with the RELEASE of the handle it was taken through. Under every cache mode (under
-/// `never` a FORGET follows at once and used to hide the leak).
+/// `never` a FORGET follows at once, which would hide a leak).
 #[test]
 fn ofd_lock_goes_with_the_release_of_its_handle_in_every_cache_mode() {
     for mode in ["auto", "always", "never"] {
@@ -590,8 +590,8 @@ fn readonly_share_locks_through_read_only_descriptions() {
 }
 
 /// A SETLKW waits while another thread of the same process closes the file (FLUSH of the
-/// same owner): as on Linux, the wait goes on and is granted when the holder lets go. It
-/// used to spin for ever on a released owner, never answering.
+/// same owner): as on Linux, the wait goes on and is granted when the holder lets go,
+/// rather than spinning on a released owner and never answering.
 #[test]
 fn a_wait_outlives_a_flush_of_its_owner() {
     let (d1, d2) = two_guests(&[]);
