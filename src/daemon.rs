@@ -264,43 +264,74 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     let metrics_addr = (opt.metrics.as_deref().map(crate::metrics::parse_addr))
         .transpose()
         .map_err(E::Option)?;
+    if let (Some(crate::metrics::MetricsAddr::Unix(m)), Some(s)) = (&metrics_addr, &opt.socket_path)
+    {
+        if std::path::absolute(m).ok() == std::path::absolute(s).ok() {
+            return Err(E::Option(
+                "--metrics and --socket-path name the same socket".into(),
+            ));
+        }
+    }
+    // Bound now, outside the sandbox (which hides the path and, with namespaces, the
+    // network), and first, so that a failure leaves no vhost-user socket behind; served
+    // from inside the sandbox.
+    let mut metrics_name = None;
+    let metrics = match &metrics_addr {
+        Some(addr) => {
+            let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
+            if let crate::metrics::MetricsAddr::Unix(p) = addr {
+                metrics_name = Some(SocketName::new(p).map_err(E::Socket)?);
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    // Its name goes if start-up fails before the sandbox takes it over.
+    let fail = |e: String| {
+        if let Some(n) = &metrics_name {
+            n.remove();
+        }
+        E::Socket(e)
+    };
 
     let mut socket_name = None;
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
-            let l = bind(p).map_err(E::Socket)?;
+            let l = bind(p).map_err(fail)?;
+            socket_name = Some(SocketName::new(p).map_err(fail)?);
             if let Some(g) = &opt.socket_group {
-                set_socket_group(p, g).map_err(E::Socket)?;
+                set_socket_group(p, g).map_err(|e| {
+                    if let Some(n) = &socket_name {
+                        n.remove();
+                    }
+                    fail(e)
+                })?;
             }
-            socket_name = Some(SocketName::new(p).map_err(E::Socket)?);
             l
         }
         (None, Some(fd)) => {
             // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                return Err(E::Socket(format!("--fd {fd}: not an open file descriptor")));
+                return Err(fail(format!("--fd {fd}: not an open file descriptor")));
             }
             // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
             // --fd); nothing else in the process uses it, and the listener now owns it.
             unsafe { Listener::from_raw_fd(fd) }
         }
-        (None, None) => return Err(E::Option("one of --socket-path or --fd is required".into())),
+        (None, None) => {
+            if let Some(n) = &metrics_name {
+                n.remove();
+            }
+            return Err(E::Option("one of --socket-path or --fd is required".into()));
+        }
     };
 
-    // Bound now, outside the sandbox (which hides the path and, with namespaces, the
-    // network); served from inside it.
-    let metrics = match &metrics_addr {
-        Some(addr) => {
-            let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
-            if let crate::metrics::MetricsAddr::Unix(p) = addr {
-                match &mut socket_name {
-                    Some(s) => s.add(p).map_err(E::Socket)?,
-                    None => socket_name = Some(SocketName::new(p).map_err(E::Socket)?),
-                }
-            }
-            Some(l)
+    let socket_name = match (socket_name, metrics_name) {
+        (Some(mut s), Some(m)) => {
+            s.merge(m);
+            Some(s)
         }
-        None => None,
+        (s, m) => s.or(m),
     };
 
     // Confinement, before any thread exists (the namespace sandbox forks).

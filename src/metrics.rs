@@ -2,9 +2,10 @@
 //! unix socket or a loopback TCP port.
 //!
 //! The endpoint is one thread inside the sandbox, under the same seccomp filter as the rest
-//! (it needs only accept4, read, write, setsockopt and close, all allowed already). It reads
-//! the same atomics `--stats` dumps, when scraped, so serving requests never waits on it.
-//! A scraper gets one connection at a time, a 2 s deadline for its whole exchange, at most
+//! (the syscalls it makes are ones request serving makes too). It reads the same counters
+//! `--stats` dumps, at most ten times a second (a scrape sooner after the last one waits
+//! its turn), so serving requests never waits on it. A scraper gets one connection at a
+//! time, a 2 s deadline for its whole exchange (the reply's writes included), at most
 //! 8 KiB of request head, and no request body is ever read: a slow or hostile one delays
 //! only other scrapers, and holds no memory beyond one reply. docs/metrics.md lists the
 //! metrics.
@@ -38,17 +39,20 @@ pub enum MetricsAddr {
     Tcp(Vec<SocketAddr>),
 }
 
-/// Parses `--metrics`: `host:port` with a loopback host, or else a unix socket path (any
-/// value with a `/`, or without a `:port`).
+/// Parses `--metrics`: a unix socket path (any value with a `/`: `./metrics.sock` for one
+/// in the working directory), or else a loopback `host:port`.
 pub fn parse_addr(s: &str) -> Result<MetricsAddr, String> {
-    let tcp_form = !s.contains('/')
-        && s.rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-    if !tcp_form {
-        if s.is_empty() {
-            return Err("--metrics: give a unix socket path or a loopback host:port".into());
-        }
+    if s.contains('/') {
         return Ok(MetricsAddr::Unix(PathBuf::from(s)));
+    }
+    let usage = "give a unix socket path (with a '/') or a loopback host:port";
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("--metrics '{s}': {usage}"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!(
+            "--metrics '{s}': {usage} (an empty host would mean every interface)"
+        ));
     }
     let addrs: Vec<SocketAddr> = s
         .to_socket_addrs()
@@ -74,9 +78,14 @@ impl MetricsListener {
     pub fn bind(addr: &MetricsAddr) -> Result<Self, String> {
         match addr {
             MetricsAddr::Unix(p) => bind_unix(p).map(MetricsListener::Unix),
-            MetricsAddr::Tcp(a) => TcpListener::bind(&a[..])
-                .map(MetricsListener::Tcp)
-                .map_err(|e| format!("--metrics {}: cannot listen: {e}", a[0])),
+            MetricsAddr::Tcp(a) => {
+                let l = TcpListener::bind(&a[..])
+                    .map_err(|e| format!("--metrics {}: cannot listen: {e}", a[0]))?;
+                if let Ok(at) = l.local_addr() {
+                    log::info!("metrics on http://{at}/metrics");
+                }
+                Ok(MetricsListener::Tcp(l))
+            }
         }
     }
 
@@ -92,46 +101,78 @@ impl MetricsListener {
     pub fn spawn(self, device: Arc<FsDevice>) -> io::Result<()> {
         std::thread::Builder::new()
             .name("vfsd-metrics".into())
-            .spawn(move || loop {
-                let served = match &self {
-                    MetricsListener::Unix(l) => l.accept().map(|(c, _)| serve(c, &device)),
-                    MetricsListener::Tcp(l) => l.accept().map(|(c, _)| serve(c, &device)),
-                };
-                if let Err(e) = served {
-                    // Out of fds, say: try again a little later rather than spin.
-                    warn!("metrics endpoint: accept: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
+            .spawn(move || {
+                let mut cache = Cache::default();
+                loop {
+                    let mut serve = |c: &mut dyn Conn| {
+                        // A panic would end the thread and leave scrapers queued for ever.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            serve(c, &device, &mut cache)
+                        }));
+                        if r.is_err() {
+                            cache = Cache::default();
+                        }
+                    };
+                    let served = match &self {
+                        MetricsListener::Unix(l) => l.accept().map(|(mut c, _)| serve(&mut c)),
+                        MetricsListener::Tcp(l) => l.accept().map(|(mut c, _)| serve(&mut c)),
+                    };
+                    if let Err(e) = served {
+                        // Out of fds, say: try again a little later rather than spin.
+                        warn!("metrics endpoint: accept: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             })
             .map(drop)
     }
 }
 
-fn bind_unix(p: &Path) -> Result<UnixListener, String> {
-    use std::os::unix::fs::FileTypeExt;
-    if crate::daemon::socket_listening(p) {
-        return Err(format!(
-            "--metrics '{}': in use by another process",
-            p.display()
-        ));
+/// The least time between two readings of the counters: however many scrapers there
+/// are, the endpoint reads the counters (and walks /proc/self/fd) at most ten times a
+/// second. A scrape that comes sooner waits; its body is fresh all the same.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+struct Cache {
+    last: Option<Instant>,
+}
+
+impl Cache {
+    fn body(&mut self, device: &Arc<FsDevice>) -> String {
+        if let Some(at) = self.last {
+            std::thread::sleep(MIN_INTERVAL.saturating_sub(at.elapsed()));
+        }
+        self.last = Some(Instant::now());
+        render(device)
     }
+}
+
+/// Binds the unix socket `p`, readable by its owner only (the metrics describe the
+/// guest's activity). A socket already there is replaced only if it is stale: a stream
+/// connect to it is refused. Anything else there is refused.
+fn bind_unix(p: &Path) -> Result<UnixListener, String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let fail = |why: &str| format!("--metrics '{}': {why}", p.display());
     match std::fs::symlink_metadata(p) {
-        Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(p).map_err(|e| format!("--metrics '{}': {e}", p.display()))?
-        }
-        Ok(_) => {
-            return Err(format!(
-                "--metrics '{}': exists and is not a socket",
-                p.display()
-            ))
-        }
+        Ok(m) if m.file_type().is_socket() => match UnixStream::connect(p) {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                std::fs::remove_file(p).map_err(|e| fail(&e.to_string()))?
+            }
+            Ok(_) => return Err(fail("in use by another process")),
+            Err(e) => return Err(fail(&format!("a socket in use or of another kind ({e})"))),
+        },
+        Ok(_) => return Err(fail("exists and is not a socket")),
         Err(_) => {}
     }
-    UnixListener::bind(p).map_err(|e| format!("--metrics '{}': cannot listen: {e}", p.display()))
+    let l = UnixListener::bind(p).map_err(|e| fail(&format!("cannot listen: {e}")))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| fail(&e.to_string()))?;
+    Ok(l)
 }
 
 /// A scraper's connection: a stream with timeouts.
-trait Conn: Read + Write {
+trait Conn: Read + Write + Send {
     fn read_timeout(&self, d: Duration) -> io::Result<()>;
     fn write_timeout(&self, d: Duration) -> io::Result<()>;
 }
@@ -154,8 +195,9 @@ impl Conn for TcpStream {
     }
 }
 
-/// Reads one request head, answers it, and closes the connection (by dropping it).
-fn serve(mut conn: impl Conn, device: &Arc<FsDevice>) {
+/// Reads one request head, answers it, and closes the connection (when the caller drops
+/// it).
+fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, cache: &mut Cache) {
     let start = Instant::now();
     let left = || {
         DEADLINE
@@ -181,23 +223,33 @@ fn serve(mut conn: impl Conn, device: &Arc<FsDevice>) {
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf[..n]) {
             Ok(httparse::Status::Complete(_)) => {
-                break respond(req.method.unwrap_or(""), req.path.unwrap_or(""), device)
+                break respond(
+                    req.method.unwrap_or(""),
+                    req.path.unwrap_or(""),
+                    device,
+                    cache,
+                )
             }
             Ok(httparse::Status::Partial) if n < MAX_HEAD => continue,
             Ok(httparse::Status::Partial) => break plain(431, "request head too long\n"),
             Err(e) => break plain(400, &format!("{e}\n")),
         }
     };
-    let Some(d) = left() else { return };
-    if conn.write_timeout(d).is_ok() {
-        if let Err(e) = conn.write_all(&reply) {
-            debug!("metrics endpoint: reply not sent: {e}");
+    // In pieces, each with what is left of the deadline: one write's timeout restarts
+    // whenever the reader takes a little.
+    for piece in reply.chunks(16 * 1024) {
+        let Some(d) = left() else {
+            debug!("metrics endpoint: scraper too slow to take the reply");
+            return;
+        };
+        if conn.write_timeout(d).is_err() || conn.write_all(piece).is_err() {
+            return;
         }
     }
 }
 
 /// The reply to `method path`.
-fn respond(method: &str, path: &str, device: &Arc<FsDevice>) -> Vec<u8> {
+fn respond(method: &str, path: &str, device: &Arc<FsDevice>, cache: &mut Cache) -> Vec<u8> {
     let path = path.split('?').next().unwrap_or("");
     if path != "/metrics" && path != "/" {
         return plain(404, "not found: the metrics are at /metrics\n");
@@ -207,7 +259,7 @@ fn respond(method: &str, path: &str, device: &Arc<FsDevice>) -> Vec<u8> {
         "HEAD" => true,
         _ => return plain(405, "only GET and HEAD\n"),
     };
-    let body = render(device);
+    let body = cache.body(device);
     let mut r = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -509,9 +561,41 @@ impl Collector for Counters {
         gauge_f(
             &mut enc,
             "vfsd_uptime_seconds",
-            "Time since the daemon began serving this frontend.",
+            "Time since the daemon (under --keep-listening, this frontend's child) started.",
             stats.uptime().as_secs_f64(),
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_with_a_slash_are_paths_and_the_rest_loopback_host_port() {
+        let unix = |p: &str| MetricsAddr::Unix(PathBuf::from(p));
+        assert_eq!(parse_addr("/run/vfsd/m.sock"), Ok(unix("/run/vfsd/m.sock")));
+        assert_eq!(parse_addr("./m:1"), Ok(unix("./m:1")));
+        let tcp = |s: &str| matches!(parse_addr(s), Ok(MetricsAddr::Tcp(a)) if a.iter().all(|a| a.ip().is_loopback()));
+        assert!(tcp("127.0.0.1:9100"));
+        assert!(tcp("[::1]:9100"));
+        assert!(tcp("localhost:9100"));
+        for bad in [
+            ":9100",
+            "m.sock",
+            "[::1]",
+            "localhost",
+            "127.0.0.1:x",
+            "127.0.0.1:70000",
+            "",
+        ] {
+            let e = parse_addr(bad).unwrap_err();
+            assert!(e.contains("unix socket path"), "{bad}: {e}");
+        }
+        for open in ["0.0.0.0:9100", "[::]:9100", "192.0.2.1:9100"] {
+            let e = parse_addr(open).unwrap_err();
+            assert!(e.contains("only a loopback address"), "{open}: {e}");
+        }
     }
 }

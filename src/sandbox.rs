@@ -491,8 +491,12 @@ impl SocketName {
         Ok(s)
     }
 
-    /// Another socket just bound, at `path`, removed with the first.
-    pub fn add(&mut self, path: &Path) -> Result<(), String> {
+    /// `other`'s names too, removed with these.
+    pub fn merge(&mut self, other: SocketName) {
+        self.names.extend(other.names);
+    }
+
+    fn add(&mut self, path: &Path) -> Result<(), String> {
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

@@ -112,7 +112,7 @@ impl Stats {
     /// Counts one request: how long it took, whether it was malformed, and the errno it
     /// was answered with (0 for success or no reply).
     pub fn record(&self, opcode: u32, elapsed: Duration, malformed: bool, errno: i32) {
-        let slot = (opcode as usize).min(SLOTS - 1);
+        let slot = slot(opcode);
         let s = &self.ops[slot];
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
         s.count.fetch_add(1, Ordering::Relaxed);
@@ -139,7 +139,9 @@ impl Stats {
     /// An opcode's counters (None if it was never seen).
     pub fn op(&self, opcode: u32) -> Option<OpSnapshot> {
         let s = self.ops.get(opcode as usize)?;
-        let count = s.count.load(Ordering::Relaxed);
+        let buckets: [u64; BUCKETS] = std::array::from_fn(|i| s.buckets[i].load(Ordering::Relaxed));
+        // From the buckets, so a histogram read while requests are counted adds up.
+        let count = buckets.iter().sum();
         if count == 0 {
             return None;
         }
@@ -147,7 +149,7 @@ impl Stats {
             count,
             malformed: s.malformed.load(Ordering::Relaxed),
             total_s: s.total_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            buckets: std::array::from_fn(|i| s.buckets[i].load(Ordering::Relaxed)),
+            buckets,
         })
     }
 
@@ -158,7 +160,7 @@ impl Stats {
 
     /// An opcode's error replies, per errno (0: any errno beyond the table).
     pub fn errnos(&self, opcode: u32) -> impl Iterator<Item = (i32, u64)> + '_ {
-        let slot = (opcode as usize).min(SLOTS - 1);
+        let slot = slot(opcode);
         self.errnos[slot * ERRNO_SLOTS..(slot + 1) * ERRNO_SLOTS]
             .iter()
             .enumerate()
@@ -171,9 +173,7 @@ impl Stats {
     }
 
     pub fn count(&self, opcode: u32) -> u64 {
-        self.ops[(opcode as usize).min(SLOTS - 1)]
-            .count
-            .load(Ordering::Relaxed)
+        self.ops[slot(opcode)].count.load(Ordering::Relaxed)
     }
 
     /// A JSON snapshot of every counter.
@@ -185,10 +185,10 @@ impl Stats {
                 continue;
             }
             let total = s.total_ns.load(Ordering::Relaxed);
-            // Unknown opcodes keep their number, so they don't share one key.
-            let name = match opcode_name(i as u32) {
-                "unknown" => format!("opcode {i}"),
-                n => n.to_string(),
+            // Numbers FUSE doesn't define share the last slot.
+            let name = match slot(i as u32) == i {
+                true => opcode_name(i as u32).to_string(),
+                false => "other".to_string(),
             };
             let errnos: Map<String, Value> = self
                 .errnos(i as u32)
@@ -253,13 +253,20 @@ impl Stats {
     }
 }
 
-/// An opcode's label: its name in lower case ("lookup"), "opcode_N" for a number FUSE
-/// doesn't define, "other" for the last slot (which every larger number shares).
+/// An opcode's counter slot: its number for an opcode vfsd knows, the last slot for any
+/// other number (a guest may send any), so there are never more series than opcodes.
+fn slot(op: u32) -> usize {
+    match crate::server::opcode::Opcode::of(op) {
+        Some(_) if (op as usize) < SLOTS - 1 => op as usize,
+        _ => SLOTS - 1,
+    }
+}
+
+/// A slot's label: the opcode's name in lower case ("lookup"), "other" for the last.
 pub fn opcode_label(op: u32) -> String {
     match crate::server::opcode::Opcode::of(op) {
-        Some(o) if (op as usize) < SLOTS - 1 => o.name().to_ascii_lowercase(),
-        _ if op as usize >= SLOTS - 1 => "other".into(),
-        _ => format!("opcode_{op}"),
+        Some(o) if slot(op) == op as usize => o.name().to_ascii_lowercase(),
+        _ => "other".into(),
     }
 }
 

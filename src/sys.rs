@@ -664,13 +664,15 @@ pub fn count_entries(dir: RawFd) -> io::Result<usize> {
         let mut at = 0;
         while at + 19 < got {
             let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            if reclen < 19 {
+                return Err(io::Error::other(
+                    "getdents64: a record shorter than its header",
+                ));
+            }
             let name = &buf[at + 19..(at + reclen).min(got)];
             let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
             if name != b"." && name != b".." {
                 n += 1;
-            }
-            if reclen == 0 {
-                break;
             }
             at += reclen;
         }

@@ -122,10 +122,10 @@ impl Transfer {
         let t = std::thread::Builder::new().name("vfsd-device-state".into());
         let (stats, started) = (self.stats.clone(), Instant::now());
         let is_save = direction == VhostTransferStateDirection::SAVE;
-        stats
-            .state
-            .store(if is_save { 1 } else { 2 }, Ordering::Relaxed);
+        let state = if is_save { 1 } else { 2 };
         *running = Some(t.spawn(move || {
+            // Before the transfer, which can't finish before it (so `finish` comes after).
+            stats.state.store(state, Ordering::Relaxed);
             let r = match is_save {
                 true => save(&server, file),
                 false => load(&server, queues, file),

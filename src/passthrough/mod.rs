@@ -276,7 +276,6 @@ impl PassthroughFs {
         &self.cfg
     }
 
-    /// A snapshot of the counters the statistics report.
     /// This process's open fds and resident memory (None where /proc can't be read).
     pub fn process_gauges(&self) -> (Option<usize>, Option<u64>) {
         let fd = self.proc_self_fd.as_raw_fd();
@@ -325,6 +324,7 @@ impl PassthroughFs {
         }
     }
 
+    /// A snapshot of the counters the statistics report.
     pub fn counters(&self) -> FsCounters {
         let mut c = self.gauges();
         for inode in self.inodes.snapshot() {

@@ -134,16 +134,15 @@ fn answer(
     hdr: &InHeader,
     outcome: Outcome,
 ) -> Option<Answer> {
-    let errno_of = |e: &io::Error| e.raw_os_error().unwrap_or(0);
     let (len, malformed, error) = match outcome {
         Outcome::Reply(r) => {
-            let error = r.as_ref().err().map_or(0, errno_of);
-            (reply_into(mem, bufs, hdr, r), false, error)
+            let (len, error) = reply_sent(mem, bufs, hdr, r);
+            (len, false, error)
         }
         Outcome::Written(len) => (len, false, 0),
         Outcome::Malformed(e) => {
-            let error = errno_of(&e);
-            (reply_into(mem, bufs, hdr, Err(e)), true, error)
+            let (len, error) = reply_sent(mem, bufs, hdr, Err(e));
+            (len, true, error)
         }
         Outcome::NoReply { malformed } => (0, malformed, 0),
         Outcome::Deferred => return None,
@@ -420,8 +419,6 @@ impl FuseServer {
         }
     }
 
-    /// Counts a reply of EMFILE or ENFILE: the host's fd limits were reached, and
-    /// `--stats` says so.
     /// A successful READ's data: the reply past its header.
     fn count_read(&self, used_len: u32) {
         let data = (used_len as usize).saturating_sub(std::mem::size_of::<OutHeader>());
@@ -430,6 +427,8 @@ impl FuseServer {
             .fetch_add(data as u64, Ordering::Relaxed);
     }
 
+    /// Counts a reply of EMFILE or ENFILE: the host's fd limits were reached, and
+    /// `--stats` says so.
     fn count_fd_exhaustion(&self, a: &Answer) {
         let header_only = a.len as usize == std::mem::size_of::<OutHeader>();
         if header_only && (a.error == libc::EMFILE || a.error == libc::ENFILE) {
@@ -788,6 +787,17 @@ fn reply_into(
     hdr: &InHeader,
     r: io::Result<Vec<u8>>,
 ) -> u32 {
+    reply_sent(mem, bufs, hdr, r).0
+}
+
+/// `reply_into`, with the errno the reply carries (0 for none): EIO for an error without
+/// one, EINVAL for a reply that did not fit.
+fn reply_sent(
+    mem: &GuestMem,
+    bufs: &[(GuestAddress, u32)],
+    hdr: &InHeader,
+    r: io::Result<Vec<u8>>,
+) -> (u32, i32) {
     let (mut error, mut payload) = match r {
         Ok(p) => (0, p),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), Vec::new()),
@@ -797,7 +807,7 @@ fn reply_into(
     let header = std::mem::size_of::<OutHeader>();
     if room < header {
         warn!("no room for a reply header in the guest's buffers; dropping the reply");
-        return 0;
+        return (0, 0);
     }
     if header + payload.len() > room {
         // The guest left room for a header but not for this reply: an errno still tells
@@ -815,9 +825,9 @@ fn reply_into(
     };
     if let Err(e) = write_into(mem, bufs, &[out.as_slice(), &payload]) {
         warn!("reply does not fit the guest's buffers ({e}); dropping it");
-        return 0;
+        return (0, 0);
     }
-    out.len
+    (out.len, -error)
 }
 
 /// Writes `parts`, one after the other, into `bufs` (writable descriptors, in order).
