@@ -9,8 +9,8 @@
 //! cargo bench --bench walk -- --files 100000 --daemons vfsd --daemon-args=--inode-file-handles=prefer
 //! ```
 //!
-//! The tree (1,000 files per directory) is made once under the cache directory and
-//! kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB) and OUT/report.md (default
+//! The tree (1,000 files per directory) is made once under the cache directory, or under
+//! `--share-root DIR` (a distributed file system's client mount, say), and kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB) and OUT/report.md (default
 //! docs/benchmarks/walk).
 
 #[path = "../guest/fixture/mod.rs"]
@@ -26,13 +26,14 @@ struct Options {
     files: usize,
     daemons: Vec<DaemonKind>,
     daemon_args: Vec<String>,
+    share_root: Option<PathBuf>,
     out: PathBuf,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!(
         "{why}\nusage: cargo bench --bench walk -- [--files N] [--daemons vfsd,virtiofsd] \
-         [--daemon-args=ARGS] [--out DIR]"
+         [--daemon-args=ARGS] [--share-root DIR] [--out DIR]"
     );
     std::process::exit(if why.is_empty() { 0 } else { 2 })
 }
@@ -42,6 +43,7 @@ fn options() -> Options {
         files: 1_000_000,
         daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
         daemon_args: Vec::new(),
+        share_root: None,
         out: repo().join("docs/benchmarks/walk"),
     };
     let mut args = std::env::args().skip(1);
@@ -75,6 +77,7 @@ fn options() -> Options {
                     .collect()
             }
             "--daemon-args" => o.daemon_args = val().split_whitespace().map(String::from).collect(),
+            "--share-root" => o.share_root = Some(PathBuf::from(val())),
             "--out" => o.out = PathBuf::from(val()),
             "--bench" => {} // cargo bench passes it to every bench target
             "-h" | "--help" => usage(""),
@@ -84,9 +87,9 @@ fn options() -> Options {
     o
 }
 
-/// The tree of `files` empty files, 1,000 per directory, made once.
-fn tree(files: usize) -> PathBuf {
-    let root = cache_dir().join(format!("walk-tree-{files}"));
+/// The tree of `files` empty files, 1,000 per directory, made once under `base`.
+fn tree(files: usize, base: &std::path::Path) -> PathBuf {
+    let root = base.join(format!("walk-tree-{files}"));
     if root.join(".complete").exists() {
         return root;
     }
@@ -137,7 +140,7 @@ fn label(d: &DaemonKind) -> &'static str {
 
 fn main() {
     let o = options();
-    let root = tree(o.files);
+    let root = tree(o.files, o.share_root.as_deref().unwrap_or(&cache_dir()));
     std::fs::create_dir_all(&o.out).unwrap();
     let mut rows = Vec::new();
     for daemon in &o.daemons {
