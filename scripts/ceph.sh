@@ -2,7 +2,7 @@
 # A one-node Ceph cluster with a CephFS file system, mounted by two ceph-fuse clients
 # that stand for two hosts sharing it (docs/distributed.md, "CephFS").
 #
-# Usage: scripts/ceph.sh up|down|status|env [--dir DIR] [--no-netns]
+# Usage: scripts/ceph.sh up|down|status|env [--dir DIR] [--no-netns] [--keep-caches]
 #   up      install Ceph if missing (apt), make the cluster under DIR if there is none
 #           (one mon, one mgr, one MDS, one file-backed BlueStore OSD, file system
 #           "vfsdfs" over two pools of size 1), start what is not running, mount
@@ -19,11 +19,18 @@
 # in that namespace (nsenter --net, so its mount is in the host's mount namespace),
 # reaching the monitor, MDS and OSD over the pair as a second host would.  Client A
 # runs in the host's namespace.  --no-netns puts everything on 127.0.0.1 instead.
+#
+# Clients mount with fuse_disable_pagecache=true: the host kernel keeps no page cache of
+# CephFS files, so what one host writes under a lock the next holder on the other host
+# reads.  Without it a process holding an fd open across lock rounds (as vfsd does)
+# reads its own stale page cache: a two-host counter under flock or fcntl ends at 301
+# of 600.  --keep-caches leaves ceph-fuse's default (applies to mounts made by this up).
 set -euo pipefail
 
 DIR=/srv/vfsd-ceph
 NETNS=1
 NS=vfsd-ceph
+DISABLE_PAGECACHE=true
 say() { printf 'ceph: %s\n' "$*"; }
 die() { printf 'ceph: error: %s\n' "$*" >&2; exit 2; }
 usage() { sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -34,6 +41,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --dir) DIR=${2:?--dir needs a directory}; shift 2 ;;
         --no-netns) NETNS=0; shift ;;
+        --keep-caches) DISABLE_PAGECACHE=false; shift ;;
         -h|--help) usage ;;
         *) die "unknown option '$1' (try --help)" ;;
     esac
@@ -189,7 +197,7 @@ mount_client() {  # mount_client DIR NAME [netns-prefix...]
     mkdir -p "$m"
     # fuse_default_permissions=false (the default): the client checks permissions
     # itself, with the caller's groups (fuse_set_user_groups) as the MDS sees them.
-    "$@" ceph-fuse -c "$CONF" --id admin "$m" \
+    "$@" ceph-fuse -c "$CONF" --id admin --fuse_disable_pagecache=$DISABLE_PAGECACHE "$m" \
         --log-file "$DIR/log/client.$n.log" 9>&- >/dev/null 2>"$DIR/log/client.$n.err" ||
         die "mounting client $n on $m failed ($DIR/log/client.$n.log)"
 }
