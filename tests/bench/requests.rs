@@ -7,6 +7,8 @@
 //! ```text
 //! cargo bench --bench requests                        # every mode, both daemons
 //! cargo bench --bench requests -- --modes auto --daemons vfsd --steps untar,cat-all
+//! scripts/ceph.sh up && cargo bench --bench requests -- --share-root /srv/vfsd-ceph/a \
+//!     --out docs/benchmarks/ceph-requests              # shares on a CephFS client mount
 //! ```
 //!
 //! The guest side is guest-tests/tree-bench.sh on a source tree (the pinned xfstests
@@ -34,6 +36,9 @@ struct Options {
     daemons: Vec<DaemonKind>,
     steps: String,
     out: PathBuf,
+    /// Where the shares under test are made (a fresh directory each), else in the run's
+    /// test directory.
+    share_root: Option<PathBuf>,
     /// Also the steps on the guest's own tmpfs, once: the ceiling no daemon can pass.
     tmpfs: bool,
 }
@@ -47,6 +52,7 @@ fn options() -> Options {
         steps: STEPS.into(),
         out: repo().join("docs/benchmarks/tree"),
         tmpfs: true,
+        share_root: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -71,6 +77,7 @@ fn options() -> Options {
             }
             "--steps" => o.steps = val(),
             "--out" => o.out = PathBuf::from(val()),
+            "--share-root" => o.share_root = Some(PathBuf::from(val())),
             // cargo bench passes --bench to every bench target.
             "--bench" => {}
             "-h" | "--help" => usage(""),
@@ -93,7 +100,7 @@ fn usage(why: &str) -> ! {
     }
     eprintln!(
         "usage: cargo bench --bench requests -- [--modes auto,always,never,metadata] \
-         [--daemons vfsd,virtiofsd] [--steps {STEPS}] [--out DIR]"
+         [--daemons vfsd,virtiofsd] [--steps {STEPS}] [--share-root DIR] [--out DIR]"
     );
     std::process::exit(if why.is_empty() { 0 } else { 2 })
 }
@@ -224,11 +231,13 @@ fn follow_marks(
 }
 
 /// One guest running `cmd` with the tree in the control share, and `share` (daemon,
-/// cache option, queues) as share0 when given; the steps' results.
+/// cache option, queues) as share0 when given, a fresh directory under `root` when given;
+/// the steps' results.
 fn bench_boot(
     name: &str,
     tar: &Path,
     share: Option<(DaemonKind, String, u32)>,
+    root: Option<&Path>,
     cmd: &str,
 ) -> Vec<StepResult> {
     let dir = TestDir::new(name);
@@ -236,12 +245,19 @@ fn bench_boot(
     std::fs::copy(tar, ctl.join("src.tar")).unwrap();
     let mut guest = Guest::new(&dir);
     if let Some((daemon, cache_arg, queues)) = &share {
-        guest = guest.queues(*queues).share(Share::new(
-            &dir.dir("share"),
-            "share0",
-            daemon.clone(),
-            &[cache_arg],
-        ));
+        let path = match root {
+            Some(r) => {
+                let p = r.join(name);
+                let _ = std::fs::remove_dir_all(&p);
+                std::fs::create_dir_all(&p).unwrap();
+                p
+            }
+            None => dir.dir("share"),
+        };
+        guest =
+            guest
+                .queues(*queues)
+                .share(Share::new(&path, "share0", daemon.clone(), &[cache_arg]));
     }
     let guest = guest.share(Share::new(
         &ctl,
@@ -311,7 +327,7 @@ fn main() {
             "mkdir -p /tmp/tree && mount -t tmpfs tmpfs /tmp/tree && /guest-tests/tree-bench.sh /tmp/tree /mnt/ctl {}",
             o.steps
         );
-        for r in bench_boot("requests-tmpfs", &tar, None, &cmd) {
+        for r in bench_boot("requests-tmpfs", &tar, None, None, &cmd) {
             eprintln!("requests: tmpfs {}: {:.2} s", r.step, r.secs);
             writeln!(
                 jsonl,
@@ -333,7 +349,7 @@ fn main() {
                 o.steps
             );
             let share = (daemon.clone(), format!("--cache={mode}"), queues);
-            for r in bench_boot(&name, &tar, Some(share), &cmd) {
+            for r in bench_boot(&name, &tar, Some(share), o.share_root.as_deref(), &cmd) {
                 let ops: Vec<String> = r.ops.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
                 writeln!(
                     jsonl,

@@ -9,10 +9,11 @@
 //! cargo bench --bench walk -- --files 100000 --daemons vfsd --daemon-args=--inode-file-handles=prefer
 //! ```
 //!
-//! The tree (1,000 files per directory) is made once under the cache directory and
-//! kept. Writes OUT/<daemon>.csv (seconds, fds, RSS KiB), OUT/results.jsonl (a line per
-//! daemon, with the commit and date; other daemons' lines are kept) and OUT/report.md
-//! (default docs/benchmarks/walk), then runs scripts/bench-report.py, which rewrites
+//! The tree (1,000 files per directory) is made once under the cache directory, or under
+//! `--share-root DIR` (a distributed file system's client mount, say), and kept. Writes
+//! OUT/<daemon>.csv (seconds, fds, RSS KiB), OUT/results.jsonl (a line per daemon, with
+//! the commit and date; other daemons' lines are kept) and OUT/report.md (default
+//! docs/benchmarks/walk), then runs scripts/bench-report.py, which rewrites
 //! docs/benchmarks.md and its plots.
 
 #[path = "../guest/fixture/mod.rs"]
@@ -28,13 +29,14 @@ struct Options {
     files: usize,
     daemons: Vec<DaemonKind>,
     daemon_args: Vec<String>,
+    share_root: Option<PathBuf>,
     out: PathBuf,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!(
         "{why}\nusage: cargo bench --bench walk -- [--files N] [--daemons vfsd,virtiofsd] \
-         [--daemon-args=ARGS] [--out DIR]"
+         [--daemon-args=ARGS] [--share-root DIR] [--out DIR]"
     );
     std::process::exit(if why.is_empty() { 0 } else { 2 })
 }
@@ -44,6 +46,7 @@ fn options() -> Options {
         files: 1_000_000,
         daemons: vec![DaemonKind::Vfsd, DaemonKind::Virtiofsd],
         daemon_args: Vec::new(),
+        share_root: None,
         out: repo().join("docs/benchmarks/walk"),
     };
     let mut args = std::env::args().skip(1);
@@ -77,6 +80,7 @@ fn options() -> Options {
                     .collect()
             }
             "--daemon-args" => o.daemon_args = val().split_whitespace().map(String::from).collect(),
+            "--share-root" => o.share_root = Some(PathBuf::from(val())),
             "--out" => o.out = PathBuf::from(val()),
             "--bench" => {} // cargo bench passes it to every bench target
             "-h" | "--help" => usage(""),
@@ -86,9 +90,9 @@ fn options() -> Options {
     o
 }
 
-/// The tree of `files` empty files, 1,000 per directory, made once.
-fn tree(files: usize) -> PathBuf {
-    let root = cache_dir().join(format!("walk-tree-{files}"));
+/// The tree of `files` empty files, 1,000 per directory, made once under `base`.
+fn tree(files: usize, base: &std::path::Path) -> PathBuf {
+    let root = base.join(format!("walk-tree-{files}"));
     if root.join(".complete").exists() {
         return root;
     }
@@ -139,7 +143,7 @@ fn label(d: &DaemonKind) -> &'static str {
 
 fn main() {
     let o = options();
-    let root = tree(o.files);
+    let root = tree(o.files, o.share_root.as_deref().unwrap_or(&cache_dir()));
     std::fs::create_dir_all(&o.out).unwrap();
     let mut rows = Vec::new();
     for daemon in &o.daemons {

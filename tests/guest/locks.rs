@@ -106,11 +106,13 @@ fn host_role(share: &Path, tool: &Path) -> Result<(), String> {
 }
 
 fn locks_between_two_guests_and_the_host(name: &str, cache: &str) {
-    two_guests_and_the_host(name, cache, "quick")
+    two_guests_and_the_host(name, cache, "quick", None)
 }
 
-/// `mode` is guest-tests/locks.sh's: quick, or full (counters and the kill -9 of A).
-fn two_guests_and_the_host(name: &str, cache: &str, mode: &str) {
+/// `mode` is guest-tests/locks.sh's: quick, or full (counters and the kill -9 of A). The
+/// share is a directory under `root` when given (a distributed file system's mount),
+/// else under the test's own directory.
+pub(crate) fn two_guests_and_the_host(name: &str, cache: &str, mode: &str, root: Option<&Path>) {
     let full = mode == "full";
     let dir = TestDir::new(name);
     let tool = host_lock_tool(&dir);
@@ -118,7 +120,10 @@ fn two_guests_and_the_host(name: &str, cache: &str, mode: &str) {
     let args = [format!("--cache={cache}")];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for attempt in 1..=2 {
-        let share = dir.dir(&format!("share-{attempt}"));
+        let share = match root {
+            Some(r) => r.join(format!("share-{attempt}")),
+            None => dir.dir(&format!("share-{attempt}")),
+        };
         std::fs::create_dir_all(share.join("sync")).unwrap();
         let guest = |role: &str| {
             Guest::new(&dir)
@@ -215,6 +220,7 @@ fn lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest() {
         "lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest",
         "never",
         "full",
+        None,
     );
 }
 

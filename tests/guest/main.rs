@@ -9,6 +9,8 @@
 
 mod fixture;
 
+#[cfg(feature = "ceph-tests")]
+mod ceph;
 mod data;
 mod fdwalk;
 mod features;
@@ -23,6 +25,8 @@ mod runner;
 mod setid;
 mod smoke;
 mod stress_locks;
+#[cfg(any(feature = "gluster-tests", feature = "ceph-tests"))]
+mod two_mounts;
 mod xfstests;
 
 use std::path::PathBuf;
