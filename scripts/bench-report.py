@@ -342,6 +342,12 @@ def main():
                                           "GlusterFS's client (a FUSE mount on the same 2 cores, replica 2 on loopback) for the load generator; "
                                           "in the guest, the TCG guest itself, whose ceiling is vfsd serving the guest from a tmpfs.",
                                           limit_cfg="tmpfs", limit_name="guest ceiling (vfsd on tmpfs)")),
+        ("ceph", lambda l: io_section("ceph", l, "Data I/O over CephFS",
+                                       "scripts/ceph.sh up && cargo bench --bench io -- --share-root /srv/vfsd-ceph/a --out docs/benchmarks/ceph",
+                                       "ceph-fuse (the host's CephFS client, a FUSE daemon) and the one-node cluster behind it share the 2 cores "
+                                       "with the daemon and the load generator; in the guest, the TCG guest itself, whose ceiling is vfsd serving "
+                                       "the guest from a tmpfs.",
+                                       limit_cfg="tmpfs", limit_name="guest ceiling (vfsd on tmpfs)")),
         ("device", device_section),
         ("tree", tree_section),
         ("walk", lambda l: (walk_section(l), [])),
