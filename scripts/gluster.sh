@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GlusterFS volume on loopback, mounted by two independent FUSE clients that
-# stand for two hosts sharing one distributed file system (issue 14).
+# stand for two hosts sharing one distributed file system.
 #
 # Usage: scripts/gluster.sh up|down|status|env [options]
 #   up       install GlusterFS if missing (apt), start glusterd (pid file under

@@ -1,4 +1,4 @@
-/* Lock tool for the vfsd lock tests (issue 11), in the busybox guest and on the host.
+/* Lock tool for the vfsd lock tests, in the busybox guest and on the host.
  *
  *   vfsd-lock [OPTIONS] FILE SPEC...   take every lock in SPEC on FILE (one open file)
  *     SPEC: wr:START:LEN | rd:START:LEN   classic POSIX lock, fcntl F_SETLK(W)

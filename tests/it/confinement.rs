@@ -456,7 +456,7 @@ fn open_files_past_the_fd_limit_get_emfile_and_the_daemon_goes_on() {
     assert_eq!(c.read(e.nodeid, o.fh, 0, 1).unwrap(), b"x");
 }
 
-/// Issue 10, item 3: CREATE of a name that is a device node or a FIFO must never open it on
+/// CREATE of a name that is a device node or a FIFO must never open it on
 /// the host (a host disk as root; a worker blocked forever on a FIFO).
 #[test]
 fn create_never_opens_a_device_node_or_fifo() {

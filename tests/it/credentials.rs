@@ -1,4 +1,4 @@
-//! Requests from a non-root guest user (issue 10, item 2, and the frontend's credentials).
+//! Requests from a non-root guest user (and the frontend's credentials).
 //!
 //! Creates run with the caller's fsuid/fsgid, so the new file belongs to the caller and the
 //! host's permission checks apply. With `--inode-file-handles`, a parent directory is

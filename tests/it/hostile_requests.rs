@@ -1,4 +1,4 @@
-//! A hostile guest's requests (issue 10, items 7 to 9): a header rewritten
+//! A hostile guest's requests: a header rewritten
 //! while the daemon serves it, a request that makes a worker panic, and READDIRPLUS entries
 //! whose lookup fails.
 

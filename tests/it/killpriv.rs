@@ -1,4 +1,4 @@
-//! Set-id bits and file capabilities on data changes (issue 10, item 1).
+//! Set-id bits and file capabilities on data changes.
 //!
 //! On a local filesystem a write, truncate, fallocate or O_TRUNC open by a caller without
 //! CAP_FSETID clears S_ISUID, clears S_ISGID when group-exec is set, and drops

@@ -1,4 +1,4 @@
-//! Live migration through the real socket (issue 22): the test frontend plays both QEMUs.
+//! Live migration through the real socket: the test frontend plays both QEMUs.
 //! The source daemon's state (SET_DEVICE_STATE_FD save) is loaded into a second daemon on
 //! the same share, which must then serve the same nodes, handles and locks without a new
 //! INIT; a corrupt, hostile or unfindable state is refused; and the dirty-page log marks

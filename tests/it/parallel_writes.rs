@@ -287,7 +287,7 @@ fn two_queue_client(d: &Daemon) -> FuseClient {
     })
 }
 
-/// Issue 10, item 4: CREATE with O_TRUNC of an existing file changes its size, so it takes
+/// CREATE with O_TRUNC of an existing file changes its size, so it takes
 /// the exclusive lock (and the statistics count it), as OPEN with O_TRUNC does.
 #[test]
 fn create_with_o_trunc_of_an_existing_file_is_exclusive() {
@@ -321,7 +321,7 @@ fn create_with_o_trunc_of_an_existing_file_is_exclusive() {
     assert_eq!(st["exclusive_violations"], 0, "{st}");
 }
 
-/// Issue 10, item 5: the I/O lock belongs to the host file, not to a node. A node
+/// The I/O lock belongs to the host file, not to a node. A node
 /// forgotten while a handle still holds it, and the new node a later lookup makes, must
 /// share one lock.
 #[test]

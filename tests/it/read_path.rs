@@ -169,7 +169,7 @@ fn a_host_filesystem_without_rwf_nowait_still_serves_reads() {
     assert_eq!(read_counts(&d, 8), (0, 8));
 }
 
-/// A host filesystem without RWF_NOWAIT (tmpfs here, a GlusterFS FUSE mount in issue 14)
+/// A host filesystem without RWF_NOWAIT (tmpfs here, or a GlusterFS FUSE mount)
 /// is found out once: handles opened on it afterwards never try.
 #[test]
 #[ignore = "needs root"]
@@ -358,7 +358,7 @@ fn reads_in_every_descriptor_shape_return_the_host_bytes() {
     );
 }
 
-/// vfsd's own WRITE path (issue 10, item 7) takes header, arguments and data from any
+/// vfsd's own WRITE path takes header, arguments and data from any
 /// descriptor shape, and the host file gets exactly the guest's bytes.
 #[test]
 fn writes_in_every_descriptor_shape_land_byte_exact() {

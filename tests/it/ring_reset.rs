@@ -1,4 +1,4 @@
-//! Work in flight when a ring stops (issue 10, item 6). GET_VRING_BASE, a reset or a
+//! Work in flight when a ring stops. GET_VRING_BASE, a reset or a
 //! reconnect must never let a request that was still running write a used entry into a
 //! ring the guest may have freed and reused: a guest that reboots lays fresh rings over the
 //! same memory. The OPEN held up here is blocked in the host kernel by a read lease.
