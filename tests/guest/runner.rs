@@ -83,3 +83,33 @@ fn run_vm_serves_the_named_share_and_exits_with_the_guest_commands_status_or_124
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A boot that QEMU itself aborted before /init spoke (a TCG assertion, now and then) is
+/// booted again; once /init has spoken, or with a daemon killed by a signal, it is not.
+#[test]
+fn a_qemu_abort_before_init_is_worth_a_second_boot_and_nothing_later_is() {
+    use std::os::unix::process::ExitStatusExt;
+    let run = |console: &str, daemon_signal: bool| crate::fixture::Run {
+        status: Status::NoResult,
+        console: console.into(),
+        secs: 3,
+        daemon_exits: vec![Some(std::process::ExitStatus::from_raw(if daemon_signal {
+            libc::SIGSEGV
+        } else {
+            0
+        }))],
+        daemon_logs: Vec::new(),
+        qemu_log: Default::default(),
+        boot_stuck: false,
+        qemu_crashed: true,
+    };
+    assert!(run("SeaBIOS\nBooting from ROM...", false).failed_early());
+    assert!(!run("vfsd-init: running", false).failed_early());
+    assert!(!run("SeaBIOS", true).failed_early());
+    let mut clean = run("SeaBIOS", false);
+    clean.qemu_crashed = false;
+    assert!(
+        !clean.failed_early(),
+        "a QEMU that exited on its own, without a crash"
+    );
+}
