@@ -89,7 +89,7 @@ fn check_shared_dir(dir: &Path) -> Result<(), String> {
 /// Whether some process is listening on the unix socket `path`. Read from
 /// /proc/net/unix rather than by connecting: a connection would look like a frontend
 /// to the daemon that owns the socket.
-pub(crate) fn socket_listening(path: &Path) -> bool {
+fn socket_listening(path: &Path) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
         return false;
     };
@@ -275,63 +275,52 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     // Bound now, outside the sandbox (which hides the path and, with namespaces, the
     // network), and first, so that a failure leaves no vhost-user socket behind; served
     // from inside the sandbox.
-    let mut metrics_name = None;
+    // The sockets' names: removed if start-up fails before the sandbox takes them over.
+    let mut socket_name: Option<SocketName> = None;
     let metrics = match &metrics_addr {
         Some(addr) => {
             let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
             if let crate::metrics::MetricsAddr::Unix(p) = addr {
-                metrics_name = Some(SocketName::new(p).map_err(E::Socket)?);
+                socket_name = Some(SocketName::new(p).map_err(E::Socket)?);
             }
             Some(l)
         }
         None => None,
     };
-    // Its name goes if start-up fails before the sandbox takes it over.
-    let fail = |e: String| {
-        if let Some(n) = &metrics_name {
+    let abandon = |names: &Option<SocketName>, e: StartupError| {
+        if let Some(n) = names {
             n.remove();
         }
-        E::Socket(e)
+        e
     };
 
-    let mut socket_name = None;
     let mut listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
-            let l = bind(p).map_err(fail)?;
-            socket_name = Some(SocketName::new(p).map_err(fail)?);
+            let l = bind(p).map_err(|e| abandon(&socket_name, E::Socket(e)))?;
+            let named = match &mut socket_name {
+                Some(n) => n.add(p),
+                None => SocketName::new(p).map(|n| socket_name = Some(n)),
+            };
+            named.map_err(|e| abandon(&socket_name, E::Socket(e)))?;
             if let Some(g) = &opt.socket_group {
-                set_socket_group(p, g).map_err(|e| {
-                    if let Some(n) = &socket_name {
-                        n.remove();
-                    }
-                    fail(e)
-                })?;
+                set_socket_group(p, g).map_err(|e| abandon(&socket_name, E::Socket(e)))?;
             }
             l
         }
         (None, Some(fd)) => {
             // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                return Err(fail(format!("--fd {fd}: not an open file descriptor")));
+                let e = format!("--fd {fd}: not an open file descriptor");
+                return Err(abandon(&socket_name, E::Socket(e)));
             }
             // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
             // --fd); nothing else in the process uses it, and the listener now owns it.
             unsafe { Listener::from_raw_fd(fd) }
         }
         (None, None) => {
-            if let Some(n) = &metrics_name {
-                n.remove();
-            }
-            return Err(E::Option("one of --socket-path or --fd is required".into()));
+            let e = E::Option("one of --socket-path or --fd is required".into());
+            return Err(abandon(&socket_name, e));
         }
-    };
-
-    let socket_name = match (socket_name, metrics_name) {
-        (Some(mut s), Some(m)) => {
-            s.merge(m);
-            Some(s)
-        }
-        (s, m) => s.or(m),
     };
 
     // Confinement, before any thread exists (the namespace sandbox forks).

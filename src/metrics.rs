@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
@@ -102,16 +102,13 @@ impl MetricsListener {
         std::thread::Builder::new()
             .name("vfsd-metrics".into())
             .spawn(move || {
-                let mut cache = Cache::default();
+                let mut last_reading = None;
                 loop {
                     let mut serve = |c: &mut dyn Conn| {
                         // A panic would end the thread and leave scrapers queued for ever.
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            serve(c, &device, &mut cache)
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            serve(c, &device, &mut last_reading)
                         }));
-                        if r.is_err() {
-                            cache = Cache::default();
-                        }
                     };
                     let served = match &self {
                         MetricsListener::Unix(l) => l.accept().map(|(mut c, _)| serve(&mut c)),
@@ -133,19 +130,13 @@ impl MetricsListener {
 /// second. A scrape that comes sooner waits; its body is fresh all the same.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
-#[derive(Default)]
-struct Cache {
-    last: Option<Instant>,
-}
-
-impl Cache {
-    fn body(&mut self, device: &Arc<FsDevice>) -> String {
-        if let Some(at) = self.last {
-            std::thread::sleep(MIN_INTERVAL.saturating_sub(at.elapsed()));
-        }
-        self.last = Some(Instant::now());
-        render(device)
+/// `render`, at least `MIN_INTERVAL` after the last reading (`last`, updated).
+fn paced_render(device: &Arc<FsDevice>, last: &mut Option<Instant>) -> String {
+    if let Some(at) = *last {
+        std::thread::sleep(MIN_INTERVAL.saturating_sub(at.elapsed()));
     }
+    *last = Some(Instant::now());
+    render(device)
 }
 
 /// Binds the unix socket `p`, readable by its owner only (the metrics describe the
@@ -197,7 +188,7 @@ impl Conn for TcpStream {
 
 /// Reads one request head, answers it, and closes the connection (when the caller drops
 /// it).
-fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, cache: &mut Cache) {
+fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, last_reading: &mut Option<Instant>) {
     let start = Instant::now();
     let left = || {
         DEADLINE
@@ -227,7 +218,7 @@ fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, cache: &mut Cache) {
                     req.method.unwrap_or(""),
                     req.path.unwrap_or(""),
                     device,
-                    cache,
+                    last_reading,
                 )
             }
             Ok(httparse::Status::Partial) if n < MAX_HEAD => continue,
@@ -249,7 +240,12 @@ fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, cache: &mut Cache) {
 }
 
 /// The reply to `method path`.
-fn respond(method: &str, path: &str, device: &Arc<FsDevice>, cache: &mut Cache) -> Vec<u8> {
+fn respond(
+    method: &str,
+    path: &str,
+    device: &Arc<FsDevice>,
+    last_reading: &mut Option<Instant>,
+) -> Vec<u8> {
     let path = path.split('?').next().unwrap_or("");
     if path != "/metrics" && path != "/" {
         return plain(404, "not found: the metrics are at /metrics\n");
@@ -259,7 +255,7 @@ fn respond(method: &str, path: &str, device: &Arc<FsDevice>, cache: &mut Cache) 
         "HEAD" => true,
         _ => return plain(405, "only GET and HEAD\n"),
     };
-    let body = cache.body(device);
+    let body = paced_render(device, last_reading);
     let mut r = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -319,12 +315,7 @@ fn counter(enc: &mut Enc, name: &str, help: &str, v: u64) -> std::fmt::Result {
         .encode_counter::<NoLabelSet, _, u64>(&v, None)
 }
 
-fn gauge(enc: &mut Enc, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    enc.encode_descriptor(name, help, None, MetricType::Gauge)?
-        .encode_gauge(&v)
-}
-
-fn gauge_f(enc: &mut Enc, name: &str, help: &str, v: f64) -> std::fmt::Result {
+fn gauge(enc: &mut Enc, name: &str, help: &str, v: impl EncodeGaugeValue) -> std::fmt::Result {
     enc.encode_descriptor(name, help, None, MetricType::Gauge)?
         .encode_gauge(&v)
 }
@@ -513,7 +504,7 @@ impl Collector for Counters {
             "The last finished device-state transfer's size.",
             mig.last_bytes as i64,
         )?;
-        gauge_f(
+        gauge(
             &mut enc,
             "vfsd_migration_last_duration_seconds",
             "How long the last finished device-state transfer took.",
@@ -558,7 +549,7 @@ impl Collector for Counters {
                 b.min(i64::MAX as u64) as i64,
             )?;
         }
-        gauge_f(
+        gauge(
             &mut enc,
             "vfsd_uptime_seconds",
             "Time since the daemon (under --keep-listening, this frontend's child) started.",

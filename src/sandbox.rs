@@ -491,12 +491,8 @@ impl SocketName {
         Ok(s)
     }
 
-    /// `other`'s names too, removed with these.
-    pub fn merge(&mut self, other: SocketName) {
-        self.names.extend(other.names);
-    }
-
-    fn add(&mut self, path: &Path) -> Result<(), String> {
+    /// Another socket just bound, at `path`, removed with the others.
+    pub fn add(&mut self, path: &Path) -> Result<(), String> {
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

@@ -27,12 +27,11 @@ const BUCKETS: usize = LATENCY_BOUNDS_S.len() + 1;
 
 #[derive(Default)]
 struct OpStats {
-    count: AtomicU64,
     /// Malformed requests (answered with an errno, or dropped when they take no reply).
     malformed: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
-    /// Requests per latency bucket (not cumulative).
+    /// Requests per latency bucket (not cumulative): their sum is the opcode's count.
     buckets: [AtomicU64; BUCKETS],
 }
 
@@ -115,7 +114,6 @@ impl Stats {
         let slot = slot(opcode);
         let s = &self.ops[slot];
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
-        s.count.fetch_add(1, Ordering::Relaxed);
         s.total_ns.fetch_add(ns, Ordering::Relaxed);
         s.max_ns.fetch_max(ns, Ordering::Relaxed);
         let secs = ns as f64 / 1e9;
@@ -173,18 +171,22 @@ impl Stats {
     }
 
     pub fn count(&self, opcode: u32) -> u64 {
-        self.ops[slot(opcode)].count.load(Ordering::Relaxed)
+        self.op(slot(opcode) as u32).map_or(0, |s| s.count)
     }
 
     /// A JSON snapshot of every counter.
     pub fn snapshot(&self, fs: &PassthroughFs) -> Value {
         let mut ops = Map::new();
         for (i, s) in self.ops.iter().enumerate() {
-            let count = s.count.load(Ordering::Relaxed);
-            if count == 0 {
+            let Some(OpSnapshot {
+                count,
+                malformed,
+                total_s,
+                ..
+            }) = self.op(i as u32)
+            else {
                 continue;
-            }
-            let total = s.total_ns.load(Ordering::Relaxed);
+            };
             // Numbers FUSE doesn't define share the last slot.
             let name = match slot(i as u32) == i {
                 true => opcode_name(i as u32).to_string(),
@@ -198,9 +200,9 @@ impl Stats {
                 name,
                 json!({
                     "count": count,
-                    "errors": s.malformed.load(Ordering::Relaxed),
+                    "errors": malformed,
                     "errnos": errnos,
-                    "avg_us": total as f64 / count as f64 / 1000.0,
+                    "avg_us": total_s * 1e6 / count as f64,
                     "max_us": s.max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
                 }),
             );
