@@ -51,36 +51,20 @@ fn ceph_fio_jobs_read_back_what_they_wrote() {
 #[test]
 #[ignore = "needs QEMU, root and Ceph"]
 fn ceph_pjdfstest_fails_only_where_cephfs_itself_does() {
-    let name = "ceph_pjdfstest_fails_only_where_cephfs_itself_does";
-    // CephFS's own departures from ext4 (guest-tests/pjdfstest-cephfs.known, each with
-    // its reason) count as KNOWN when they fail, never as passed.
-    let (_vol, run) = run_on_mount_a(
+    // CephFS's own departures from ext4 (guest-tests/pjdfstest-cephfs.known).
+    crate::two_mounts::pjdfstest_on_mount_a(
         mounts(),
-        name,
-        &[],
-        1500,
-        "/guest-tests/pjdfstest.sh -k /guest-tests/pjdfstest-cephfs.known",
+        "ceph_pjdfstest_fails_only_where_cephfs_itself_does",
+        "pjdfstest-cephfs.known",
     );
-    crate::data::check_pjdfstest(name, &run, 301);
 }
 
 #[test]
 #[ignore = "needs QEMU, root and Ceph"]
 fn ceph_fsx_buffered_and_direct_operations_match_its_model() {
-    let name = "ceph_fsx_buffered_and_direct_operations_match_its_model";
-    let (_vol, run) = run_on_mount_a(
+    crate::two_mounts::fsx_on_mount_a(
         mounts(),
-        name,
-        &[],
-        1500,
-        "/guest-tests/fsx.sh -N 60000 -D 20000",
-    );
-    run.assert_success();
-    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
-    assert!(
-        !run.console.contains("fsx: SKIP"),
-        "a part of fsx was skipped\n{}",
-        run.tail()
+        "ceph_fsx_buffered_and_direct_operations_match_its_model",
     );
 }
 

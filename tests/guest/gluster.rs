@@ -74,29 +74,20 @@ fn gluster_fio_jobs_read_back_what_they_wrote() {
 #[test]
 #[ignore = "needs QEMU, root and GlusterFS"]
 fn gluster_pjdfstest_fails_only_where_glusterfs_itself_does() {
-    let name = "gluster_pjdfstest_fails_only_where_glusterfs_itself_does";
-    // GlusterFS's own departures from ext4 (docs/distributed.md, "Quirks") count as
-    // KNOWN when they fail, never as passed.
-    let (_vol, run) = run_on_mount_a(
-        name,
-        &[],
-        1500,
-        "/guest-tests/pjdfstest.sh -k /guest-tests/pjdfstest-glusterfs.known",
+    // GlusterFS's own departures from ext4 (docs/distributed.md, "Quirks").
+    crate::two_mounts::pjdfstest_on_mount_a(
+        mounts(),
+        "gluster_pjdfstest_fails_only_where_glusterfs_itself_does",
+        "pjdfstest-glusterfs.known",
     );
-    crate::data::check_pjdfstest(name, &run, 301);
 }
 
 #[test]
 #[ignore = "needs QEMU, root and GlusterFS"]
 fn gluster_fsx_buffered_and_direct_operations_match_its_model() {
-    let name = "gluster_fsx_buffered_and_direct_operations_match_its_model";
-    let (_vol, run) = run_on_mount_a(name, &[], 1500, "/guest-tests/fsx.sh -N 60000 -D 20000");
-    run.assert_success();
-    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
-    assert!(
-        !run.console.contains("fsx: SKIP"),
-        "a part of fsx was skipped\n{}",
-        run.tail()
+    crate::two_mounts::fsx_on_mount_a(
+        mounts(),
+        "gluster_fsx_buffered_and_direct_operations_match_its_model",
     );
 }
 

@@ -298,6 +298,33 @@ pub fn xfstests_list_on_mount_a(mounts: &(PathBuf, PathBuf), name: &str) {
     summary.assert_ok();
 }
 
+/// pjdfstest in a guest on mount A, the file system's own departures from ext4 (`known`,
+/// a file under guest-tests/, each with its reason) counting as KNOWN when they fail,
+/// never as passed.
+pub fn pjdfstest_on_mount_a(mounts: &(PathBuf, PathBuf), name: &str, known: &str) {
+    let cmd = format!("/guest-tests/pjdfstest.sh -k /guest-tests/{known}");
+    let (_vol, run) = run_on_mount_a(mounts, name, &[], 1500, &cmd);
+    crate::data::check_pjdfstest(name, &run, 301);
+}
+
+/// fsx's buffered and O_DIRECT runs in a guest on mount A: both must run and pass.
+pub fn fsx_on_mount_a(mounts: &(PathBuf, PathBuf), name: &str) {
+    let (_vol, run) = run_on_mount_a(
+        mounts,
+        name,
+        &[],
+        1500,
+        "/guest-tests/fsx.sh -N 60000 -D 20000",
+    );
+    run.assert_success();
+    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+    assert!(
+        !run.console.contains("fsx: SKIP"),
+        "a part of fsx was skipped\n{}",
+        run.tail()
+    );
+}
+
 /// guest-tests/fio.sh (8 jobs, each verifying what it wrote) in a guest on mount A; with
 /// vfsd, its --stats must show RWF_NOWAIT given up once for the mount, not per request.
 pub fn fio_on_mount_a(mounts: &(PathBuf, PathBuf), name: &str) {
