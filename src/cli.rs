@@ -210,6 +210,14 @@ pub struct Opt {
     #[arg(long)]
     pub no_flock: bool,
 
+    /// Zero-message open: file opens and closes stay in the guest (no OPEN, RELEASE or,
+    /// with --no-posix-lock, FLUSH), and I/O goes through one host fd per file. File data
+    /// then stays in the guest's page cache across opens, flock stays in the guest, and
+    /// O_APPEND writes land at the guest's end of file (docs/features.md). Needs
+    /// --cache=auto or always
+    #[arg(long)]
+    pub no_open: bool,
+
     /// Byte ranges a guest may hold locked at once; past it, lock requests get ENOLCK
     /// (the host kernel's lock records are not charged to memory cgroups)
     #[arg(long, value_name = "N", default_value_t = 65536)]

@@ -383,6 +383,21 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     cfg.killpriv_v2 = opt.killpriv_v2 && !opt.no_killpriv_v2;
     cfg.posix_lock = !opt.no_posix_lock;
     cfg.flock = !opt.no_flock;
+    if opt.no_open {
+        use crate::passthrough::CachePolicy as C;
+        if matches!(cfg.cache, C::Never | C::Metadata) {
+            return Err(E::Option(
+                "--no-open keeps file data in the guest's page cache across opens: \
+                 use it with --cache=auto or --cache=always"
+                    .into(),
+            ));
+        }
+        cfg.no_open = true;
+        if cfg.flock {
+            log::info!("--no-open: flock stays in the guest (no RELEASE could release one)");
+            cfg.flock = false;
+        }
+    }
     if opt.max_locks == 0 || opt.max_locks_per_file == 0 || opt.max_lock_waiters == 0 {
         return Err(E::Option(
             "--max-locks, --max-locks-per-file and --max-lock-waiters must be at least 1".into(),

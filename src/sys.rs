@@ -345,15 +345,42 @@ pub fn name_to_handle(fd: RawFd) -> io::Result<(FileHandle, u64)> {
 pub fn handles_outlive_eviction(fd: RawFd) -> io::Result<bool> {
     const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
     const MSDOS_SUPER_MAGIC: i64 = 0x4d44;
+    Ok(!matches!(
+        fs_type(fd)?,
+        FUSE_SUPER_MAGIC | MSDOS_SUPER_MAGIC
+    ))
+}
+
+/// The `f_type` of the file system `fd` is on.
+fn fs_type(fd: RawFd) -> io::Result<i64> {
     // SAFETY: fstatfs writes one struct statfs into `st`, which is large enough for it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstatfs(fd, &mut st) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(!matches!(
-        st.f_type as i64,
-        FUSE_SUPER_MAGIC | MSDOS_SUPER_MAGIC
-    ))
+    Ok(st.f_type as i64)
+}
+
+/// Whether closing a file on `fd`'s file system does nothing a process could see. Network
+/// and cluster file systems and FUSE write data back and report errors on close(); when
+/// the type can't be read, close is taken to matter.
+pub fn close_is_silent(fd: &OwnedFd) -> bool {
+    const NOT_SILENT: [i64; 13] = [
+        0x6969,      // NFS
+        0x517b,      // SMB
+        0xff53_4d42, // CIFS
+        0xfe53_4d42, // SMB2
+        0x6573_5546, // FUSE
+        0x00c3_6400, // Ceph
+        0x0102_1997, // 9P
+        0x5346_414f, // AFS
+        0x7461_636f, // OCFS2
+        0x0116_1970, // GFS2
+        0x7375_7245, // Coda
+        0x2003_0528, // OrangeFS
+        0x6165_676c, // PVFS2
+    ];
+    matches!(fs_type(fd.as_raw_fd()), Ok(t) if !NOT_SILENT.contains(&t))
 }
 
 /// `open_by_handle_at(mount_fd, handle, flags)`; needs CAP_DAC_READ_SEARCH.

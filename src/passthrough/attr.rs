@@ -10,6 +10,12 @@ use super::PassthroughFs;
 use crate::sys::{self, cvt, errno};
 
 impl PassthroughFs {
+    /// The handle an attribute request names, if it is one an open gave: under `--no-open`
+    /// handle 0 is the node itself, which its path fd serves without opening the file.
+    fn real_handle(&self, fh: Option<u64>) -> Option<u64> {
+        fh.filter(|&fh| fh != 0 || !self.cfg.no_open)
+    }
+
     pub(super) fn do_getattr(
         &self,
         inode: u64,
@@ -18,8 +24,8 @@ impl PassthroughFs {
         let i = self.inode(inode)?;
         // Shared: a size change (exclusive) is never seen half done.
         let _g = i.is_reg().then(|| i.io.shared());
-        let st = match handle {
-            Some(fh) => sys::fstat(&self.handles.get(fh, inode)?.fd)?,
+        let st = match self.real_handle(handle) {
+            Some(fh) => sys::fstat(&self.handle(fh, inode)?.fd)?,
             None => sys::fstat(&i.path_fd()?)?,
         };
         if i.is_reg() {
@@ -44,8 +50,8 @@ impl PassthroughFs {
         let kill = kill
             .filter(|_| !valid.contains(SetattrValid::MODE) || valid.contains(SetattrValid::SIZE));
         let i = self.inode(inode)?;
-        let h = match handle {
-            Some(fh) => Some(self.handles.get(fh, inode)?),
+        let h = match self.real_handle(handle) {
+            Some(fh) => Some(self.handle(fh, inode)?),
             None => None,
         };
         // Held while the /proc name is in use: it names this fd. With a handle, its own fd
@@ -266,8 +272,8 @@ impl PassthroughFs {
             // NUL-terminated, so only `fd` is looked at.
             cvt(unsafe { libc::statx(fd, sys::EMPTY.as_ptr(), flags, mask, stx.as_mut_ptr()) })
         };
-        match fh {
-            Some(fh) => run(self.handles.get(fh, inode)?.fd.as_raw_fd())?,
+        match self.real_handle(fh) {
+            Some(fh) => run(self.handle(fh, inode)?.fd.as_raw_fd())?,
             None => run(i.path_fd()?.as_raw_fd())?,
         };
         // SAFETY: statx succeeded and filled the (zeroed) structure.

@@ -74,6 +74,7 @@ impl PassthroughFs {
         } else {
             self.reopen_to_open(&i, hflags, wait)?
         };
+        let opts = self.open_options_for(flags, &fd);
         let nowait = self.nowait_unsupported.worth_trying(i.key.mnt_id);
         let fh = self.handles.insert(Handle {
             inode: i,
@@ -84,7 +85,7 @@ impl PassthroughFs {
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
         });
-        Ok((fh, self.file_open_options(flags)))
+        Ok((fh, opts))
     }
 
     /// An O_TRUNC open. It changes the size, so it holds the inode's lock exclusively, like
@@ -154,7 +155,12 @@ impl PassthroughFs {
         wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
-        let hflags = self.host_flags(flags) & !libc::O_TRUNC;
+        let hflags = if self.cfg.no_open {
+            // The fd becomes the node's own (`node_handle`), which serves every access.
+            libc::O_RDWR
+        } else {
+            self.host_flags(flags) & !libc::O_TRUNC
+        };
         // The name may vanish between a failed exclusive create and the lookup, or appear
         // between the lookup and the create: a few rounds settle it.
         for _ in 0..4 {
@@ -192,6 +198,14 @@ impl PassthroughFs {
                     };
                     // The reply's entry owns the lookup just taken, unless the open fails.
                     return match self.do_open(entry.inode, flags, kill, wait) {
+                        Ok((fh, opts)) if self.cfg.no_open => {
+                            // No RELEASE will come for it: the open did its O_TRUNC and the
+                            // node's own fd serves the I/O.
+                            if let Ok(h) = self.handles.remove(fh, entry.inode) {
+                                entry.attr = self.guest_attr(sys::fstat(&h.fd)?);
+                            }
+                            Ok((entry, 0, opts))
+                        }
                         Ok((fh, opts)) => {
                             // The attributes after any O_TRUNC and privilege drop.
                             if let Ok(st) = self
@@ -236,6 +250,13 @@ impl PassthroughFs {
         let st = sys::statx(path_fd.as_raw_fd(), sys::EMPTY, libc::AT_EMPTY_PATH)?;
         let inode = self.inodes.lookup_insert(path_fd, &st, name)?;
         let entry = self.entry(&inode, st.st);
+        if self.cfg.no_open {
+            // No RELEASE will come: the fd is the node's own (`node_handle`), handle 0.
+            let opts = self.open_options_for(flags, &fd);
+            self.node_handles.insert(inode, fd, hflags);
+            return Ok((entry, 0, opts));
+        }
+        let opts = self.open_options_for(flags, &fd);
         let nowait = self.nowait_unsupported.worth_trying(inode.key.mnt_id);
         let fh = self.handles.insert(Handle {
             inode,
@@ -246,7 +267,7 @@ impl PassthroughFs {
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
         });
-        Ok((entry, fh, self.file_open_options(flags)))
+        Ok((entry, fh, opts))
     }
 
     pub(super) fn do_read(
@@ -257,7 +278,7 @@ impl PassthroughFs {
         size: u32,
         offset: u64,
     ) -> io::Result<usize> {
-        let h = self.handles.get(handle, inode)?;
+        let h = self.handle(handle, inode)?;
         let _g = h.inode.io.shared();
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
     }
@@ -288,7 +309,7 @@ impl PassthroughFs {
         write: impl FnOnce(&Handle) -> io::Result<usize>,
     ) -> io::Result<usize> {
         self.check_writable()?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.handle(handle, inode)?;
         if let Some(gid) = kill {
             killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
@@ -329,9 +350,12 @@ impl PassthroughFs {
     }
 
     pub(super) fn do_flush(&self, inode: u64, handle: u64) -> io::Result<()> {
-        let h = self.handles.get(handle, inode)?;
-        // Closing a duplicate gives the host filesystem the close() the guest just did
-        // (NFS and FUSE hosts flush on it) while the handle stays open.
+        Self::close_dup(&*self.handles.get(handle, inode)?)
+    }
+
+    /// Closing a duplicate gives the host filesystem the close() the guest just did (NFS
+    /// and FUSE hosts flush on it) while the handle stays open.
+    pub(super) fn close_dup(h: &Handle) -> io::Result<()> {
         // SAFETY: dup of an fd we own; the new fd is closed right away.
         let fd = cvt(unsafe { libc::dup(h.fd.as_raw_fd()) })?;
         // SAFETY: `fd` is ours and used nowhere else.
@@ -339,8 +363,18 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// After a WRITE through a node's own fd (`node_handle`), which has no open flags of
+    /// the guest's: the O_DSYNC or O_SYNC the write's flags carry.
+    pub fn sync_node_write(&self, nodeid: u64, fh: u64, guest_flags: u32) -> io::Result<()> {
+        let f = guest_flags as i32;
+        if fh != 0 || !self.cfg.no_open || f & libc::O_DSYNC == 0 {
+            return Ok(());
+        }
+        self.do_fsync(nodeid, f & libc::O_SYNC != libc::O_SYNC, fh)
+    }
+
     pub(super) fn do_fsync(&self, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
-        let h = self.handles.get(handle, inode)?;
+        let h = self.handle(handle, inode)?;
         let fd = h.fd.as_raw_fd();
         // SAFETY: plain syscalls on an fd we own.
         cvt(unsafe {
@@ -363,7 +397,7 @@ impl PassthroughFs {
         kill: Option<u32>,
     ) -> io::Result<()> {
         self.check_writable()?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.handle(handle, inode)?;
         if let Some(gid) = kill {
             killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
@@ -383,7 +417,7 @@ impl PassthroughFs {
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
-        let h = self.handles.get(handle, inode)?;
+        let h = self.handle(handle, inode)?;
         let _g = h.inode.io.shared();
         // SAFETY: plain syscall on an fd we own. Only SEEK_DATA/SEEK_HOLE reach the daemon;
         // a position change does not matter since file I/O is positional.
@@ -410,8 +444,8 @@ impl PassthroughFs {
         if flags != 0 {
             return Err(errno(libc::EINVAL));
         }
-        let hin = self.handles.get(fh_in, inode_in)?;
-        let hout = self.handles.get(fh_out, inode_out)?;
+        let hin = self.handle(fh_in, inode_in)?;
+        let hout = self.handle(fh_out, inode_out)?;
         if hout.flags & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(errno(libc::EBADF));
         }
@@ -527,7 +561,7 @@ impl PassthroughFs {
         offset: u64,
         iov: &[libc::iovec],
     ) -> Option<usize> {
-        let h = self.handles.get(fh, nodeid).ok()?;
+        let h = self.open_handle(fh, nodeid)?;
         let size = iov.iter().map(|v| v.iov_len).sum();
         // SAFETY: the caller vouches for the iovecs.
         nowait_read(&h, size, &self.nowait_unsupported, |fd| unsafe {
@@ -561,6 +595,10 @@ impl PassthroughFs {
         if hflags & libc::O_ACCMODE == libc::O_RDONLY {
             // The kernel refuses a read-only O_TMPFILE before asking.
             return Err(errno(libc::EINVAL));
+        }
+        if self.cfg.no_open {
+            // The node's own fd (`node_handle`) serves every access.
+            hflags = libc::O_RDWR;
         }
         hflags |= guest & libc::O_EXCL;
         let pfd = p.path_fd()?;

@@ -1163,7 +1163,7 @@ impl PassthroughFs {
     /// The guest handle a lock request names, checked against the lock type as fcntl
     /// checks a file's mode: a read lock needs read access, a write lock write access.
     fn lock_handle(&self, nodeid: u64, fh: u64, typ: i32) -> io::Result<Arc<Handle>> {
-        let h = self.handles.get(fh, nodeid)?;
+        let h = self.handle(fh, nodeid)?;
         let acc = h.flags & libc::O_ACCMODE;
         let ok = match typ {
             libc::F_RDLCK => acc != libc::O_WRONLY,
@@ -1250,7 +1250,7 @@ impl PassthroughFs {
             r,
             wait,
             self.lock_description(nodeid),
-            || self.handles.get(fh, nodeid).is_ok(),
+            || self.handle(fh, nodeid).is_ok(),
         )
     }
 }

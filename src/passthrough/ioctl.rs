@@ -191,7 +191,7 @@ impl PassthroughFs {
         }
         // 0 is no handle (vfsd's start at 1): the node is reopened, as by the guest's open.
         let fd = if handle != 0 {
-            Target::Handle(self.handles.get(handle, inode)?)
+            Target::Handle(self.handle(handle, inode)?)
         } else {
             Target::Reopened(self.reopen(&i, REOPEN_FLAGS)?)
         };

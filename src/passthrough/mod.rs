@@ -22,6 +22,7 @@ pub mod ioctl;
 mod killpriv;
 pub mod lock;
 pub mod migration;
+pub mod node_handle;
 pub mod nowait;
 pub mod wake;
 mod xattr;
@@ -49,6 +50,8 @@ pub use nowait::OpenWait;
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
 pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
+/// FOPEN_NOFLUSH (FUSE 7.31): the guest sends no FLUSH when it closes the file.
+pub const FOPEN_NOFLUSH: u32 = 1 << 5;
 
 /// How much the guest may cache, with virtiofsd's meanings (`cli::Cache` spells them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,8 @@ pub struct Config {
     pub posix_lock: bool,
     /// Forward flock to the host (`--no-flock` turns it off).
     pub flock: bool,
+    /// Zero-message open (`--no-open`, `node_handle`): OPEN answered ENOSYS, I/O by node.
+    pub no_open: bool,
     /// Byte ranges the guest may hold locked at once (`--max-locks`).
     pub max_locks: usize,
     /// Byte ranges the guest may hold locked on one file (`--max-locks-per-file`).
@@ -135,6 +140,7 @@ impl Config {
             killpriv_v2: true,
             posix_lock: true,
             flock: true,
+            no_open: false,
             max_locks: 65536,
             max_locks_per_file: 4096,
             max_lock_waiters: 1024,
@@ -196,6 +202,8 @@ pub struct PassthroughFs {
     cfg: Config,
     inodes: InodeTable,
     handles: HandleTable,
+    /// Under `--no-open`, the fd each node's handle 0 uses (`node_handle`).
+    node_handles: node_handle::NodeHandles,
     /// File locks forwarded to the host.
     locks: Arc<filelocks::FileLocks>,
     /// Where the xattr map keeps a guest's `security.capability` on the host, which a data
@@ -264,6 +272,9 @@ impl PassthroughFs {
             cfg,
             inodes,
             handles: HandleTable::new(),
+            node_handles: node_handle::NodeHandles::new(
+                node_handle::limit_for(sys::nofile_limit()),
+            ),
             proc_self_fd,
             enabled: Default::default(),
             nowait_unsupported: Default::default(),
@@ -348,6 +359,48 @@ impl PassthroughFs {
 
     /// Opens the file behind an O_PATH fd for I/O through `/proc/self/fd/N`: this names the
     /// exact inode, so no path component is resolved again.
+    /// The handle a request names: under `--no-open`, handle 0 is the node's own
+    /// (`node_handle`); otherwise one an OPEN, CREATE or OPENDIR gave.
+    pub(crate) fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<handle::Handle>> {
+        if fh != 0 || !self.cfg.no_open {
+            return self.handles.get(fh, nodeid);
+        }
+        let i = self.inode(nodeid)?;
+        if !i.is_reg() {
+            return Err(sys::errno(libc::EBADF));
+        }
+        self.node_handles.get_or_open(&i, || {
+            // The guest kernel checked the caller's access (virtiofs mounts with
+            // default_permissions); the fd serves every caller, so it has what the host
+            // grants vfsd: read and write where it can.
+            let mut last = sys::errno(libc::EACCES);
+            for acc in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY] {
+                match self.with_fd_room(|| self.reopen(&i, acc)) {
+                    Ok(fd) => return Ok((fd, acc)),
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY)
+                        ) =>
+                    {
+                        last = e
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(last)
+        })
+    }
+
+    /// Under `--no-open`, the node's handle if it has one open: what a queue thread, which
+    /// must not wait for an open, may use.
+    pub(crate) fn open_handle(&self, fh: u64, nodeid: u64) -> Option<Arc<handle::Handle>> {
+        if fh == 0 && self.cfg.no_open {
+            return self.node_handles.get(nodeid);
+        }
+        self.handles.get(fh, nodeid).ok()
+    }
+
     pub(crate) fn reopen(&self, inode: &Arc<Inode>, flags: i32) -> io::Result<OwnedFd> {
         if inode.is_symlink() {
             return Err(sys::errno(libc::ELOOP));
@@ -488,6 +541,19 @@ impl PassthroughFs {
         unsafe { OpenOptions::from_bits_unchecked(bits) }
     }
 
+    /// `file_open_options` for a file open as `fd`, with FOPEN_NOFLUSH where a FLUSH would
+    /// carry nothing: no POSIX lock of the guest's reaches the host (`--no-posix-lock`), and
+    /// the host filesystem does nothing on close() that the guest could see (network and
+    /// FUSE filesystems write back and report errors there).
+    pub(crate) fn open_options_for(&self, flags: u32, fd: &OwnedFd) -> OpenOptions {
+        let opts = self.file_open_options(flags);
+        if self.cfg.posix_lock || !sys::close_is_silent(fd) {
+            return opts;
+        }
+        // SAFETY: as in file_open_options; bit 5 is FOPEN_NOFLUSH in the FUSE ABI.
+        unsafe { OpenOptions::from_bits_unchecked(opts.bits() | FOPEN_NOFLUSH) }
+    }
+
     /// The file locks forwarded to the host.
     pub fn locks(&self) -> &Arc<filelocks::FileLocks> {
         &self.locks
@@ -509,6 +575,7 @@ impl PassthroughFs {
             }
             let _ = filelocks::flock(h.fd.as_raw_fd(), libc::F_UNLCK, false);
         }
+        self.node_handles.clear();
         for inode in self.inodes.snapshot() {
             if inode.nodeid != ROOT_ID {
                 self.inodes.forget(inode.nodeid, u64::MAX);
@@ -537,8 +604,11 @@ impl PassthroughFs {
             | f::AUTO_INVAL_DATA
             | f::ASYNC_DIO
             | f::EXPORT_SUPPORT
-            | f::ATOMIC_O_TRUNC
             | f::CACHE_SYMLINKS;
+        // Without OPEN an O_TRUNC would be lost: the guest kernel truncates with a SETATTR.
+        if !self.cfg.no_open {
+            want |= f::ATOMIC_O_TRUNC;
+        }
         if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
             want |= f::WRITEBACK_CACHE;
         }
@@ -551,7 +621,8 @@ impl PassthroughFs {
         if self.cfg.posix_lock {
             want |= f::POSIX_LOCKS;
         }
-        if self.cfg.flock {
+        // Under --no-open a close sends no RELEASE, which is what carries a flock's release.
+        if self.cfg.flock && !self.cfg.no_open {
             want |= f::FLOCK_LOCKS;
         }
         if self.cfg.allow_mmap {
@@ -617,6 +688,10 @@ impl PassthroughFs {
             ctx.gid,
             Some(fuse_flags & FOPEN_IN_KILL_SUIDGID != 0),
         );
+        if self.cfg.no_open {
+            // The guest kernel then sends no OPEN and no RELEASE again (`node_handle`).
+            return Err(sys::errno(libc::ENOSYS));
+        }
         self.do_open(inode, flags, kill, wait)
     }
 
@@ -681,6 +756,7 @@ impl FileSystem for PassthroughFs {
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
         if inode != ROOT_ID && self.inodes.forget(inode, count) {
+            self.node_handles.remove(inode);
             self.locks.release_node(inode);
         }
     }
@@ -848,16 +924,29 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         _lock_owner: Option<u64>,
         _delayed_write: bool,
-        _flags: u32,
+        flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
         let kill = self.kill_privs(ctx.uid, ctx.gid, Some(fuse_flags & WRITE_KILL_PRIV != 0));
-        self.do_write(inode, handle, r, size, offset, kill)
+        let n = self.do_write(inode, handle, r, size, offset, kill)?;
+        self.sync_node_write(inode, handle, flags)?;
+        Ok(n)
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
         // The guest's close(): its POSIX locks on the file go, as on a local filesystem.
         self.locks.release_owner(inode, lock_owner);
+        if handle == 0 && self.cfg.no_open {
+            if !self.cfg.posix_lock {
+                // A FLUSH then carries nothing: ENOSYS tells the guest kernel to send none.
+                return Err(sys::errno(libc::ENOSYS));
+            }
+            // The node's fd, if open, gets the close; none is opened just for that.
+            return match self.node_handles.get(inode) {
+                Some(h) => Self::close_dup(&h),
+                None => Ok(()),
+            };
+        }
         self.do_flush(inode, handle)
     }
 
@@ -888,6 +977,10 @@ impl FileSystem for PassthroughFs {
         flock_release: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
+        if handle == 0 && self.cfg.no_open {
+            // A CREATE's before the guest kernel learnt of --no-open: nothing to close.
+            return Ok(());
+        }
         let h = self.handles.remove(handle, inode)?;
         // A migrated flock still being taken again on it ends with the handle.
         let retake = h.flock_pending.lock().unwrap().take();

@@ -41,6 +41,8 @@ struct Options {
     share_root: Option<PathBuf>,
     /// Also the steps on the guest's own tmpfs, once: the ceiling no daemon can pass.
     tmpfs: bool,
+    /// Options vfsd gets besides the cache mode (`--vfsd-args`), e.g. `--no-open`.
+    vfsd_args: Vec<String>,
 }
 
 fn options() -> Options {
@@ -53,6 +55,7 @@ fn options() -> Options {
         out: repo().join("docs/benchmarks/tree"),
         tmpfs: true,
         share_root: None,
+        vfsd_args: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -78,6 +81,7 @@ fn options() -> Options {
             "--steps" => o.steps = val(),
             "--out" => o.out = PathBuf::from(val()),
             "--share-root" => o.share_root = Some(PathBuf::from(val())),
+            "--vfsd-args" => o.vfsd_args = val().split_whitespace().map(String::from).collect(),
             // cargo bench passes --bench to every bench target.
             "--bench" => {}
             "-h" | "--help" => usage(""),
@@ -100,7 +104,8 @@ fn usage(why: &str) -> ! {
     }
     eprintln!(
         "usage: cargo bench --bench requests -- [--modes auto,always,never,metadata] \
-         [--daemons vfsd,virtiofsd] [--steps {STEPS}] [--share-root DIR] [--out DIR]"
+         [--daemons vfsd,virtiofsd] [--steps {STEPS}] [--share-root DIR] [--out DIR] \
+         [--vfsd-args 'OPTIONS']"
     );
     std::process::exit(if why.is_empty() { 0 } else { 2 })
 }
@@ -236,7 +241,7 @@ fn follow_marks(
 fn bench_boot(
     name: &str,
     tar: &Path,
-    share: Option<(DaemonKind, String, u32)>,
+    share: Option<(DaemonKind, Vec<String>, u32)>,
     root: Option<&Path>,
     cmd: &str,
 ) -> Vec<StepResult> {
@@ -244,7 +249,7 @@ fn bench_boot(
     let ctl = dir.dir("ctl");
     std::fs::copy(tar, ctl.join("src.tar")).unwrap();
     let mut guest = Guest::new(&dir);
-    if let Some((daemon, cache_arg, queues)) = &share {
+    if let Some((daemon, args, queues)) = &share {
         let path = match root {
             Some(r) => {
                 let p = r.join(name);
@@ -254,10 +259,12 @@ fn bench_boot(
             }
             None => dir.dir("share"),
         };
-        guest =
-            guest
-                .queues(*queues)
-                .share(Share::new(&path, "share0", daemon.clone(), &[cache_arg]));
+        guest = guest.queues(*queues).share(Share::new(
+            &path,
+            "share0",
+            daemon.clone(),
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
     }
     let guest = guest.share(Share::new(
         &ctl,
@@ -348,13 +355,19 @@ fn main() {
                 "/guest-tests/tree-bench.sh /mnt/share0 /mnt/ctl {}",
                 o.steps
             );
-            let share = (daemon.clone(), format!("--cache={mode}"), queues);
+            let mut args = vec![format!("--cache={mode}")];
+            if *daemon == DaemonKind::Vfsd {
+                args.extend(o.vfsd_args.iter().cloned());
+            }
+            // The options beyond the cache mode, in the data ("" for the defaults).
+            let extra = args[1..].join(" ");
+            let share = (daemon.clone(), args, queues);
             for r in bench_boot(&name, &tar, Some(share), o.share_root.as_deref(), &cmd) {
                 let ops: Vec<String> = r.ops.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
                 writeln!(
                     jsonl,
-                    "{{\"commit\": \"{commit}\", \"date\": \"{date}\", \"daemon\": \"{}\", \"mode\": \"{mode}\", \
-                     \"queues\": {queues}, \"step\": \"{}\", \"entries\": {entries}, \"seconds\": {:.3}, \
+                    "{{\"commit\": \"{commit}\", \"date\": \"{date}\", \"daemon\": \"{}\", \"options\": \"{extra}\", \
+                     \"mode\": \"{mode}\", \"queues\": {queues}, \"step\": \"{}\", \"entries\": {entries}, \"seconds\": {:.3}, \
                      \"daemon_cpu_s\": {:.2}, \"requests\": {}, \"ops\": {{{}}}}}",
                     label(daemon),
                     r.step,

@@ -21,6 +21,7 @@ mod keep_listening;
 mod libvirt;
 mod locks;
 mod migration;
+mod no_open;
 mod runner;
 mod setid;
 mod smoke;

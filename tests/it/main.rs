@@ -27,6 +27,7 @@ mod locks;
 mod metrics;
 mod migration;
 mod newer_ops;
+mod no_open;
 mod opcodes;
 mod parallel_writes;
 mod placement;
