@@ -22,11 +22,13 @@
 //!
 //! Each figure is the median of `--runs` runs, the runs interleaved across daemons so
 //! that drift hits each alike. Writes OUT/results.jsonl (a line per figure and run, with
-//! the commit and date; the lines of parts not run this time are kept) and OUT/report.md (default docs/benchmarks/io), then runs
-//! scripts/bench-report.py, which rewrites docs/benchmarks.md and its plots.
+//! the commit and date; the lines of parts not run this time are kept) and OUT/report.md (default docs/benchmarks/io), then
+//! rewrites docs/benchmarks.md and its plots (tests/report/benchmarks.rs).
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
+#[path = "../report/benchmarks.rs"]
+mod report;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -605,7 +607,7 @@ fn main() {
         instr(&dir, &mut rec);
     }
     write_report(&o, &rec);
-    fixture::bench_report();
+    report::write_page(repo());
 }
 
 fn write_report(o: &Options, rec: &Record) {

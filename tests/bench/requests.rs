@@ -15,11 +15,13 @@
 //! tarball, 4,684 entries). Writes docs/benchmarks/tree/results.jsonl (a line per
 //! daemon, mode and step, with the commit and date; the lines of those not run this time
 //! are kept) and docs/benchmarks/tree/report.md
-//! (the tables), or under `--out DIR`, then runs scripts/bench-report.py, which rewrites
-//! docs/benchmarks.md and its plots.
+//! (the tables), or under `--out DIR`, then rewrites docs/benchmarks.md and its plots
+//! (tests/report/benchmarks.rs).
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
+#[path = "../report/benchmarks.rs"]
+mod report;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -491,5 +493,5 @@ fn write_report(
     }
     std::fs::write(o.out.join("report.md"), md).unwrap();
     eprintln!("requests: wrote {}", o.out.join("report.md").display());
-    fixture::bench_report();
+    report::write_page(repo());
 }

@@ -13,11 +13,13 @@
 //! `--share-root DIR` (a distributed file system's client mount, say), and kept. Writes
 //! OUT/<daemon>.csv (seconds, fds, RSS KiB), OUT/results.jsonl (a line per daemon, with
 //! the commit and date; other daemons' lines are kept) and OUT/report.md (default
-//! docs/benchmarks/walk), then runs scripts/bench-report.py, which rewrites
-//! docs/benchmarks.md and its plots.
+//! docs/benchmarks/walk), then rewrites docs/benchmarks.md and its plots
+//! (tests/report/benchmarks.rs).
 
 #[path = "../guest/fixture/mod.rs"]
 mod fixture;
+#[path = "../report/benchmarks.rs"]
+mod report;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -246,5 +248,5 @@ fn write_report(o: &Options, rows: &[(&str, usize, u64, u64, String)]) {
     std::fs::write(o.out.join("report.md"), md).unwrap();
     std::fs::write(&path, json).unwrap();
     eprintln!("walk: wrote {}", o.out.join("report.md").display());
-    fixture::bench_report();
+    report::write_page(repo());
 }
