@@ -393,9 +393,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
             ));
         }
         cfg.no_open = true;
-        if cfg.flock {
-            log::info!("--no-open: flock stays in the guest (no RELEASE could release one)");
-            cfg.flock = false;
+        if cfg.flock || cfg.posix_lock {
+            log::info!(
+                "--no-open: flock and fcntl locks stay in the guest (no RELEASE could release one)"
+            );
         }
     }
     if opt.max_locks == 0 || opt.max_locks_per_file == 0 || opt.max_lock_waiters == 0 {

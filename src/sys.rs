@@ -361,26 +361,25 @@ fn fs_type(fd: RawFd) -> io::Result<i64> {
     Ok(st.f_type as i64)
 }
 
-/// Whether closing a file on `fd`'s file system does nothing a process could see. Network
-/// and cluster file systems and FUSE write data back and report errors on close(); when
-/// the type can't be read, close is taken to matter.
+/// Whether closing a file on `fd`'s file system does nothing a process could see: a local
+/// disk or memory file system. Network and cluster file systems, FUSE and stacking file
+/// systems (which may sit on one of those) write data back and report errors on close();
+/// so does anything not named here, and a type that can't be read.
 pub fn close_is_silent(fd: &OwnedFd) -> bool {
-    const NOT_SILENT: [i64; 13] = [
-        0x6969,      // NFS
-        0x517b,      // SMB
-        0xff53_4d42, // CIFS
-        0xfe53_4d42, // SMB2
-        0x6573_5546, // FUSE
-        0x00c3_6400, // Ceph
-        0x0102_1997, // 9P
-        0x5346_414f, // AFS
-        0x7461_636f, // OCFS2
-        0x0116_1970, // GFS2
-        0x7375_7245, // Coda
-        0x2003_0528, // OrangeFS
-        0x6165_676c, // PVFS2
+    const LOCAL: [i64; 11] = [
+        0xef53,      // ext2, ext3, ext4
+        0x5846_5342, // XFS
+        0x9123_683e, // Btrfs
+        0x0102_1994, // tmpfs
+        0x8584_58f6, // ramfs
+        0xf2f5_2010, // F2FS
+        0xca45_1a4e, // bcachefs
+        0x2fc1_2fc1, // ZFS
+        0x5265_4973, // ReiserFS
+        0x3153_464a, // JFS
+        0x4d44,      // FAT
     ];
-    matches!(fs_type(fd.as_raw_fd()), Ok(t) if !NOT_SILENT.contains(&t))
+    matches!(fs_type(fd.as_raw_fd()), Ok(t) if LOCAL.contains(&t))
 }
 
 /// `open_by_handle_at(mount_fd, handle, flags)`; needs CAP_DAC_READ_SEARCH.

@@ -433,8 +433,17 @@ impl FsDevice {
                             }
                             None if fallback == Fallback::QueueThread => {
                                 self.server.count_placement(Placement::ReadServedAlone);
-                                busy_meanwhile =
-                                    self.serve_alone(&mem, vring, queue as u16, chain, t);
+                                // Under --no-open the node's first fd may wait on a lease.
+                                match self.serve_alone_unless_it_waits(
+                                    &mem,
+                                    vring,
+                                    queue as u16,
+                                    chain,
+                                    t,
+                                ) {
+                                    Ok(busy) => busy_meanwhile = busy,
+                                    Err(chain) => pool.send(chain, t, vring, queue as u16),
+                                }
                             }
                             None => {
                                 self.server.count_placement(Placement::ReadHandedOff);
@@ -586,8 +595,8 @@ impl FsDevice {
         self.serve_here(mem, vring, queue, chain, t, Placement::ServedAlone, busy)
     }
 
-    /// `serve_alone` for an OPEN or CREATE, unless it would wait for a host lease break:
-    /// then the chain comes back unanswered, for the pool.
+    /// `serve_alone` for a request that may open a file, unless it would wait for a host
+    /// lease break: then the chain comes back unanswered, for the pool.
     #[allow(clippy::result_large_err)] // as `FuseServer::handle_unless_it_waits`
     fn serve_alone_unless_it_waits(
         &self,

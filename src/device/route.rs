@@ -102,8 +102,9 @@ pub enum Place {
     },
     /// Served on the queue thread, blocking if it must.
     QueueThread,
-    /// An OPEN or CREATE served on the queue thread unless it would wait for a host lease
-    /// break; then in the pool (`FuseServer::handle_unless_it_waits`).
+    /// A request that may open a file (`Opcode::opens_without_waiting`) served on the
+    /// queue thread unless the open would wait for a host lease break; then in the pool
+    /// (`FuseServer::handle_unless_it_waits`).
     QueueThreadUnlessItWaits,
     /// A quick metadata request served on the queue thread beside others in flight, timed
     /// for `Inline::took`.
@@ -305,9 +306,9 @@ fn decide(op: Option<Opcode>, short_copy: bool, queue: Queue) -> Place {
             },
         },
         Some(op) if op.takes_no_reply() => Place::NoReply,
+        Some(op) if queue.alone && op.opens_without_waiting() => Place::QueueThreadUnlessItWaits,
         Some(op) if queue.alone && op.is_short() => Place::QueueThread,
         Some(Opcode::CopyFileRange) if queue.alone && short_copy => Place::QueueThread,
-        Some(op) if queue.alone && op.opens_without_waiting() => Place::QueueThreadUnlessItWaits,
         Some(op) if queue.inline && op.is_quick_metadata() => Place::Inline,
         _ => Place::Pool,
     }
@@ -380,7 +381,7 @@ mod tests {
         };
         assert_eq!(
             decide(Some(Opcode::Write), false, alone),
-            Place::QueueThread
+            Place::QueueThreadUnlessItWaits
         );
         assert_eq!(
             decide(Some(Opcode::Lookup), false, alone),

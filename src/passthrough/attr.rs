@@ -2,18 +2,25 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuse_backend_rs::api::filesystem::{Context, SetattrValid};
 
+use super::handle::Handle;
 use super::PassthroughFs;
 use crate::sys::{self, cvt, errno};
 
 impl PassthroughFs {
-    /// The handle an attribute request names, if it is one an open gave: under `--no-open`
-    /// handle 0 is the node itself, which its path fd serves without opening the file.
-    fn real_handle(&self, fh: Option<u64>) -> Option<u64> {
-        fh.filter(|&fh| fh != 0 || !self.cfg.no_open)
+    /// The handle an attribute request names. Under `--no-open`, handle 0 is the node's
+    /// fd if one is open (it names a file unlinked since), else none: the path fd serves
+    /// without opening the file.
+    fn attr_handle(&self, fh: Option<u64>, inode: u64) -> io::Result<Option<Arc<Handle>>> {
+        match fh {
+            None => Ok(None),
+            Some(0) if self.cfg.no_open => Ok(self.node_handles.get(inode)),
+            Some(fh) => self.handles.get(fh, inode).map(Some),
+        }
     }
 
     pub(super) fn do_getattr(
@@ -24,8 +31,8 @@ impl PassthroughFs {
         let i = self.inode(inode)?;
         // Shared: a size change (exclusive) is never seen half done.
         let _g = i.is_reg().then(|| i.io.shared());
-        let st = match self.real_handle(handle) {
-            Some(fh) => sys::fstat(&self.handle(fh, inode)?.fd)?,
+        let st = match self.attr_handle(handle, inode)? {
+            Some(h) => sys::fstat(&h.fd)?,
             None => sys::fstat(&i.path_fd()?)?,
         };
         if i.is_reg() {
@@ -50,10 +57,7 @@ impl PassthroughFs {
         let kill = kill
             .filter(|_| !valid.contains(SetattrValid::MODE) || valid.contains(SetattrValid::SIZE));
         let i = self.inode(inode)?;
-        let h = match self.real_handle(handle) {
-            Some(fh) => Some(self.handle(fh, inode)?),
-            None => None,
-        };
+        let h = self.attr_handle(handle, inode)?;
         // Held while the /proc name is in use: it names this fd. With a handle, its own fd
         // names the file (an open file unlinked since has no other way to be found).
         let path = match &h {
@@ -272,8 +276,8 @@ impl PassthroughFs {
             // NUL-terminated, so only `fd` is looked at.
             cvt(unsafe { libc::statx(fd, sys::EMPTY.as_ptr(), flags, mask, stx.as_mut_ptr()) })
         };
-        match self.real_handle(fh) {
-            Some(fh) => run(self.handle(fh, inode)?.fd.as_raw_fd())?,
+        match self.attr_handle(fh, inode)? {
+            Some(h) => run(h.fd.as_raw_fd())?,
             None => run(i.path_fd()?.as_raw_fd())?,
         };
         // SAFETY: statx succeeded and filled the (zeroed) structure.

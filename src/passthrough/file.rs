@@ -16,6 +16,7 @@ use super::handle::Handle;
 use super::inode::Inode;
 use super::killpriv;
 use super::lock::IoGuard;
+use super::node_handle::Need;
 use super::nowait::{self, OpenWait};
 use super::{CreateExt, PassthroughFs};
 use crate::sys::{self, cvt, errno};
@@ -117,7 +118,7 @@ impl PassthroughFs {
     /// O_NONBLOCK that asks for that is taken off the fd again: on a regular file it
     /// changes nothing else on Linux, but a FUSE host filesystem sees the flag in its
     /// requests, and the guest did not ask for it.
-    fn reopen_to_open(
+    pub(super) fn reopen_to_open(
         &self,
         i: &Arc<Inode>,
         hflags: i32,
@@ -201,8 +202,12 @@ impl PassthroughFs {
                         Ok((fh, opts)) if self.cfg.no_open => {
                             // No RELEASE will come for it: the open did its O_TRUNC and the
                             // node's own fd serves the I/O.
-                            if let Ok(h) = self.handles.remove(fh, entry.inode) {
-                                entry.attr = self.guest_attr(sys::fstat(&h.fd)?);
+                            if let Ok(st) = self
+                                .handles
+                                .remove(fh, entry.inode)
+                                .and_then(|h| sys::fstat(&h.fd))
+                            {
+                                entry.attr = self.guest_attr(st);
                             }
                             Ok((entry, 0, opts))
                         }
@@ -253,7 +258,8 @@ impl PassthroughFs {
         if self.cfg.no_open {
             // No RELEASE will come: the fd is the node's own (`node_handle`), handle 0.
             let opts = self.open_options_for(flags, &fd);
-            self.node_handles.insert(inode, fd, hflags);
+            let nowait = self.nowait_unsupported.worth_trying(inode.key.mnt_id);
+            self.node_handles.put(inode, fd, hflags, nowait);
             return Ok((entry, 0, opts));
         }
         let opts = self.open_options_for(flags, &fd);
@@ -278,7 +284,7 @@ impl PassthroughFs {
         size: u32,
         offset: u64,
     ) -> io::Result<usize> {
-        let h = self.handle(handle, inode)?;
+        let h = self.handle_for(handle, inode, Need::Read)?;
         let _g = h.inode.io.shared();
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
     }
@@ -309,7 +315,7 @@ impl PassthroughFs {
         write: impl FnOnce(&Handle) -> io::Result<usize>,
     ) -> io::Result<usize> {
         self.check_writable()?;
-        let h = self.handle(handle, inode)?;
+        let h = self.handle_for(handle, inode, Need::Write)?;
         if let Some(gid) = kill {
             killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
@@ -397,7 +403,7 @@ impl PassthroughFs {
         kill: Option<u32>,
     ) -> io::Result<()> {
         self.check_writable()?;
-        let h = self.handle(handle, inode)?;
+        let h = self.handle_for(handle, inode, Need::Write)?;
         if let Some(gid) = kill {
             killpriv::kill_suidgid(h.fd.as_raw_fd(), gid, self.mapped_cap.as_deref())?;
         }
@@ -444,8 +450,8 @@ impl PassthroughFs {
         if flags != 0 {
             return Err(errno(libc::EINVAL));
         }
-        let hin = self.handle(fh_in, inode_in)?;
-        let hout = self.handle(fh_out, inode_out)?;
+        let hin = self.handle_for(fh_in, inode_in, Need::Read)?;
+        let hout = self.handle_for(fh_out, inode_out, Need::Write)?;
         if hout.flags & libc::O_ACCMODE == libc::O_RDONLY {
             return Err(errno(libc::EBADF));
         }

@@ -119,6 +119,20 @@ pub enum StateError {
     Io(#[from] io::Error),
 }
 
+/// A bit of a state's `flags` no INIT flag uses: the source served the guest under
+/// `--no-open`, so a destination must too (the guest names every file by handle 0).
+const NO_OPEN_SESSION: u64 = 1 << 63;
+
+impl PassthroughFs {
+    fn no_open_mark(&self) -> u64 {
+        if self.cfg.no_open {
+            NO_OPEN_SESSION
+        } else {
+            0
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Debug)]
 struct State {
     mode: Mode,
@@ -499,7 +513,7 @@ impl PassthroughFs {
             .collect();
         let state = State {
             mode: mcfg.mode,
-            flags: self.enabled.load(Ordering::Acquire),
+            flags: self.enabled.load(Ordering::Acquire) | self.no_open_mark(),
             next_node,
             next_handle,
             nodes,
@@ -654,7 +668,16 @@ impl PassthroughFs {
 
     fn restore(self: &Arc<Self>, state: &State) -> Result<LoadReport, StateError> {
         let mcfg = self.cfg.migration;
-        let extra = state.flags & !self.wanted_flags() & !crate::abi::flags::INIT_EXT;
+        let extra = state.flags
+            & !(self.wanted_flags() | self.no_open_mark())
+            & !crate::abi::flags::INIT_EXT;
+        if extra & NO_OPEN_SESSION != 0 {
+            return Err(malformed(
+                "the source served the guest under --no-open (it sends handle 0 for every \
+                 file): run this vfsd with --no-open too"
+                    .to_string(),
+            ));
+        }
         if extra != 0 {
             return Err(StateError::Flags(extra));
         }
@@ -1522,12 +1545,21 @@ mod tests {
             Err(StateError::Malformed(_))
         ));
         let flags = State {
-            flags: 1 << 63,
+            flags: 1 << 62,
             ..empty()
         };
         assert!(matches!(
             fs.load_state(&bytes(&flags)),
             Err(StateError::Flags(_))
+        ));
+        // A --no-open source's guest names files by handle 0, which only --no-open serves.
+        let no_open = State {
+            flags: NO_OPEN_SESSION,
+            ..empty()
+        };
+        assert!(matches!(
+            fs.load_state(&bytes(&no_open)),
+            Err(StateError::Malformed(m)) if m.contains("--no-open")
         ));
     }
 

@@ -23,6 +23,7 @@ mod killpriv;
 pub mod lock;
 pub mod migration;
 pub mod node_handle;
+use node_handle::Need;
 pub mod nowait;
 pub mod wake;
 mod xattr;
@@ -204,6 +205,9 @@ pub struct PassthroughFs {
     handles: HandleTable,
     /// Under `--no-open`, the fd each node's handle 0 uses (`node_handle`).
     node_handles: node_handle::NodeHandles,
+    /// Whether the share's root is on a file system that does nothing on close()
+    /// (`sys::close_is_silent`).
+    close_silent_root: bool,
     /// File locks forwarded to the host.
     locks: Arc<filelocks::FileLocks>,
     /// Where the xattr map keeps a guest's `security.capability` on the host, which a data
@@ -235,7 +239,13 @@ impl PassthroughFs {
     }
 
     /// As `new`, with `/proc/self/fd` opened by the caller (before a sandbox hid /proc).
-    pub fn with_proc_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<Self> {
+    pub fn with_proc_fd(mut cfg: Config, proc_self_fd: OwnedFd) -> io::Result<Self> {
+        if cfg.no_open {
+            // A close sends no RELEASE, which is what releases a flock and an OFD lock of
+            // the guest's: under --no-open its locks are its own.
+            cfg.posix_lock = false;
+            cfg.flock = false;
+        }
         let root_path = CString::new(cfg.root_dir.as_os_str().as_encoded_bytes())
             .map_err(|_| sys::errno(libc::EINVAL))?;
         let root_fd = sys::openat(
@@ -257,6 +267,7 @@ impl PassthroughFs {
             cfg.inode_file_handles,
             inode::FdCache::limit_for(sys::nofile_limit()),
         );
+        let close_silent_root = sys::close_is_silent(&root_fd);
         inodes.insert_root(root_fd, &st)?;
         let locks = Arc::new(filelocks::FileLocks::new(
             cfg.posix_lock,
@@ -275,6 +286,7 @@ impl PassthroughFs {
             node_handles: node_handle::NodeHandles::new(
                 node_handle::limit_for(sys::nofile_limit()),
             ),
+            close_silent_root,
             proc_self_fd,
             enabled: Default::default(),
             nowait_unsupported: Default::default(),
@@ -357,11 +369,19 @@ impl PassthroughFs {
         self.inodes.get(nodeid)
     }
 
-    /// Opens the file behind an O_PATH fd for I/O through `/proc/self/fd/N`: this names the
-    /// exact inode, so no path component is resolved again.
     /// The handle a request names: under `--no-open`, handle 0 is the node's own
     /// (`node_handle`); otherwise one an OPEN, CREATE or OPENDIR gave.
     pub(crate) fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<handle::Handle>> {
+        self.handle_for(fh, nodeid, Need::Any)
+    }
+
+    /// `handle`, with a node's fd that serves `need`: one that does not is replaced.
+    pub(crate) fn handle_for(
+        &self,
+        fh: u64,
+        nodeid: u64,
+        need: Need,
+    ) -> io::Result<Arc<handle::Handle>> {
         if fh != 0 || !self.cfg.no_open {
             return self.handles.get(fh, nodeid);
         }
@@ -369,38 +389,58 @@ impl PassthroughFs {
         if !i.is_reg() {
             return Err(sys::errno(libc::EBADF));
         }
-        self.node_handles.get_or_open(&i, || {
-            // The guest kernel checked the caller's access (virtiofs mounts with
-            // default_permissions); the fd serves every caller, so it has what the host
-            // grants vfsd: read and write where it can.
-            let mut last = sys::errno(libc::EACCES);
-            for acc in [libc::O_RDWR, libc::O_RDONLY, libc::O_WRONLY] {
-                match self.with_fd_room(|| self.reopen(&i, acc)) {
-                    Ok(fd) => return Ok((fd, acc)),
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY)
-                        ) =>
-                    {
-                        last = e
+        if let Some(h) = self
+            .node_handles
+            .get(nodeid)
+            .filter(|h| need.served_by(h.flags))
+        {
+            return Ok(h);
+        }
+        // The guest kernel checked the caller's access (virtiofs mounts with
+        // default_permissions); the fd serves every caller of the node. A queue thread
+        // hands the request to a worker rather than wait for a host lease break here.
+        let wait = nowait::open_wait_here();
+        let mut last = sys::errno(libc::EACCES);
+        for &acc in need.flags_to_try() {
+            match self.with_fd_room(|| self.reopen_to_open(&i, acc, wait)) {
+                Ok(fd) => {
+                    let nowait = self.nowait_unsupported.worth_trying(i.key.mnt_id);
+                    let h = self.node_handles.put(i.clone(), fd, acc, nowait);
+                    // A FORGET or a new session may have come meanwhile: no fd is kept
+                    // for a node that is gone.
+                    if !self.inode(nodeid).is_ok_and(|now| Arc::ptr_eq(&now, &i)) {
+                        self.node_handles.remove(nodeid, Some(&h));
                     }
-                    Err(e) => return Err(e),
+                    return Ok(h);
                 }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY)
+                    ) =>
+                {
+                    last = e
+                }
+                Err(e) => return Err(e),
             }
-            Err(last)
-        })
+        }
+        Err(last)
     }
 
-    /// Under `--no-open`, the node's handle if it has one open: what a queue thread, which
-    /// must not wait for an open, may use.
+    /// The handle a queue thread may read through without opening anything: under
+    /// `--no-open`, the node's fd if one is open for reading.
     pub(crate) fn open_handle(&self, fh: u64, nodeid: u64) -> Option<Arc<handle::Handle>> {
         if fh == 0 && self.cfg.no_open {
-            return self.node_handles.get(nodeid);
+            return self
+                .node_handles
+                .get(nodeid)
+                .filter(|h| Need::Read.served_by(h.flags));
         }
         self.handles.get(fh, nodeid).ok()
     }
 
+    /// Opens the file behind an O_PATH fd for I/O through `/proc/self/fd/N`: this names the
+    /// exact inode, so no path component is resolved again.
     pub(crate) fn reopen(&self, inode: &Arc<Inode>, flags: i32) -> io::Result<OwnedFd> {
         if inode.is_symlink() {
             return Err(sys::errno(libc::ELOOP));
@@ -621,8 +661,7 @@ impl PassthroughFs {
         if self.cfg.posix_lock {
             want |= f::POSIX_LOCKS;
         }
-        // Under --no-open a close sends no RELEASE, which is what carries a flock's release.
-        if self.cfg.flock && !self.cfg.no_open {
+        if self.cfg.flock {
             want |= f::FLOCK_LOCKS;
         }
         if self.cfg.allow_mmap {
@@ -756,7 +795,7 @@ impl FileSystem for PassthroughFs {
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
         if inode != ROOT_ID && self.inodes.forget(inode, count) {
-            self.node_handles.remove(inode);
+            self.node_handles.remove(inode, None);
             self.locks.release_node(inode);
         }
     }
@@ -937,11 +976,12 @@ impl FileSystem for PassthroughFs {
         // The guest's close(): its POSIX locks on the file go, as on a local filesystem.
         self.locks.release_owner(inode, lock_owner);
         if handle == 0 && self.cfg.no_open {
-            if !self.cfg.posix_lock {
-                // A FLUSH then carries nothing: ENOSYS tells the guest kernel to send none.
+            // No lock of the guest's reaches the host under --no-open: a FLUSH carries only
+            // the close, which a local host file system does nothing with. ENOSYS tells
+            // the guest kernel to send none.
+            if self.close_silent_root {
                 return Err(sys::errno(libc::ENOSYS));
             }
-            // The node's fd, if open, gets the close; none is opened just for that.
             return match self.node_handles.get(inode) {
                 Some(h) => Self::close_dup(&h),
                 None => Ok(()),

@@ -1,12 +1,12 @@
 //! Zero-message open (`--no-open`): OPEN is answered ENOSYS, so the guest kernel sets
 //! `no_open` and sends no OPEN and no RELEASE again; its READ, WRITE and the rest name the
 //! node with handle 0. vfsd serves handle 0 from one host fd per node, opened on first use
-//! and kept in a bounded table: a node's fd goes when the table is full (requests still
-//! using it keep it open until they end), when the guest forgets the node, and when the
-//! session ends. Nothing of an open reaches vfsd, so a node's fd carries no guest open
-//! flags: the write request's own flags say O_APPEND, O_DSYNC and O_SYNC (`WriteFlags`).
+//! with the access the request needs (read-only for readers) and kept in a bounded table.
+//! A node's fd goes when the table is full (requests still using it keep it open until
+//! they end), when the guest forgets the node, and when the session ends. Nothing of an
+//! open reaches vfsd, so a node's fd carries no open flags of the guest's.
 
-use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32};
 use std::sync::{Arc, RwLock};
 
@@ -17,10 +17,52 @@ use super::inode::Inode;
 
 const SHARDS: usize = 16;
 
+/// How many of a full shard's fds an insert looks at for one to close: one of a file still
+/// linked on the host (`evict`).
+const CANDIDATES: usize = 8;
+
 /// Host fds vfsd keeps open for nodes under `--no-open` (docs/design.md): at most 4096,
 /// and a quarter of the fd limit `nofile`, so the guest's nodes keep their room.
 pub fn limit_for(nofile: u64) -> usize {
-    (nofile / 4).clamp(16, 4096) as usize
+    (nofile / 4).clamp(SHARDS as u64, 4096) as usize
+}
+
+/// The access a request on handle 0 needs from the node's fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    Read,
+    Write,
+    /// Any fd of the file will do (fsync, SEEK_DATA, an ioctl).
+    Any,
+}
+
+impl Need {
+    /// Whether an fd open with host flags `flags` serves it.
+    pub fn served_by(self, flags: i32) -> bool {
+        match self {
+            Need::Read => flags & libc::O_ACCMODE != libc::O_WRONLY,
+            Need::Write => flags & libc::O_ACCMODE != libc::O_RDONLY,
+            Need::Any => true,
+        }
+    }
+
+    /// The host open flags to try, in order, for a fd that serves it: readers read only
+    /// (a read-only share, a file being executed on the host, no copy-up on overlayfs);
+    /// a writer also reads where it may, and an append-only file opens only with
+    /// O_APPEND.
+    pub fn flags_to_try(self) -> &'static [i32] {
+        const READ: &[i32] = &[libc::O_RDONLY, libc::O_RDWR];
+        const WRITE: &[i32] = &[
+            libc::O_RDWR,
+            libc::O_WRONLY,
+            libc::O_RDWR | libc::O_APPEND,
+            libc::O_WRONLY | libc::O_APPEND,
+        ];
+        match self {
+            Need::Read | Need::Any => READ,
+            Need::Write => WRITE,
+        }
+    }
 }
 
 /// One fd per node, sharded like `HandleTable` so readers of different files rarely meet.
@@ -30,12 +72,13 @@ pub struct NodeHandles {
 }
 
 impl NodeHandles {
+    /// A table of at most `max` fds, and as many again of files unlinked on the host.
     pub fn new(max: usize) -> Self {
         NodeHandles {
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(FxHashMap::default()))
                 .collect(),
-            per_shard: max.div_ceil(SHARDS).max(1),
+            per_shard: (max / SHARDS).max(1),
         }
     }
 
@@ -43,58 +86,75 @@ impl NodeHandles {
         &self.shards[(nodeid as usize) % SHARDS]
     }
 
-    /// The node's handle if one is open (a queue thread must not open one: that may wait).
+    /// The node's handle if one is open.
     pub fn get(&self, nodeid: u64) -> Option<Arc<Handle>> {
         self.shard(nodeid).read().unwrap().get(&nodeid).cloned()
     }
 
-    /// The node's handle, opened with `open` if it has none. Two requests racing here may
-    /// both open: the first one stored wins and the other fd is closed.
-    pub fn get_or_open(
-        &self,
-        inode: &Arc<Inode>,
-        open: impl FnOnce() -> io::Result<(std::os::fd::OwnedFd, i32)>,
-    ) -> io::Result<Arc<Handle>> {
-        if let Some(h) = self.get(inode.nodeid) {
-            return Ok(h);
-        }
-        let (fd, flags) = open()?;
-        Ok(self.insert(inode.clone(), fd, flags))
-    }
-
-    /// Keeps `fd` (open with host flags `flags`) as the node's handle unless it has one.
-    pub fn insert(&self, inode: Arc<Inode>, fd: std::os::fd::OwnedFd, flags: i32) -> Arc<Handle> {
+    /// Keeps `fd` (open with host flags `flags`) as the node's handle, in place of any it
+    /// had.
+    pub fn put(&self, inode: Arc<Inode>, fd: OwnedFd, flags: i32, nowait: bool) -> Arc<Handle> {
         let nodeid = inode.nodeid;
-        let mut shard = self.shard(nodeid).write().unwrap();
-        if let Some(h) = shard.get(&nodeid) {
-            return h.clone();
-        }
-        if shard.len() >= self.per_shard {
-            // Any one goes: the table bounds fds, it does not promise to keep them.
-            if let Some(&victim) = shard.keys().next() {
-                shard.remove(&victim);
-            }
-        }
         let h = Arc::new(Handle {
             inode,
             fd,
             flags,
             dir: None,
-            nowait_reads: AtomicBool::new(true),
+            nowait_reads: AtomicBool::new(nowait),
             flock: AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
         });
-        shard.insert(nodeid, h.clone());
+        // Closed after the shard's lock is let go: a close may flush on the host.
+        let (_old, _victim) = {
+            let mut shard = self.shard(nodeid).write().unwrap();
+            let old = shard.remove(&nodeid);
+            let victim = self.evict(&mut shard);
+            shard.insert(nodeid, h.clone());
+            (old, victim)
+        };
         h
     }
 
-    pub fn remove(&self, nodeid: u64) {
-        self.shard(nodeid).write().unwrap().remove(&nodeid);
+    /// Makes room in a full shard. An fd of a file unlinked on the host may be all that
+    /// keeps its data (the guest still has it open), so one of a linked file goes if any of
+    /// `CANDIDATES` is; past twice the bound, any goes.
+    fn evict(&self, shard: &mut FxHashMap<u64, Arc<Handle>>) -> Option<Arc<Handle>> {
+        if shard.len() < self.per_shard {
+            return None;
+        }
+        let linked = |h: &Arc<Handle>| {
+            // SAFETY: fstat writes one struct stat into `st`.
+            let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+            let r = unsafe { libc::fstat64(h.fd.as_raw_fd(), &mut st) };
+            r != 0 || st.st_nlink > 0
+        };
+        let pick = shard
+            .iter()
+            .take(CANDIDATES)
+            .find(|(_, h)| linked(h))
+            .map(|(&n, _)| n)
+            .or_else(|| {
+                (shard.len() >= 2 * self.per_shard)
+                    .then(|| shard.keys().next().copied())
+                    .flatten()
+            })?;
+        shard.remove(&pick)
+    }
+
+    /// Drops the node's handle, if it is `h` (none given: whatever it is).
+    pub fn remove(&self, nodeid: u64, h: Option<&Arc<Handle>>) {
+        let _gone = {
+            let mut shard = self.shard(nodeid).write().unwrap();
+            match (shard.get(&nodeid), h) {
+                (Some(cur), Some(h)) if !Arc::ptr_eq(cur, h) => None,
+                _ => shard.remove(&nodeid),
+            }
+        };
     }
 
     pub fn clear(&self) {
         for s in &self.shards {
-            s.write().unwrap().clear();
+            let _gone: Vec<_> = s.write().unwrap().drain().collect();
         }
     }
 

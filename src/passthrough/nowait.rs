@@ -80,6 +80,30 @@ pub enum OpenWait {
     Never,
 }
 
+thread_local! {
+    /// How the request this thread serves may open files (`with_open_wait`).
+    static OPEN_WAIT: std::cell::Cell<OpenWait> = const { std::cell::Cell::new(OpenWait::Allowed) };
+}
+
+/// Runs `f` with opens made for it on this thread (`open_wait_here`) told `wait`: what a
+/// request's own open on a path the server does not pass `OpenWait` through (a node's fd
+/// under `--no-open`) goes by.
+pub fn with_open_wait<R>(wait: OpenWait, f: impl FnOnce() -> R) -> R {
+    struct Restore(OpenWait);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OPEN_WAIT.with(|w| w.set(self.0));
+        }
+    }
+    let _restore = Restore(OPEN_WAIT.with(|w| w.replace(wait)));
+    f()
+}
+
+/// The `OpenWait` of the request this thread serves (`with_open_wait`; else `Allowed`).
+pub fn open_wait_here() -> OpenWait {
+    OPEN_WAIT.with(|w| w.get())
+}
+
 /// The error of an open that would have waited under `OpenWait::Never`.
 #[derive(Debug)]
 struct WouldWait;

@@ -304,7 +304,7 @@ impl FuseServer {
             Ok(req) => {
                 let op = req.hdr.opcode;
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.serve(mem, descs, &bufs, req, defer, wait)
+                    nowait::with_open_wait(wait, || self.serve(mem, descs, &bufs, req, defer, wait))
                 }));
                 match served {
                     Ok(Served::Answered(Some(a))) => {

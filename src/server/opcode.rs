@@ -232,11 +232,12 @@ impl Opcode {
             )
     }
 
-    /// Whether the opcode opens a file, which waits only for a host lease break: a queue
-    /// thread tries it with O_NONBLOCK and hands it to the pool if it would wait
-    /// (`FuseServer::handle_unless_it_waits`).
+    /// Whether the opcode may open a file, which waits only for a host lease break: OPEN
+    /// and CREATE, and under `--no-open` the first READ, WRITE or LSEEK of a node (its
+    /// fd, `passthrough::node_handle`). A queue thread tries it with O_NONBLOCK and hands
+    /// it to the pool if it would wait (`FuseServer::handle_unless_it_waits`).
     pub fn opens_without_waiting(self) -> bool {
-        matches!(self, Open | Create)
+        matches!(self, Open | Create | Read | Write | Lseek)
     }
 
     /// Whether the opcode is a short request that only reads metadata or directories

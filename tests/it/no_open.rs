@@ -4,9 +4,10 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use crate::common::{errno, host_ofd_lock, run_vfsd, serving_pid, Daemon, ROOT};
+use crate::common::{errno, require_root, run_vfsd, serving_pid, Daemon, Tmpfs, ROOT};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::*;
+use vfsd::frontend::FrontendConfig;
 
 const POSIX_LOCKS: u64 = 1 << 1;
 const ATOMIC_O_TRUNC: u64 = 1 << 3;
@@ -28,11 +29,13 @@ fn client(d: &Daemon) -> (FuseClient, u64) {
     (c, out.flags as u64)
 }
 
-/// The serving process's fds on files in the share that are open for I/O (not O_PATH).
-fn io_fds_in_share(d: &Daemon) -> usize {
+/// The access modes (O_RDONLY, O_WRONLY, O_RDWR) of the serving process's fds on regular
+/// files that are open for I/O (not O_PATH): the sandboxed daemon sees the share as its
+/// root, so a test's files are named "/f..." there.
+fn io_fds_in_share(d: &Daemon) -> Vec<u32> {
     let pid = serving_pid(d.pid());
     let share = std::fs::canonicalize(&d.share).unwrap();
-    let mut n = 0;
+    let mut modes = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
@@ -40,36 +43,33 @@ fn io_fds_in_share(d: &Daemon) -> usize {
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
-        // The sandboxed daemon sees the share as its root: count regular files by name.
         let name = target.to_string_lossy().into_owned();
-        if !(name.contains("/f") || target.starts_with(&share)) {
+        if !(name.starts_with("/f") || target.starts_with(&share)) {
             continue;
         }
-        let info = std::fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            e.file_name().to_string_lossy()
-        ))
-        .unwrap_or_default();
+        let fd = e.file_name().to_string_lossy().into_owned();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
         let flags = info
             .lines()
             .find_map(|l| l.strip_prefix("flags:"))
             .map(|v| u32::from_str_radix(v.trim(), 8).unwrap())
             .unwrap_or(0);
         if flags & libc::O_PATH as u32 == 0 {
-            n += 1;
+            modes.push(flags & libc::O_ACCMODE as u32);
         }
     }
-    n
+    modes
 }
 
 #[test]
 fn without_open_messages_a_file_is_created_written_read_and_truncated_by_node() {
     let d = Daemon::start(&["--no-open", "--cache", "always"]);
     let (c, flags) = client(&d);
-    // The guest kernel would truncate on OPEN and release flocks on RELEASE: neither comes.
+    // The guest kernel would truncate on OPEN and release flocks and OFD locks on RELEASE:
+    // neither comes, so truncates come as SETATTR and locks stay in the guest.
     assert_eq!(flags & ATOMIC_O_TRUNC, 0, "ATOMIC_O_TRUNC offered");
     assert_eq!(flags & FLOCK_LOCKS, 0, "FLOCK_LOCKS offered");
-    assert_ne!(flags & POSIX_LOCKS, 0, "POSIX locks still forwarded");
+    assert_eq!(flags & POSIX_LOCKS, 0, "POSIX_LOCKS offered");
 
     let (e, o) = c
         .create(
@@ -133,59 +133,140 @@ fn handle_zero_is_no_handle_without_no_open() {
 }
 
 #[test]
-fn a_flush_still_releases_posix_locks_and_is_refused_when_none_are_forwarded() {
+fn a_flush_is_refused_on_a_local_share_and_locks_are_the_guests() {
     let d = Daemon::start(&["--no-open"]);
     std::fs::write(d.path("f"), vec![0u8; 100]).unwrap();
     let (c, _) = client(&d);
     let n = c.lookup(ROOT, "f").unwrap().nodeid;
-    c.setlk(n, 0, OWNER, Lock::range(0, 99, libc::F_WRLCK, 1))
-        .unwrap();
-    assert!(
-        !host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 100),
-        "lock not on the host"
+    // No lock reaches the host: a FLUSH carries nothing, and ENOSYS stops them.
+    assert_eq!(errno(c.flush_owner(n, 0, OWNER)), libc::ENOSYS);
+    assert_eq!(
+        errno(c.setlk(n, 0, OWNER, Lock::range(0, 99, libc::F_WRLCK, 1))),
+        libc::ENOSYS
     );
-    // The guest's close: the lock goes with it, as on a local file system.
-    c.flush_owner(n, 0, OWNER).unwrap();
-    assert!(
-        host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 100),
-        "lock kept after close"
-    );
-    drop(c);
-    drop(d);
-
-    // No POSIX lock reaches the host: a FLUSH carries nothing, and ENOSYS stops them.
-    let d = Daemon::start(&["--no-open", "--no-posix-lock"]);
-    std::fs::write(d.path("f"), b"x").unwrap();
-    let (c, _) = client(&d);
-    let n = c.lookup(ROOT, "f").unwrap().nodeid;
-    assert_eq!(errno(c.flush(n, 0)), libc::ENOSYS);
 }
 
 #[test]
+#[ignore = "needs root"]
 fn opens_say_noflush_only_where_a_flush_carries_nothing() {
-    for (args, noflush) in [(&["--no-posix-lock"][..], true), (&[][..], false)] {
-        let d = Daemon::start(args);
-        std::fs::write(d.path("f"), b"x").unwrap();
+    require_root("tmpfs and bindfs mounts");
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("tmpfs");
+    let (src, fuse) = (dir.path().join("src"), dir.path().join("bindfs"));
+    for p in [&local, &src, &fuse] {
+        std::fs::create_dir(p).unwrap();
+    }
+    let _tmpfs = Tmpfs::mount(&local, None);
+    let _bindfs = crate::fuse_host::Bindfs::mount(&src, &fuse);
+    // A FUSE host flushes and reports errors on close: the guest's close must reach it.
+    for (share, args, noflush) in [
+        (&local, &["--no-posix-lock"][..], true),
+        (&local, &[][..], false),
+        (&fuse, &["--no-posix-lock"][..], false),
+    ] {
+        let d = Daemon::start_on(share, args);
+        std::fs::write(share.join("f"), b"x").unwrap();
         let (c, _) = client(&d);
         let n = c.lookup(ROOT, "f").unwrap().nodeid;
         let o = c.open(n, libc::O_RDONLY as u32).unwrap();
-        assert_eq!(o.open_flags & FOPEN_NOFLUSH != 0, noflush, "open, {args:?}");
+        let what = format!("{} {args:?}", share.display());
+        assert_eq!(o.open_flags & FOPEN_NOFLUSH != 0, noflush, "open, {what}");
         let (_, o) = c
             .create(ROOT, "g", libc::O_RDWR as u32 | libc::O_CREAT as u32, 0o644)
             .unwrap();
-        assert_eq!(
-            o.open_flags & FOPEN_NOFLUSH != 0,
-            noflush,
-            "create, {args:?}"
-        );
+        assert_eq!(o.open_flags & FOPEN_NOFLUSH != 0, noflush, "create, {what}");
+        std::fs::remove_file(share.join("g")).unwrap();
     }
+    // Under --no-open on the FUSE host, a FLUSH is served (the close reaches the host).
+    let d = Daemon::start_on(&fuse, &["--no-open"]);
+    let (c, _) = client(&d);
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    assert_eq!(c.read(n, 0, 0, 8).unwrap(), b"x");
+    c.flush(n, 0).unwrap();
+}
+
+#[test]
+fn a_readers_node_fd_is_read_only_and_a_writer_gets_one_it_can_write_through() {
+    let d = Daemon::start(&["--no-open", "--cache", "always"]);
+    std::fs::write(d.path("f1"), b"data").unwrap();
+    let (c, _) = client(&d);
+    let n = c.lookup(ROOT, "f1").unwrap().nodeid;
+    assert_eq!(c.read(n, 0, 0, 8).unwrap(), b"data");
+    assert_eq!(
+        io_fds_in_share(&d),
+        [libc::O_RDONLY as u32],
+        "a reader's fd"
+    );
+    assert_eq!(c.write(n, 0, 4, b"+").unwrap(), 1);
+    assert_eq!(io_fds_in_share(&d), [libc::O_RDWR as u32], "after a write");
+    assert_eq!(std::fs::read(d.path("f1")).unwrap(), b"data+");
+    drop(c);
+    drop(d);
+
+    // A read-only share serves reads, and no fd of it is open for writing.
+    let d = Daemon::start(&["--no-open", "--readonly"]);
+    std::fs::write(d.path("f1"), b"data").unwrap();
+    let (c, _) = client(&d);
+    let n = c.lookup(ROOT, "f1").unwrap().nodeid;
+    assert_eq!(c.read(n, 0, 0, 8).unwrap(), b"data");
+    assert_eq!(errno(c.write(n, 0, 0, b"x")), libc::EROFS);
+    assert_eq!(io_fds_in_share(&d), [libc::O_RDONLY as u32]);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_append_only_file_takes_writes_at_its_end() {
+    require_root("chattr +a");
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("tmpfs");
+    std::fs::create_dir(&share).unwrap();
+    let _tmpfs = Tmpfs::mount(&share, None);
+    let d = Daemon::start_on(&share, &["--no-open"]);
+    std::fs::write(d.path("f1"), b"log:").unwrap();
+    let st = std::process::Command::new("chattr")
+        .arg("+a")
+        .arg(d.path("f1"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "chattr +a");
+    let (c, _) = client(&d);
+    let n = c.lookup(ROOT, "f1").unwrap().nodeid;
+    let w = c.write(n, 0, 4, b"one");
+    let _ = std::process::Command::new("chattr")
+        .arg("-a")
+        .arg(d.path("f1"))
+        .status();
+    assert_eq!(w.unwrap(), 3);
+    assert_eq!(std::fs::read(d.path("f1")).unwrap(), b"log:one");
+}
+
+#[test]
+fn a_migration_from_no_open_needs_no_open_on_the_destination() {
+    let src = Daemon::start(&["--no-open"]);
+    std::fs::write(src.path("f"), b"data").unwrap();
+    let (c, _) = client(&src);
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    assert_eq!(c.read(n, 0, 0, 8).unwrap(), b"data");
+    let state = c.fe.save_state().unwrap();
+
+    let plain = Daemon::start_on(&src.share.clone(), &[]);
+    let to_plain = FuseClient::new(plain.frontend(FrontendConfig::default()));
+    assert!(
+        to_plain.fe.load_state(&state).is_err(),
+        "a destination without --no-open took it"
+    );
+
+    let same = Daemon::start_on(&src.share.clone(), &["--no-open"]);
+    let to_same = FuseClient::new(same.frontend(FrontendConfig::default()));
+    to_same.fe.load_state(&state).unwrap();
+    assert_eq!(to_same.read(n, 0, 0, 8).unwrap(), b"data");
 }
 
 #[test]
 fn node_fds_are_bounded_and_go_when_the_guest_forgets_the_node() {
     let d = Daemon::start(&["--no-open", "--cache", "always"]);
     let (c, _) = client(&d);
-    let before = io_fds_in_share(&d);
+    let before = io_fds_in_share(&d).len();
     // The bound is 4096, or a quarter of the fd limit vfsd runs with.
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", serving_pid(d.pid()))).unwrap();
     let nofile: usize = limits
@@ -209,7 +290,7 @@ fn node_fds_are_bounded_and_go_when_the_guest_forgets_the_node() {
         c.write(e.nodeid, o.fh, 0, b"x").unwrap();
         nodes.push(e.nodeid);
     }
-    let held = io_fds_in_share(&d) - before;
+    let held = io_fds_in_share(&d).len() - before;
     assert!(
         held <= bound && held + bound / 16 >= bound,
         "{held} node fds for {} files written (bound {bound})",
@@ -225,7 +306,11 @@ fn node_fds_are_bounded_and_go_when_the_guest_forgets_the_node() {
     }
     // FORGET has no reply: a request after it is served after it on the same queue.
     c.getattr(ROOT).unwrap();
-    assert_eq!(io_fds_in_share(&d), before, "node fds left after FORGET");
+    assert_eq!(
+        io_fds_in_share(&d).len(),
+        before,
+        "node fds left after FORGET"
+    );
     let ino = std::fs::metadata(d.path("f0")).unwrap().ino();
     assert_ne!(ino, 0);
 }
@@ -248,4 +333,43 @@ fn no_open_needs_a_cache_mode_that_keeps_file_data() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("--no-open"), "{err}");
     }
+}
+
+#[test]
+fn a_node_fd_that_waits_on_a_host_lease_is_opened_in_the_pool_while_the_queue_goes_on() {
+    // A WRITE is short enough to be served on the queue thread. Its node's first fd for
+    // writing waits for a host lease break (up to lease-break-time): that wait belongs to
+    // a worker, and the queue's other requests go on meanwhile.
+    use fuse_backend_rs::abi::fuse_abi::WriteIn;
+    use vm_memory::ByteValued;
+    let d = Daemon::start(&["--no-open", "--thread-pool-size", "4"]);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let (mut c, _) = client(&d);
+    c.timeout = std::time::Duration::from_secs(5);
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    for _ in 0..32 {
+        c.getattr(ROOT).unwrap();
+    }
+    let lease = crate::common::HostLease::take(&d.path("f"));
+    let w = WriteIn {
+        fh: 0,
+        offset: 4,
+        size: 1,
+        ..Default::default()
+    };
+    let t = c
+        .submit(1, FUSE_WRITE, n, &[w.as_slice(), b"!"], 64)
+        .unwrap();
+    lease.wait_broken();
+    for _ in 0..4 {
+        c.getattr(ROOT).unwrap();
+    }
+    assert!(lease.broken(), "the WRITE still waits on the lease");
+    drop(lease);
+    assert_eq!(
+        c.wait(t).unwrap().error,
+        0,
+        "the WRITE is served once the lease is gone"
+    );
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"data!");
 }

@@ -43,6 +43,7 @@ fn write(root: &Path) -> Result<()> {
         "ceph",
         "device",
         "tree",
+        "tree-fewer-requests",
         "walk",
         "migration",
     ] {
@@ -56,6 +57,7 @@ fn write(root: &Path) -> Result<()> {
             "ceph" => io_section(&data, name, &lines, &CEPH)?,
             "device" => device_section(&data, &lines)?,
             "tree" => tree_section(&data, &lines)?,
+            "tree-fewer-requests" => requests_section(&lines, &load(&data, "tree")?)?,
             "walk" => (walk_section(&data, &lines)?, vec![]),
             _ => migration_section(&data, &lines)?,
         };
@@ -688,6 +690,98 @@ fn tree_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
         md,
         vec![Summary::new(
             "Source tree in a guest, per step and cache mode",
+            rv,
+            rn,
+        )],
+    ))
+}
+
+/// The tree steps with vfsd's options for fewer requests (`--vfsd-args` of the request
+/// bench) beside the same run's virtiofsd, and vfsd's defaults from the tree run (`before`).
+fn requests_section(lines: &[Line], before: &[Line]) -> Result<(String, Vec<Summary>)> {
+    let is = |x: &Line, d: &str| text(x, "daemon") == d;
+    let modes = distinct(lines.iter().filter(|x| !is(x, "tmpfs")), "mode");
+    let steps = distinct(lines.iter(), "step");
+    let options = lines
+        .iter()
+        .find(|x| is(x, "vfsd"))
+        .map_or(String::new(), |x| text(x, "options"));
+    let mut by: HashMap<(String, String, String), &Line> = HashMap::new();
+    let mut tmpfs: HashMap<String, &Line> = HashMap::new();
+    for x in lines {
+        by.insert((text(x, "daemon"), text(x, "mode"), text(x, "step")), x);
+        if is(x, "tmpfs") {
+            tmpfs.insert(text(x, "step"), x);
+        }
+    }
+    let mut old: HashMap<(String, String), &Line> = HashMap::new();
+    for x in before.iter().filter(|x| is(x, "vfsd")) {
+        old.insert((text(x, "mode"), text(x, "step")), x);
+    }
+    let req = |x: Option<&&Line>| x.and_then(|x| get(x, "requests").as_f64());
+    let secs = |x: Option<&&Line>| x.and_then(|x| get(x, "seconds").as_f64());
+    let count = |v: Option<f64>| v.map_or("-".into(), |v| with_commas(&(v as u64).to_string()));
+    let (mut md, mut rv, mut rn) = (String::new(), vec![], vec![]);
+    for mode in &modes {
+        let mut rows = vec![];
+        for s in &steps {
+            let key = |d: &str| (d.to_string(), mode.clone(), s.clone());
+            let (v, d) = (by.get(&key("vfsd")), by.get(&key("virtiofsd")));
+            let t = tmpfs.get(s);
+            let b = old.get(&(mode.clone(), s.clone()));
+            let (vs, ds, ts) = (secs(v), secs(d), secs(t));
+            rows.push(vec![
+                s.clone(),
+                count(req(b)),
+                count(req(v)),
+                count(req(d)),
+                ratio(req(v), req(d)),
+                fmt(vs),
+                fmt(ds),
+                ratio(ds, vs),
+                ratio(ts, vs),
+            ]);
+            if let Some(r) = over(ds, vs) {
+                rv.push(Some(r));
+            }
+            if let Some(r) = over(ts, vs) {
+                rn.push(Some(r));
+            }
+        }
+        md += &format!("### `--cache={mode}`\n\n");
+        md += &table(
+            &[
+                "step",
+                "vfsd requests, defaults (before)",
+                "vfsd requests, with the options",
+                "virtiofsd requests",
+                "requests vfsd ÷ virtiofsd",
+                "vfsd s",
+                "virtiofsd s",
+                "speed-up (virtiofsd s ÷ vfsd s)",
+                "tmpfs s ÷ vfsd s",
+            ],
+            &rows,
+        );
+        md += "\n";
+    }
+    let cmd = format!(
+        "cargo bench --bench requests -- --modes {} --daemons vfsd,virtiofsd,tmpfs \
+         --vfsd-args '{options}' --out docs/benchmarks/tree-fewer-requests",
+        modes.join(",")
+    );
+    let head = format!(
+        "## Fewer requests: the source tree with `{options}`\n\nMeasured at {}. To run again: \
+         `{cmd}`. The \"before\" column is vfsd with its defaults from the section above (the \
+         counts are the guest kernel's and repeat from run to run); virtiofsd and tmpfs ran in \
+         this run. What each option changes for the guest: docs/features.md (fewer round \
+         trips); which requests no daemon can avoid: docs/design.md (requests per file).\n\n",
+        measured(lines, None, false)
+    );
+    Ok((
+        head + &md,
+        vec![Summary::new(
+            &format!("Source tree in a guest, vfsd with `{options}`"),
             rv,
             rn,
         )],
