@@ -156,12 +156,7 @@ impl PassthroughFs {
         wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
-        let hflags = if self.cfg.no_open {
-            // The fd becomes the node's own (`node_handle`), which serves every access.
-            libc::O_RDWR
-        } else {
-            self.host_flags(flags) & !libc::O_TRUNC
-        };
+        let hflags = self.host_flags(flags) & !libc::O_TRUNC;
         // The name may vanish between a failed exclusive create and the lookup, or appear
         // between the lookup and the create: a few rounds settle it.
         for _ in 0..4 {
@@ -199,18 +194,6 @@ impl PassthroughFs {
                     };
                     // The reply's entry owns the lookup just taken, unless the open fails.
                     return match self.do_open(entry.inode, flags, kill, wait) {
-                        Ok((fh, opts)) if self.cfg.no_open => {
-                            // No RELEASE will come for it: the open did its O_TRUNC and the
-                            // node's own fd serves the I/O.
-                            if let Ok(st) = self
-                                .handles
-                                .remove(fh, entry.inode)
-                                .and_then(|h| sys::fstat(&h.fd))
-                            {
-                                entry.attr = self.guest_attr(st);
-                            }
-                            Ok((entry, 0, opts))
-                        }
                         Ok((fh, opts)) => {
                             // The attributes after any O_TRUNC and privilege drop.
                             if let Ok(st) = self
@@ -256,7 +239,8 @@ impl PassthroughFs {
         let inode = self.inodes.lookup_insert(path_fd, &st, name)?;
         let entry = self.entry(&inode, st.st);
         if self.cfg.no_open {
-            // No RELEASE will come: the fd is the node's own (`node_handle`), handle 0.
+            // An O_TMPFILE under --no-open (CREATE is refused there): no RELEASE will come,
+            // so the fd is the node's own (`node_handle`), handle 0.
             let opts = self.open_options_for(flags, &fd);
             let nowait = self.nowait_unsupported.worth_trying(inode.key.mnt_id);
             self.node_handles.put(inode, fd, hflags, nowait);
