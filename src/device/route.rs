@@ -306,9 +306,15 @@ fn decide(op: Option<Opcode>, short_copy: bool, queue: Queue) -> Place {
             },
         },
         Some(op) if op.takes_no_reply() => Place::NoReply,
-        Some(op) if queue.alone && op.opens_without_waiting() => Place::QueueThreadUnlessItWaits,
-        Some(op) if queue.alone && op.is_short() => Place::QueueThread,
-        Some(Opcode::CopyFileRange) if queue.alone && short_copy => Place::QueueThread,
+        // A long copy goes to the pool below, whatever it opens.
+        Some(op) if queue.alone && (op.is_short() || short_copy) => {
+            if op.opens_without_waiting() {
+                Place::QueueThreadUnlessItWaits
+            } else {
+                Place::QueueThread
+            }
+        }
+        Some(Opcode::Open | Opcode::Create) if queue.alone => Place::QueueThreadUnlessItWaits,
         Some(op) if queue.inline && op.is_quick_metadata() => Place::Inline,
         _ => Place::Pool,
     }
@@ -390,7 +396,7 @@ mod tests {
         let copy = Some(Opcode::CopyFileRange);
         assert_eq!(
             decide(copy, true, alone),
-            Place::QueueThread,
+            Place::QueueThreadUnlessItWaits,
             "a short copy"
         );
         assert_eq!(decide(copy, false, alone), Place::Pool, "a long copy");

@@ -57,7 +57,16 @@ impl PassthroughFs {
         let kill = kill
             .filter(|_| !valid.contains(SetattrValid::MODE) || valid.contains(SetattrValid::SIZE));
         let i = self.inode(inode)?;
-        let h = self.attr_handle(handle, inode)?;
+        // Under --no-open an O_TRUNC open or ftruncate arrives as this, on handle 0: the
+        // node's fd for writing serves it (kept for the writes that follow), taken before
+        // anything changes so that a queue thread can still hand the request on whole if
+        // the open would wait on a host lease.
+        let h = match handle {
+            Some(0) if self.cfg.no_open && valid.contains(SetattrValid::SIZE) && i.is_reg() => {
+                Some(self.handle_for(0, inode, super::node_handle::Need::Write)?)
+            }
+            _ => self.attr_handle(handle, inode)?,
+        };
         // Held while the /proc name is in use: it names this fd. With a handle, its own fd
         // names the file (an open file unlinked since has no other way to be found).
         let path = match &h {

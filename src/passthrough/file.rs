@@ -273,6 +273,7 @@ impl PassthroughFs {
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn do_write(
         &self,
         inode: u64,
@@ -281,14 +282,24 @@ impl PassthroughFs {
         size: u32,
         offset: u64,
         kill: Option<u32>,
+        guest_flags: u32,
     ) -> io::Result<usize> {
-        self.write_locked(inode, handle, offset, size as usize, kill, |h| {
-            sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset))
-        })
+        self.write_locked(
+            inode,
+            handle,
+            offset,
+            size as usize,
+            kill,
+            guest_flags,
+            |h| sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset)),
+        )
     }
 
     /// The rules around every write of `size` bytes at `offset`: the privilege drop, then
-    /// the I/O lock (shared inside EOF, exclusive when extending or appending).
+    /// the I/O lock (shared inside EOF, exclusive when extending or appending); through a
+    /// node's fd, the sync its `guest_flags` (the WRITE's copy of the guest's open flags)
+    /// ask for.
+    #[allow(clippy::too_many_arguments)]
     fn write_locked(
         &self,
         inode: u64,
@@ -296,6 +307,7 @@ impl PassthroughFs {
         offset: u64,
         size: usize,
         kill: Option<u32>,
+        guest_flags: u32,
         write: impl FnOnce(&Handle) -> io::Result<usize>,
     ) -> io::Result<usize> {
         self.check_writable()?;
@@ -313,6 +325,9 @@ impl PassthroughFs {
         if !h.is_append() {
             h.inode.io.reached(offset + n as u64);
         }
+        if handle == 0 && self.cfg.no_open {
+            sync_node_write(&h, guest_flags)?;
+        }
         Ok(n)
     }
 
@@ -328,9 +343,10 @@ impl PassthroughFs {
         offset: u64,
         iov: &[libc::iovec],
         kill: Option<u32>,
+        guest_flags: u32,
     ) -> io::Result<usize> {
         let size = iov.iter().map(|v| v.iov_len).sum();
-        self.write_locked(nodeid, fh, offset, size, kill, |h| {
+        self.write_locked(nodeid, fh, offset, size, kill, guest_flags, |h| {
             let off = libc::off64_t::try_from(offset).map_err(|_| errno(libc::EFBIG))?;
             let cnt = libc::c_int::try_from(iov.len()).map_err(|_| errno(libc::EINVAL))?;
             // SAFETY: the caller vouches for the buffers; pwritev only reads them.
@@ -351,16 +367,6 @@ impl PassthroughFs {
         // SAFETY: `fd` is ours and used nowhere else.
         cvt(unsafe { libc::close(fd) })?;
         Ok(())
-    }
-
-    /// After a WRITE through a node's own fd (`node_handle`), which has no open flags of
-    /// the guest's: the O_DSYNC or O_SYNC the write's flags carry.
-    pub fn sync_node_write(&self, nodeid: u64, fh: u64, guest_flags: u32) -> io::Result<()> {
-        let f = guest_flags as i32;
-        if fh != 0 || !self.cfg.no_open || f & libc::O_DSYNC == 0 {
-            return Ok(());
-        }
-        self.do_fsync(nodeid, f & libc::O_SYNC != libc::O_SYNC, fh)
     }
 
     pub(super) fn do_fsync(&self, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
@@ -610,4 +616,23 @@ impl PassthroughFs {
             None,
         )
     }
+}
+
+/// After a WRITE through a node's own fd (`node_handle`), which has no open flags of the
+/// guest's: the O_DSYNC or O_SYNC the write's flags carry, on the fd written through.
+fn sync_node_write(h: &Handle, guest_flags: u32) -> io::Result<()> {
+    let f = guest_flags as i32;
+    if f & libc::O_DSYNC == 0 {
+        return Ok(());
+    }
+    let fd = h.fd.as_raw_fd();
+    // SAFETY: plain syscalls on an fd we own.
+    cvt(unsafe {
+        if f & libc::O_SYNC == libc::O_SYNC {
+            libc::fsync(fd)
+        } else {
+            libc::fdatasync(fd)
+        }
+    })?;
+    Ok(())
 }

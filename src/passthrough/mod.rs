@@ -973,9 +973,7 @@ impl FileSystem for PassthroughFs {
         fuse_flags: u32,
     ) -> io::Result<usize> {
         let kill = self.kill_privs(ctx.uid, ctx.gid, Some(fuse_flags & WRITE_KILL_PRIV != 0));
-        let n = self.do_write(inode, handle, r, size, offset, kill)?;
-        self.sync_node_write(inode, handle, flags)?;
-        Ok(n)
+        self.do_write(inode, handle, r, size, offset, kill, flags)
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {

@@ -67,7 +67,7 @@ impl Need {
 
 /// One fd per node, sharded like `HandleTable` so readers of different files rarely meet.
 pub struct NodeHandles {
-    shards: Vec<RwLock<FxHashMap<u64, Arc<Handle>>>>,
+    shards: Vec<Shard>,
     per_shard: usize,
 }
 
@@ -82,13 +82,13 @@ impl NodeHandles {
         }
     }
 
-    fn shard(&self, nodeid: u64) -> &RwLock<FxHashMap<u64, Arc<Handle>>> {
+    fn shard(&self, nodeid: u64) -> &Shard {
         &self.shards[(nodeid as usize) % SHARDS]
     }
 
     /// The node's handle if one is open.
     pub fn get(&self, nodeid: u64) -> Option<Arc<Handle>> {
-        self.shard(nodeid).read().unwrap().get(&nodeid).cloned()
+        read(self.shard(nodeid)).get(&nodeid).cloned()
     }
 
     /// Keeps `fd` (open with host flags `flags`) as the node's handle, in place of any it
@@ -104,47 +104,56 @@ impl NodeHandles {
             flock: AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
         });
+        // Looked at without the shard's lock: a stat may take a while on some hosts.
+        let victim = self.victim(nodeid);
         // Closed after the shard's lock is let go: a close may flush on the host.
-        let (_old, _victim) = {
-            let mut shard = self.shard(nodeid).write().unwrap();
+        let (_old, _evicted) = {
+            let mut shard = write(self.shard(nodeid));
             let old = shard.remove(&nodeid);
-            let victim = self.evict(&mut shard);
+            let evicted = if shard.len() < self.per_shard {
+                None
+            } else {
+                match victim {
+                    // Unless another request replaced or dropped it meanwhile.
+                    Some((n, v)) if shard.get(&n).is_some_and(|cur| Arc::ptr_eq(cur, &v)) => {
+                        shard.remove(&n)
+                    }
+                    _ if shard.len() >= 2 * self.per_shard => {
+                        let any = shard.keys().next().copied();
+                        any.and_then(|n| shard.remove(&n))
+                    }
+                    _ => None,
+                }
+            };
             shard.insert(nodeid, h.clone());
-            (old, victim)
+            (old, evicted)
         };
         h
     }
 
-    /// Makes room in a full shard. An fd of a file unlinked on the host may be all that
-    /// keeps its data (the guest still has it open), so one of a linked file goes if any of
-    /// `CANDIDATES` is; past twice the bound, any goes.
-    fn evict(&self, shard: &mut FxHashMap<u64, Arc<Handle>>) -> Option<Arc<Handle>> {
-        if shard.len() < self.per_shard {
-            return None;
-        }
-        let linked = |h: &Arc<Handle>| {
-            // SAFETY: fstat writes one struct stat into `st`.
-            let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-            let r = unsafe { libc::fstat64(h.fd.as_raw_fd(), &mut st) };
-            r != 0 || st.st_nlink > 0
+    /// In a full shard, the fd to close to make room for `nodeid`'s: an fd of a file
+    /// unlinked on the host may be all that keeps its data while the guest has it open,
+    /// so one of a linked file, among `CANDIDATES`.
+    fn victim(&self, nodeid: u64) -> Option<(u64, Arc<Handle>)> {
+        let candidates: Vec<(u64, Arc<Handle>)> = {
+            let shard = read(self.shard(nodeid));
+            if shard.len() < self.per_shard {
+                return None;
+            }
+            shard
+                .iter()
+                .filter(|(&n, _)| n != nodeid)
+                .take(CANDIDATES)
+                .map(|(&n, h)| (n, h.clone()))
+                .collect()
         };
-        let pick = shard
-            .iter()
-            .take(CANDIDATES)
-            .find(|(_, h)| linked(h))
-            .map(|(&n, _)| n)
-            .or_else(|| {
-                (shard.len() >= 2 * self.per_shard)
-                    .then(|| shard.keys().next().copied())
-                    .flatten()
-            })?;
-        shard.remove(&pick)
+        candidates.into_iter().find(|(_, h)| linked(h))
     }
 
     /// Drops the node's handle, if it is `h` (none given: whatever it is).
     pub fn remove(&self, nodeid: u64, h: Option<&Arc<Handle>>) {
         let _gone = {
-            let mut shard = self.shard(nodeid).write().unwrap();
+            let mut shard = write(self.shard(nodeid));
             match (shard.get(&nodeid), h) {
                 (Some(cur), Some(h)) if !Arc::ptr_eq(cur, h) => None,
                 _ => shard.remove(&nodeid),
@@ -154,15 +163,45 @@ impl NodeHandles {
 
     pub fn clear(&self) {
         for s in &self.shards {
-            let _gone: Vec<_> = s.write().unwrap().drain().collect();
+            let _gone: Vec<_> = write(s).drain().collect();
         }
     }
 
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().unwrap().len()).sum()
+        self.shards.iter().map(|s| read(s).len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+type Shard = RwLock<FxHashMap<u64, Arc<Handle>>>;
+
+// A panic elsewhere while a shard was locked leaves its map whole (every change is one
+// insert or remove): the table goes on rather than fail every later request.
+fn read(s: &Shard) -> std::sync::RwLockReadGuard<'_, FxHashMap<u64, Arc<Handle>>> {
+    s.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write(s: &Shard) -> std::sync::RwLockWriteGuard<'_, FxHashMap<u64, Arc<Handle>>> {
+    s.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `h`'s file still has a name on the host (or that can't be told).
+fn linked(h: &Handle) -> bool {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: statx writes one struct statx into `stx`; the empty, NUL-terminated path with
+    // AT_EMPTY_PATH names the fd itself. AT_STATX_DONT_SYNC: the cached link count will do.
+    let r = unsafe {
+        libc::statx(
+            h.fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_NLINK,
+            stx.as_mut_ptr(),
+        )
+    };
+    // SAFETY: zeroed, and filled by a successful statx.
+    r != 0 || unsafe { stx.assume_init() }.stx_nlink > 0
 }

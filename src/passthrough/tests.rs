@@ -137,7 +137,7 @@ fn writes_inside_the_known_size_do_not_ask_the_host_again() {
             iov_len: buf.len(),
         }];
         // SAFETY: `buf` outlives the call and pwritev only reads it.
-        let n = unsafe { fs.write_iov(e.inode, fh, off, &iov, None) }.unwrap();
+        let n = unsafe { fs.write_iov(e.inode, fh, off, &iov, None, 0) }.unwrap();
         assert_eq!(n, 4096);
     };
     let stats = || fs.inodes.get(e.inode).unwrap().io.stats();

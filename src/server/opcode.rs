@@ -233,11 +233,15 @@ impl Opcode {
     }
 
     /// Whether the opcode may open a file, which waits only for a host lease break: OPEN
-    /// and CREATE, and under `--no-open` the first READ, WRITE or LSEEK of a node (its
-    /// fd, `passthrough::node_handle`). A queue thread tries it with O_NONBLOCK and hands
-    /// it to the pool if it would wait (`FuseServer::handle_unless_it_waits`).
+    /// and CREATE, and under `--no-open` a READ, WRITE, LSEEK, truncating SETATTR or
+    /// COPY_FILE_RANGE that needs a node's fd (`passthrough::node_handle`). A queue thread
+    /// tries it with O_NONBLOCK and hands it to the pool if it would wait
+    /// (`FuseServer::handle_unless_it_waits`); each takes its fd before it changes anything.
     pub fn opens_without_waiting(self) -> bool {
-        matches!(self, Open | Create | Read | Write | Lseek)
+        matches!(
+            self,
+            Open | Create | Read | Write | Lseek | Setattr | CopyFileRange
+        )
     }
 
     /// Whether the opcode is a short request that only reads metadata or directories

@@ -78,10 +78,7 @@ pub fn write(
         .filter(|_| size > 0);
     // SAFETY: each iovec spans mapped guest memory (get_slice checked the bounds) that
     // stays mapped while `mem` lives, for the whole call; pwritev only reads it.
-    let r = unsafe { fs.write_iov(hdr.nodeid, args.fh, args.offset, &iov, kill) }.and_then(|n| {
-        fs.sync_node_write(hdr.nodeid, args.fh, args.flags)
-            .map(|_| n)
-    });
+    let r = unsafe { fs.write_iov(hdr.nodeid, args.fh, args.offset, &iov, kill, args.flags) };
     Ok(r.map(|n| {
         WriteOut {
             size: n as u32,

@@ -367,3 +367,39 @@ fn a_node_fd_that_waits_on_a_host_lease_is_opened_in_the_pool_while_the_queue_go
     );
     assert_eq!(std::fs::read(d.path("f")).unwrap(), b"data!");
 }
+
+#[test]
+fn an_o_trunc_open_of_a_leased_file_waits_for_the_lease_in_the_pool() {
+    // Under --no-open the guest's open(O_TRUNC) is a SETATTR of the size on handle 0. A
+    // host lease on the file holds its open for writing: the SETATTR waits for it in the
+    // pool, as an O_TRUNC OPEN would, instead of failing with EAGAIN.
+    use vm_memory::ByteValued;
+    let d = Daemon::start(&["--no-open", "--thread-pool-size", "4"]);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let (mut c, _) = client(&d);
+    c.timeout = std::time::Duration::from_secs(5);
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    for _ in 0..32 {
+        c.getattr(ROOT).unwrap();
+    }
+    let lease = crate::common::HostLease::take(&d.path("f"));
+    let s = SetattrIn {
+        valid: FATTR_SIZE | FATTR_FH,
+        fh: 0,
+        size: 0,
+        ..Default::default()
+    };
+    let t = c.submit(1, FUSE_SETATTR, n, &[s.as_slice()], 256).unwrap();
+    lease.wait_broken();
+    for _ in 0..4 {
+        c.getattr(ROOT).unwrap();
+    }
+    assert!(lease.broken(), "the SETATTR still waits on the lease");
+    drop(lease);
+    assert_eq!(
+        c.wait(t).unwrap().error,
+        0,
+        "the truncate is served once the lease is gone"
+    );
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"");
+}
