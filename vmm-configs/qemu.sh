@@ -7,7 +7,8 @@
 #
 # Environment: VFSD (daemon binary, default target/release/vfsd), ACCEL
 # (default "tcg,thread=multi"; "kvm" with CPU=host on a working KVM host),
-# MEM (MiB, default 2048), QUEUES (request queues, default 1).
+# MEM (MiB, default 2048), SMP (vCPUs, default 2), QUEUES (request queues, default
+# one per vCPU: the guest kernel maps each CPU to a queue of its own).
 set -euo pipefail
 DIR=${1:?usage: $0 DIR KERNEL INITRD [kernel args]}
 KERNEL=${2:?kernel image}
@@ -17,7 +18,8 @@ VFSD=${VFSD:-target/release/vfsd}
 ACCEL=${ACCEL:-tcg,thread=multi}
 CPU=${CPU:-max}
 MEM=${MEM:-2048}
-QUEUES=${QUEUES:-1}
+SMP=${SMP:-2}
+QUEUES=${QUEUES:-$SMP}
 SOCK=$(mktemp -u /tmp/vfsd-XXXXXX.sock)
 
 # 1. The daemon: one process per shared directory, listening on a socket.
@@ -32,7 +34,7 @@ for _ in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
 #    mount -t virtiofs share0 /mnt
 qemu-system-x86_64 \
     -nodefaults -no-user-config -nographic -no-reboot \
-    -machine q35 -accel "$ACCEL" -cpu "$CPU" -smp 2 -m "${MEM}M" \
+    -machine q35 -accel "$ACCEL" -cpu "$CPU" -smp "$SMP" -m "${MEM}M" \
     -object memory-backend-memfd,id=mem,size="${MEM}M",share=on \
     -numa node,memdev=mem \
     -chardev socket,id=fs0,path="$SOCK" \

@@ -697,8 +697,8 @@ fn tree_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
 }
 
 /// The tree steps with vfsd's options for fewer requests (`--vfsd-args` of the request
-/// bench) beside the same run's virtiofsd, and vfsd's defaults from the tree run (`before`).
-fn requests_section(lines: &[Line], before: &[Line]) -> Result<(String, Vec<Summary>)> {
+/// bench) beside the same run's virtiofsd, and vfsd's defaults from the tree run (`defaults`).
+fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Summary>)> {
     let is = |x: &Line, d: &str| text(x, "daemon") == d;
     let modes = distinct(lines.iter().filter(|x| !is(x, "tmpfs")), "mode");
     let steps = distinct(lines.iter(), "step");
@@ -715,7 +715,7 @@ fn requests_section(lines: &[Line], before: &[Line]) -> Result<(String, Vec<Summ
         }
     }
     let mut old: HashMap<(String, String), &Line> = HashMap::new();
-    for x in before.iter().filter(|x| is(x, "vfsd")) {
+    for x in defaults.iter().filter(|x| is(x, "vfsd")) {
         old.insert((text(x, "mode"), text(x, "step")), x);
     }
     let req = |x: Option<&&Line>| x.and_then(|x| get(x, "requests").as_f64());
@@ -752,7 +752,7 @@ fn requests_section(lines: &[Line], before: &[Line]) -> Result<(String, Vec<Summ
         md += &table(
             &[
                 "step",
-                "vfsd requests, defaults (before)",
+                "vfsd requests, defaults",
                 "vfsd requests, with the options",
                 "virtiofsd requests",
                 "requests vfsd ÷ virtiofsd",
@@ -772,9 +772,9 @@ fn requests_section(lines: &[Line], before: &[Line]) -> Result<(String, Vec<Summ
     );
     let head = format!(
         "## Fewer requests: the source tree with `{options}`\n\nMeasured at {}. To run again: \
-         `{cmd}`. The \"before\" column is vfsd with its defaults from the section above (the \
-         counts are the guest kernel's and repeat from run to run); virtiofsd and tmpfs ran in \
-         this run. What each option changes for the guest: docs/features.md (fewer round \
+         `{cmd}`. The defaults column is vfsd's requests from the section above (the counts are \
+         the guest kernel's and repeat from run to run); virtiofsd and tmpfs ran in this \
+         run. What each option changes for the guest: docs/features.md (fewer round \
          trips); which requests no daemon can avoid: docs/design.md (requests per file).\n\n",
         measured(lines, None, false)
     );
