@@ -391,15 +391,15 @@ impl FsDevice {
                                     self.serve_alone(&mem, vring, queue as u16, chain, t)
                             }
                             Place::QueueThreadUnlessItWaits => {
-                                match self.serve_alone_unless_it_waits(
+                                if let Some(busy) = self.serve_alone_unless_it_waits(
                                     &mem,
                                     vring,
                                     queue as u16,
                                     chain,
                                     t,
+                                    pool,
                                 ) {
-                                    Ok(busy) => busy_meanwhile = busy,
-                                    Err(chain) => pool.send(chain, t, vring, queue as u16),
+                                    busy_meanwhile = busy
                                 }
                             }
                             // Its requests turned slow earlier in this pop.
@@ -434,15 +434,15 @@ impl FsDevice {
                             None if fallback == Fallback::QueueThread => {
                                 self.server.count_placement(Placement::ReadServedAlone);
                                 // Under --no-open the node's first fd may wait on a lease.
-                                match self.serve_alone_unless_it_waits(
+                                if let Some(busy) = self.serve_alone_unless_it_waits(
                                     &mem,
                                     vring,
                                     queue as u16,
                                     chain,
                                     t,
+                                    pool,
                                 ) {
-                                    Ok(busy) => busy_meanwhile = busy,
-                                    Err(chain) => pool.send(chain, t, vring, queue as u16),
+                                    busy_meanwhile = busy
                                 }
                             }
                             None => {
@@ -596,8 +596,8 @@ impl FsDevice {
     }
 
     /// `serve_alone` for a request that may open a file, unless it would wait for a host
-    /// lease break: then the chain comes back unanswered, for the pool.
-    #[allow(clippy::result_large_err)] // as `FuseServer::handle_unless_it_waits`
+    /// lease break: then it goes to `pool` unanswered, and None.
+    #[allow(clippy::too_many_arguments)]
     fn serve_alone_unless_it_waits(
         &self,
         mem: &GuestMemoryLoadGuard<GuestMem>,
@@ -605,16 +605,23 @@ impl FsDevice {
         queue: u16,
         chain: Chain,
         t: Ticket,
-    ) -> Result<bool, Chain> {
+        pool: &Pool,
+    ) -> Option<bool> {
         let head = chain.head_index();
         let mut later = || Later::boxed(vring, t, head, queue);
-        let len = self.server.handle_unless_it_waits(mem, chain, &mut later)?;
+        let len = match self.server.handle_unless_it_waits(mem, chain, &mut later) {
+            Ok(len) => len,
+            Err(chain) => {
+                pool.send(chain, t, vring, queue);
+                return None;
+            }
+        };
         self.server.count_placement(Placement::ServedAlone);
         let busy = vring.more_available(mem);
         if let Some(len) = len {
             vring.complete(&[(t, head, len)]);
         }
-        Ok(busy)
+        Some(busy)
     }
 
     /// Serves a request on the queue thread without watching the ring meanwhile, counted

@@ -329,77 +329,61 @@ fn no_open_needs_a_cache_mode_that_keeps_file_data() {
     }
 }
 
-#[test]
-fn a_node_fd_that_waits_on_a_host_lease_is_opened_in_the_pool_while_the_queue_goes_on() {
-    // A WRITE is short enough to be served on the queue thread. Its node's first fd for
-    // writing waits for a host lease break (up to lease-break-time): that wait belongs to
-    // a worker, and the queue's other requests go on meanwhile.
-    use fuse_backend_rs::abi::fuse_abi::WriteIn;
-    use vm_memory::ByteValued;
+/// Sends `op` with `parts` on handle 0 of file "f" (holding "data") while a host process
+/// holds a lease on it, checks that the queue serves GETATTRs while the request waits,
+/// and gives the file's bytes once the lease is gone and the request succeeded.
+fn served_once_a_host_lease_is_gone(op: u32, what: &str, parts: &[&[u8]]) -> Vec<u8> {
     let d = Daemon::start(&["--no-open", "--thread-pool-size", "4"]);
     std::fs::write(d.path("f"), b"data").unwrap();
     let (mut c, _) = client(&d);
+    // Well under lease-break-time (45 s), when a blocked open would end.
     c.timeout = std::time::Duration::from_secs(5);
     let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    // The queue is alone, so a short request is tried on its thread.
     for _ in 0..32 {
         c.getattr(ROOT).unwrap();
     }
     let lease = crate::common::HostLease::take(&d.path("f"));
+    let t = c.submit(1, op, n, parts, 256).unwrap();
+    lease.wait_broken();
+    for _ in 0..4 {
+        c.getattr(ROOT).unwrap();
+    }
+    assert!(lease.broken(), "the {what} still waits on the lease");
+    drop(lease);
+    let r = c.wait(t).unwrap();
+    assert_eq!(r.error, 0, "the {what} is served once the lease is gone");
+    std::fs::read(d.path("f")).unwrap()
+}
+
+#[test]
+fn a_write_whose_node_fd_waits_on_a_host_lease_waits_in_the_pool_while_the_queue_goes_on() {
+    // A WRITE is short enough to be served on the queue thread. Its node's first fd for
+    // writing waits for a host lease break: that wait belongs to a worker.
+    use fuse_backend_rs::abi::fuse_abi::WriteIn;
+    use vm_memory::ByteValued;
     let w = WriteIn {
         fh: 0,
         offset: 4,
         size: 1,
         ..Default::default()
     };
-    let t = c
-        .submit(1, FUSE_WRITE, n, &[w.as_slice(), b"!"], 64)
-        .unwrap();
-    lease.wait_broken();
-    for _ in 0..4 {
-        c.getattr(ROOT).unwrap();
-    }
-    assert!(lease.broken(), "the WRITE still waits on the lease");
-    drop(lease);
-    assert_eq!(
-        c.wait(t).unwrap().error,
-        0,
-        "the WRITE is served once the lease is gone"
-    );
-    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"data!");
+    let data = served_once_a_host_lease_is_gone(FUSE_WRITE, "WRITE", &[w.as_slice(), b"!"]);
+    assert_eq!(data, b"data!");
 }
 
 #[test]
 fn an_o_trunc_open_of_a_leased_file_waits_for_the_lease_in_the_pool() {
-    // Under --no-open the guest's open(O_TRUNC) is a SETATTR of the size on handle 0. A
-    // host lease on the file holds its open for writing: the SETATTR waits for it in the
-    // pool, as an O_TRUNC OPEN would, instead of failing with EAGAIN.
+    // Under --no-open the guest's open(O_TRUNC) is a SETATTR of the size on handle 0: it
+    // waits for the lease in the pool, as an O_TRUNC OPEN would, instead of failing with
+    // EAGAIN.
     use vm_memory::ByteValued;
-    let d = Daemon::start(&["--no-open", "--thread-pool-size", "4"]);
-    std::fs::write(d.path("f"), b"data").unwrap();
-    let (mut c, _) = client(&d);
-    c.timeout = std::time::Duration::from_secs(5);
-    let n = c.lookup(ROOT, "f").unwrap().nodeid;
-    for _ in 0..32 {
-        c.getattr(ROOT).unwrap();
-    }
-    let lease = crate::common::HostLease::take(&d.path("f"));
     let s = SetattrIn {
         valid: FATTR_SIZE | FATTR_FH,
         fh: 0,
         size: 0,
         ..Default::default()
     };
-    let t = c.submit(1, FUSE_SETATTR, n, &[s.as_slice()], 256).unwrap();
-    lease.wait_broken();
-    for _ in 0..4 {
-        c.getattr(ROOT).unwrap();
-    }
-    assert!(lease.broken(), "the SETATTR still waits on the lease");
-    drop(lease);
-    assert_eq!(
-        c.wait(t).unwrap().error,
-        0,
-        "the truncate is served once the lease is gone"
-    );
-    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"");
+    let data = served_once_a_host_lease_is_gone(FUSE_SETATTR, "SETATTR", &[s.as_slice()]);
+    assert_eq!(data, b"");
 }

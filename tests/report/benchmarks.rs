@@ -741,12 +741,8 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
                 ratio(ds, vs),
                 ratio(ts, vs),
             ]);
-            if let Some(r) = over(ds, vs) {
-                rv.push(Some(r));
-            }
-            if let Some(r) = over(ts, vs) {
-                rn.push(Some(r));
-            }
+            rv.extend(over(ds, vs).map(Some));
+            rn.extend(over(ts, vs).map(Some));
         }
         md += &format!("### `--cache={mode}`\n\n");
         md += &table(
