@@ -32,24 +32,33 @@ fn fio_jobs_read_back_what_they_wrote() {
 #[test]
 #[ignore = "needs QEMU and root"]
 fn pjdfstest_passes_every_test_that_runs() {
-    let name = "pjdfstest_passes_every_test_that_runs";
+    pjdfstest_on_a_share("pjdfstest_passes_every_test_that_runs", &[]);
+}
+
+/// pjdfstest on a share served with `args`, as test `name`: `check_pjdfstest`'s checks.
+pub(crate) fn pjdfstest_on_a_share(name: &str, args: &[&str]) {
     let dir = TestDir::new(name);
-    let (_, run) = run_on_share(&dir, &[], 900, |_| {}, "/guest-tests/pjdfstest.sh");
+    let (_, run) = run_on_share(&dir, args, 900, |_| {}, "/guest-tests/pjdfstest.sh");
     check_pjdfstest(name, &run, 1);
 }
 
 #[test]
 #[ignore = "needs QEMU and root"]
 fn fsx_buffered_and_direct_operations_match_its_model() {
-    let name = "fsx_buffered_and_direct_operations_match_its_model";
-    let dir = TestDir::new(name);
-    let (_, run) = run_on_share(
-        &dir,
+    fsx_on_a_share(
+        "fsx_buffered_and_direct_operations_match_its_model",
         &[],
         1200,
-        |_| {},
-        "/guest-tests/fsx.sh -N 60000 -D 20000",
+        "-N 60000 -D 20000",
     );
+}
+
+/// fsx with `fsx_args` (guest-tests/fsx.sh's) on a share served with `args`, as test
+/// `name`, within `timeout_secs`: every run must pass.
+pub(crate) fn fsx_on_a_share(name: &str, args: &[&str], timeout_secs: u64, fsx_args: &str) {
+    let dir = TestDir::new(name);
+    let cmd = format!("/guest-tests/fsx.sh {fsx_args}");
+    let (_, run) = run_on_share(&dir, args, timeout_secs, |_| {}, &cmd);
     run.assert_success();
     record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
 }

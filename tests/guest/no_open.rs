@@ -3,7 +3,7 @@
 //! or FLUSH; without forwarded POSIX locks opens say FOPEN_NOFLUSH; and the file system
 //! still behaves as pjdfstest and fsx expect.
 
-use crate::data::check_pjdfstest;
+use crate::data::{fsx_on_a_share, pjdfstest_on_a_share};
 use crate::fixture::TestDir;
 use crate::{record, run_on_share};
 
@@ -101,30 +101,16 @@ fn no_open_makes_and_reads_files_without_open_release_or_flush_messages() {
 #[test]
 #[ignore = "needs QEMU and root"]
 fn pjdfstest_passes_under_no_open() {
-    let name = "pjdfstest_passes_under_no_open";
-    let dir = TestDir::new(name);
-    let (_, run) = run_on_share(
-        &dir,
-        &["--no-open"],
-        900,
-        |_| {},
-        "/guest-tests/pjdfstest.sh",
-    );
-    check_pjdfstest(name, &run, 1);
+    pjdfstest_on_a_share("pjdfstest_passes_under_no_open", &["--no-open"]);
 }
 
 #[test]
 #[ignore = "needs QEMU and root"]
 fn fsx_matches_its_model_under_no_open() {
-    let name = "fsx_matches_its_model_under_no_open";
-    let dir = TestDir::new(name);
-    let (_, run) = run_on_share(
-        &dir,
+    fsx_on_a_share(
+        "fsx_matches_its_model_under_no_open",
         &["--no-open", "--cache=always"],
         900,
-        |_| {},
-        "/guest-tests/fsx.sh -N 15000 -D 5000",
+        "-N 15000 -D 5000",
     );
-    run.assert_success();
-    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
 }

@@ -595,19 +595,29 @@ fn device_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)>
     ))
 }
 
+/// The tree bench's figures: the last line of each daemon, mode and step, and of each
+/// step on the guest's tmpfs (lines saved later replace earlier ones).
+type LastLines<'a> = (
+    HashMap<(String, String, String), &'a Line>,
+    HashMap<String, &'a Line>,
+);
+
+fn last_lines(lines: &[Line]) -> LastLines<'_> {
+    let (mut by, mut tmpfs) = (HashMap::new(), HashMap::new());
+    for x in lines {
+        by.insert((text(x, "daemon"), text(x, "mode"), text(x, "step")), x);
+        if text(x, "daemon") == "tmpfs" {
+            tmpfs.insert(text(x, "step"), x);
+        }
+    }
+    (by, tmpfs)
+}
+
 fn tree_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
     let is_tmpfs = |x: &&Line| text(x, "daemon") == "tmpfs";
     let modes = distinct(lines.iter().filter(|x| !is_tmpfs(x)), "mode");
     let steps = distinct(lines.iter(), "step");
-    // The last line of a daemon, mode and step gives its figures.
-    let mut by: HashMap<(String, String, String), &Line> = HashMap::new();
-    let mut tmpfs: HashMap<String, &Line> = HashMap::new();
-    for x in lines {
-        by.insert((text(x, "daemon"), text(x, "mode"), text(x, "step")), x);
-        if is_tmpfs(&x) {
-            tmpfs.insert(text(x, "step"), x);
-        }
-    }
+    let (by, tmpfs) = last_lines(lines);
     let secs = |x: Option<&&Line>| x.and_then(|x| get(x, "seconds").as_f64());
     let field = |x: Option<&&Line>, key: &str| x.map_or("-".into(), |x| text(x, key));
     let (mut md, mut rv, mut rn, mut panels) = (String::new(), vec![], vec![], vec![]);
@@ -706,18 +716,8 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
         .iter()
         .find(|x| is(x, "vfsd"))
         .map_or(String::new(), |x| text(x, "options"));
-    let mut by: HashMap<(String, String, String), &Line> = HashMap::new();
-    let mut tmpfs: HashMap<String, &Line> = HashMap::new();
-    for x in lines {
-        by.insert((text(x, "daemon"), text(x, "mode"), text(x, "step")), x);
-        if is(x, "tmpfs") {
-            tmpfs.insert(text(x, "step"), x);
-        }
-    }
-    let mut old: HashMap<(String, String), &Line> = HashMap::new();
-    for x in defaults.iter().filter(|x| is(x, "vfsd")) {
-        old.insert((text(x, "mode"), text(x, "step")), x);
-    }
+    let (by, tmpfs) = last_lines(lines);
+    let (by_default, _) = last_lines(defaults);
     let req = |x: Option<&&Line>| x.and_then(|x| get(x, "requests").as_f64());
     let secs = |x: Option<&&Line>| x.and_then(|x| get(x, "seconds").as_f64());
     let count = |v: Option<f64>| v.map_or("-".into(), |v| with_commas(&(v as u64).to_string()));
@@ -728,7 +728,7 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
             let key = |d: &str| (d.to_string(), mode.clone(), s.clone());
             let (v, d) = (by.get(&key("vfsd")), by.get(&key("virtiofsd")));
             let t = tmpfs.get(s);
-            let b = old.get(&(mode.clone(), s.clone()));
+            let b = by_default.get(&key("vfsd"));
             let (vs, ds, ts) = (secs(v), secs(d), secs(t));
             rows.push(vec![
                 s.clone(),
