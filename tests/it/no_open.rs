@@ -29,22 +29,34 @@ fn client(d: &Daemon) -> (FuseClient, u64) {
     (c, out.flags as u64)
 }
 
-/// The access modes (O_RDONLY, O_WRONLY, O_RDWR) of the serving process's fds on regular
-/// files that are open for I/O (not O_PATH): the sandboxed daemon sees the share as its
-/// root, so a test's files are named "/f..." there.
+/// The access modes (O_RDONLY, O_WRONLY, O_RDWR) of the serving process's fds that are
+/// open for I/O (not O_PATH) on a regular file of the share. Files are matched by device
+/// and inode, not by name: the sandboxed daemon's paths are its own, and its standard
+/// streams may be files anywhere on the host.
 fn io_fds_in_share(d: &Daemon) -> Vec<u32> {
     let pid = serving_pid(d.pid());
-    let share = std::fs::canonicalize(&d.share).unwrap();
+    let mut files = std::collections::HashSet::new();
+    let mut dirs = vec![d.share.clone()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else if m.is_file() {
+                files.insert((m.dev(), m.ino()));
+            }
+        }
+    }
     let mut modes = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
     {
-        let Ok(target) = std::fs::read_link(e.path()) else {
+        // The magic link reaches the open file whatever namespace its path is in.
+        let Ok(m) = std::fs::metadata(e.path()) else {
             continue;
         };
-        let name = target.to_string_lossy().into_owned();
-        if !(name.starts_with("/f") || target.starts_with(&share)) {
+        if !files.contains(&(m.dev(), m.ino())) {
             continue;
         }
         let fd = e.file_name().to_string_lossy().into_owned();
