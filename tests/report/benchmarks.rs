@@ -44,6 +44,7 @@ fn write(root: &Path) -> Result<()> {
         "device",
         "tree",
         "tree-fewer-requests",
+        "tree-noflush",
         "walk",
         "migration",
     ] {
@@ -57,7 +58,9 @@ fn write(root: &Path) -> Result<()> {
             "ceph" => io_section(&data, name, &lines, &CEPH)?,
             "device" => device_section(&data, &lines)?,
             "tree" => tree_section(&data, &lines)?,
-            "tree-fewer-requests" => requests_section(&lines, &load(&data, "tree")?)?,
+            "tree-fewer-requests" | "tree-noflush" => {
+                requests_section(name, &lines, &load(&data, "tree")?)?
+            }
             "walk" => (walk_section(&data, &lines)?, vec![]),
             _ => migration_section(&data, &lines)?,
         };
@@ -707,8 +710,13 @@ fn tree_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
 }
 
 /// The tree steps with vfsd's options for fewer requests (`--vfsd-args` of the request
-/// bench) beside the same run's virtiofsd, and vfsd's defaults from the tree run (`defaults`).
-fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Summary>)> {
+/// bench, written to docs/benchmarks/`name`) beside the same run's virtiofsd and tmpfs, if
+/// it ran them, and vfsd's defaults from the tree run (`defaults`).
+fn requests_section(
+    name: &str,
+    lines: &[Line],
+    defaults: &[Line],
+) -> Result<(String, Vec<Summary>)> {
     let is = |x: &Line, d: &str| text(x, "daemon") == d;
     let modes = distinct(lines.iter().filter(|x| !is(x, "tmpfs")), "mode");
     let steps = distinct(lines.iter(), "step");
@@ -716,6 +724,18 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
         .iter()
         .find(|x| is(x, "vfsd"))
         .map_or(String::new(), |x| text(x, "options"));
+    let daemons: Vec<&str> = ["vfsd", "virtiofsd", "tmpfs"]
+        .into_iter()
+        .filter(|d| lines.iter().any(|x| is(x, d)))
+        .collect();
+    let with_tmpfs = daemons.contains(&"tmpfs");
+    // A run of some of the steps names them in its command.
+    let all_steps = distinct(defaults.iter(), "step");
+    let only = if steps.iter().all(|s| all_steps.contains(s)) && steps.len() < all_steps.len() {
+        format!(" --steps {}", steps.join(","))
+    } else {
+        String::new()
+    };
     let (by, tmpfs) = last_lines(lines);
     let (by_default, _) = last_lines(defaults);
     let req = |x: Option<&&Line>| x.and_then(|x| get(x, "requests").as_f64());
@@ -730,7 +750,7 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
             let t = tmpfs.get(s);
             let b = by_default.get(&key("vfsd"));
             let (vs, ds, ts) = (secs(v), secs(d), secs(t));
-            rows.push(vec![
+            let mut row = vec![
                 s.clone(),
                 count(req(b)),
                 count(req(v)),
@@ -739,40 +759,43 @@ fn requests_section(lines: &[Line], defaults: &[Line]) -> Result<(String, Vec<Su
                 fmt(vs),
                 fmt(ds),
                 ratio(ds, vs),
-                ratio(ts, vs),
-            ]);
+            ];
+            if with_tmpfs {
+                row.push(ratio(ts, vs));
+            }
+            rows.push(row);
             rv.extend(over(ds, vs).map(Some));
             rn.extend(over(ts, vs).map(Some));
         }
         md += &format!("### `--cache={mode}`\n\n");
-        md += &table(
-            &[
-                "step",
-                "vfsd requests, defaults",
-                "vfsd requests, with the options",
-                "virtiofsd requests",
-                "requests vfsd ÷ virtiofsd",
-                "vfsd s",
-                "virtiofsd s",
-                "speed-up (virtiofsd s ÷ vfsd s)",
-                "tmpfs s ÷ vfsd s",
-            ],
-            &rows,
-        );
+        let head = [
+            "step",
+            "vfsd requests, defaults",
+            "vfsd requests, with the options",
+            "virtiofsd requests",
+            "requests vfsd ÷ virtiofsd",
+            "vfsd s",
+            "virtiofsd s",
+            "speed-up (virtiofsd s ÷ vfsd s)",
+            "tmpfs s ÷ vfsd s",
+        ];
+        md += &table(&head[..head.len() - usize::from(!with_tmpfs)], &rows);
         md += "\n";
     }
     let cmd = format!(
-        "cargo bench --bench requests -- --modes {} --daemons vfsd,virtiofsd,tmpfs \
-         --vfsd-args '{options}' --out docs/benchmarks/tree-fewer-requests",
-        modes.join(",")
+        "cargo bench --bench requests -- --modes {} --daemons {}{only} \
+         --vfsd-args '{options}' --out docs/benchmarks/{name}",
+        modes.join(","),
+        daemons.join(",")
     );
     let head = format!(
         "## Fewer requests: the source tree with `{options}`\n\nMeasured at {}. To run again: \
-         `{cmd}`. The defaults column is vfsd's requests from the section above (the counts are \
-         the guest kernel's and repeat from run to run); virtiofsd and tmpfs ran in this \
-         run. What each option changes for the guest: docs/features.md (fewer round \
-         trips); which requests no daemon can avoid: docs/design.md (requests per file).\n\n",
-        measured(lines, None, false)
+         `{cmd}`. The defaults column is vfsd's requests from \"A source tree in a guest\" \
+         (the counts are the guest kernel's and repeat from run to run); {} ran in this run. \
+         What each option changes for the guest: docs/features.md (fewer round trips); which \
+         requests no daemon can avoid: docs/design.md (requests per file).\n\n",
+        measured(lines, None, false),
+        daemons[1..].join(" and ")
     );
     Ok((
         head + &md,
@@ -1039,6 +1062,40 @@ mod tests {
         assert!(dir.path().join("docs/benchmarks/tree/tree.svg").exists());
         // Sections without results are left out.
         assert!(!md.contains("## Data I/O"), "{md}");
+    }
+
+    #[test]
+    fn a_run_with_options_names_its_daemons_and_steps_in_its_command() {
+        use super::*;
+        let line = |daemon: &str, step: &str, secs: f64, requests: u32| {
+            format!(
+                r#"{{"commit":"ccc","date":"2026-01-03","daemon":"{daemon}","options":"--no-posix-lock","mode":"metadata","step":"{step}","seconds":{secs},"requests":{requests}}}"#
+            )
+        };
+        let defaults = ["untar", "cat-all", "create"]
+            .map(|s| line("vfsd", s, 4.0, 400).replace("\"options\":\"--no-posix-lock\",", ""))
+            .join("\n");
+        let some = [
+            line("vfsd", "cat-all", 3.0, 300),
+            line("virtiofsd", "cat-all", 6.0, 400),
+        ]
+        .join("\n");
+        let dir = crate::tree_with(&[
+            ("docs/benchmarks/tree/results.jsonl", &defaults),
+            ("docs/benchmarks/tree-noflush/results.jsonl", &some),
+        ]);
+        assert!(write_page(dir.path()));
+        let md = std::fs::read_to_string(dir.path().join("docs/benchmarks.md")).unwrap();
+        assert!(md.contains(
+            "`cargo bench --bench requests -- --modes metadata --daemons vfsd,virtiofsd --steps \
+             cat-all --vfsd-args '--no-posix-lock' --out docs/benchmarks/tree-noflush`"
+        ), "{md}");
+        assert!(md.contains("virtiofsd ran in this run."), "{md}");
+        // No tmpfs in the run: no column for it.
+        assert!(
+            md.contains("| cat-all | 400 | 300 | 400 | 0.75 | 3.00 | 6.00 | 2.00 |\n"),
+            "{md}"
+        );
     }
 
     #[test]
