@@ -178,8 +178,20 @@ fn namespace(
             e,
         )
     })?;
+    let mapped = helper.is_some();
     if let Some(h) = helper {
         h.map()?;
+    } else if uid != 0 {
+        // Be root inside the user namespace (for mount and pivot_root), the caller outside.
+        write_file("/proc/self/setgroups", "deny")?;
+        write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
+        write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
+    }
+    // The new pid namespace applies to children: fork, and let the parent wait. The parent
+    // keeps the caller's host ids, so it can still remove the socket's name from a
+    // directory only the caller may write to.
+    fork_supervised(socket)?;
+    if mapped {
         // Become the namespace's root (its uid and gid 0 are mapped, see cli), so files the
         // daemon creates belong to what 0 maps to on the host.
         // SAFETY: plain id syscalls; we hold CAP_SETUID/CAP_SETGID in our new namespace.
@@ -189,14 +201,7 @@ fn namespace(
             libc::setgroups(0, std::ptr::null());
             cvt(libc::setresuid(0, 0, 0)).map_err(|e| err("setresuid in the user namespace", e))?;
         }
-    } else if uid != 0 {
-        // Be root inside the user namespace (for mount and pivot_root), the caller outside.
-        write_file("/proc/self/setgroups", "deny")?;
-        write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
-        write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
     }
-    // The new pid namespace applies to children: fork, and let the parent wait.
-    fork_supervised(socket)?;
     // In the new mount namespace, where this process may clone a mount.
     let runtime_dir = runtime_dir(runtime, true);
 
@@ -326,6 +331,15 @@ fn restore_signal_mask(old: &libc::sigset_t) {
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
 
+/// A launcher may have ignored SIGCHLD, and exec keeps that; then the kernel reaps vfsd's
+/// children itself and waitpid can't give their status. Every child (the id-map helper,
+/// the sandboxed daemon, a `--keep-listening` frontend's) must stay ours to wait for, so
+/// the default comes back before any is made.
+pub fn keep_children_waitable() {
+    // SAFETY: restoring a default disposition.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+}
+
 /// A termination signal that reached the sandboxed daemon before its handlers existed.
 static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
@@ -428,9 +442,6 @@ extern "C" fn relay_and_note(sig: libc::c_int) {
 /// thread is started. One child at a time, so nothing adds up across frontends.
 pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), String> {
     let socket = confined.socket.take();
-    // Children must stay ours to wait for, whatever the launcher ignored.
-    // SAFETY: restoring a default disposition.
-    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     loop {
         let blocked = block_relayed_signals();
         // A termination signal during start-up (noted, not acted on) or between two

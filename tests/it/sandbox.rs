@@ -173,6 +173,68 @@ fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
     assert_eq!(e.attr.uid, 0);
 }
 
+const ID_MAPS: [&str; 2] = ["--uid-map=:0:100000:65536:", "--gid-map=:0:100000:65536:"];
+
+/// Starts a root vfsd (namespace sandbox) with `extra` on a share its id map reaches,
+/// serves a request, sends SIGTERM: it must exit 0 and remove the socket's name. With
+/// `sigchld_ignored`, vfsd starts with SIGCHLD ignored, as exec keeps a launcher's.
+fn sigterm_ends_it_cleanly(extra: &[&str], sigchld_ignored: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    chown(&share, 100_000, 100_000);
+    let sock = dir.path().join("s");
+    let mut cmd = std::process::Command::new(common::vfsd_bin());
+    cmd.arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(extra);
+    if sigchld_ignored {
+        // SAFETY: signal(2) only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            })
+        };
+    }
+    let mut child = cmd.spawn().unwrap();
+    common::wait_for_socket(&sock);
+    connect(&sock).getattr(ROOT).unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{extra:?}: {st:?}");
+    assert!(
+        !sock.exists(),
+        "{extra:?}: the socket's name is left behind"
+    );
+}
+
+/// vfsd's children (the id-map helper, the sandboxed daemon under its supervisor) stay
+/// its own to wait for whatever the launcher ignored: else --uid-map fails to start and
+/// a SIGTERM ends the supervisor with status 1.
+#[test]
+#[ignore = "needs root"]
+fn a_launcher_that_ignores_sigchld_changes_nothing() {
+    require_root("the namespace sandbox without a user namespace, and mapping other ids");
+    sigterm_ends_it_cleanly(&[], true);
+    sigterm_ends_it_cleanly(&ID_MAPS, true);
+}
+
+/// With an id map, the sandboxed daemon's host uid is what 0 maps to, which may not write
+/// the socket's directory: the supervisor, which removes the name, keeps root's.
+#[test]
+#[ignore = "needs root"]
+fn a_root_daemon_with_an_id_map_removes_its_socket_name_on_sigterm() {
+    require_root("mapping other ids than one's own needs root (or newuidmap)");
+    sigterm_ends_it_cleanly(&ID_MAPS, false);
+}
+
 #[test]
 #[ignore = "needs root"]
 fn an_unprivileged_daemon_maps_its_own_ids() {
