@@ -61,8 +61,10 @@ pub struct Stats {
     /// Requests a queue thread served itself, blocking, because nothing else was in flight
     /// on its queue (`device::FsDevice::process_queue`).
     pub served_alone: AtomicU64,
-    /// Of the OPENs and CREATEs tried on a queue thread, those that would have waited for
-    /// a host lease break there, handed to the pool (`passthrough::nowait`).
+    /// Requests tried on a queue thread without waiting that would have waited for a host
+    /// lease break there, handed to the pool (`passthrough::nowait`): OPENs and CREATEs,
+    /// and under `--no-open` the READs, WRITEs, LSEEKs, truncating SETATTRs and
+    /// COPY_FILE_RANGEs whose node fd had to be opened.
     pub opens_handed_off: AtomicU64,
     /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
     pub reads_served_alone: AtomicU64,
