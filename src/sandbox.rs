@@ -108,7 +108,7 @@ pub fn enter(
             }
             // A chrooted process holding a directory outside its root walks out through
             // it, so the socket's directory stays with a parent that never serves.
-            fork_supervised(socket)?;
+            fork_supervised(socket, || Ok(()))?;
             let proc_self_fd = open_proc_self_fd()?;
             let runtime_dir = runtime_dir(runtime, true);
             let dir = cpath(shared_dir)?;
@@ -127,8 +127,13 @@ pub fn enter(
 }
 
 /// Forks; the parent becomes the supervisor (`supervise`, never returns) and the child
-/// returns, set to die with it. `socket` stays with the parent only.
-fn fork_supervised(socket: Option<SocketName>) -> Result<(), String> {
+/// runs `take_ids` (a change of ids), then returns, set to die with it. `socket` stays with
+/// the parent only. The ids change first because changing them clears the parent-death
+/// signal.
+fn fork_supervised(
+    socket: Option<SocketName>,
+    take_ids: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
     // The termination signals stay blocked across the fork: one arriving before the
     // parent's relay is in place waits for it instead of killing the parent alone.
     // (So the parent can't die of one before the child below has set its death signal;
@@ -141,6 +146,7 @@ fn fork_supervised(socket: Option<SocketName>) -> Result<(), String> {
     }
     // Child: the socket's directory is the parent's business (closing it here).
     drop(socket);
+    take_ids()?;
     // Die with the parent.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
@@ -190,18 +196,22 @@ fn namespace(
     // The new pid namespace applies to children: fork, and let the parent wait. The parent
     // keeps the caller's host ids, so it can still remove the socket's name from a
     // directory only the caller may write to.
-    fork_supervised(socket)?;
-    if mapped {
-        // Become the namespace's root (its uid and gid 0 are mapped, see cli), so files the
-        // daemon creates belong to what 0 maps to on the host.
-        // SAFETY: plain id syscalls; we hold CAP_SETUID/CAP_SETGID in our new namespace.
-        unsafe {
-            cvt(libc::setresgid(0, 0, 0)).map_err(|e| err("setresgid in the user namespace", e))?;
-            // Fails (EPERM) where setgroups was denied for an unprivileged gid map.
-            libc::setgroups(0, std::ptr::null());
-            cvt(libc::setresuid(0, 0, 0)).map_err(|e| err("setresuid in the user namespace", e))?;
+    fork_supervised(socket, || {
+        if mapped {
+            // Become the namespace's root (its uid and gid 0 are mapped, see cli), so files
+            // the daemon creates belong to what 0 maps to on the host.
+            // SAFETY: plain id syscalls; we hold CAP_SETUID/CAP_SETGID in our namespace.
+            unsafe {
+                cvt(libc::setresgid(0, 0, 0))
+                    .map_err(|e| err("setresgid in the user namespace", e))?;
+                // Fails (EPERM) where setgroups was denied for an unprivileged gid map.
+                libc::setgroups(0, std::ptr::null());
+                cvt(libc::setresuid(0, 0, 0))
+                    .map_err(|e| err("setresuid in the user namespace", e))?;
+            }
         }
-    }
+        Ok(())
+    })?;
     // In the new mount namespace, where this process may clone a mount.
     let runtime_dir = runtime_dir(runtime, true);
 

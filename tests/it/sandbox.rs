@@ -226,6 +226,50 @@ fn a_launcher_that_ignores_sigchld_changes_nothing() {
     sigterm_ends_it_cleanly(&ID_MAPS, true);
 }
 
+/// The sandboxed daemon dies with its supervisor, even one killed outright (SIGKILL, so
+/// nothing is relayed): its parent-death signal must survive taking the namespace's ids.
+#[test]
+#[ignore = "needs root"]
+fn the_sandboxed_daemon_dies_with_its_supervisor() {
+    require_root("the namespace sandbox without a user namespace, and mapping other ids");
+    for extra in [&[][..], &ID_MAPS] {
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("share");
+        std::fs::create_dir(&share).unwrap();
+        chown(&share, 100_000, 100_000);
+        let sock = dir.path().join("s");
+        let mut child = std::process::Command::new(common::vfsd_bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(&share)
+            .args(extra)
+            .spawn()
+            .unwrap();
+        common::wait_for_socket(&sock);
+        // Connected throughout: a frontend's going would end the daemon by itself.
+        let c = connect(&sock);
+        c.getattr(ROOT).unwrap();
+        let daemon = common::serving_pid(child.id() as i32);
+        assert_ne!(daemon, child.id() as i32, "{extra:?}: no supervised child");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let t = Instant::now();
+        while std::path::Path::new(&format!("/proc/{daemon}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{daemon}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{extra:?}: the daemon outlived its supervisor"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(c);
+    }
+}
+
 /// With an id map, the sandboxed daemon's host uid is what 0 maps to, which may not write
 /// the socket's directory: the supervisor, which removes the name, keeps root's.
 #[test]
