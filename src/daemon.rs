@@ -224,7 +224,7 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
 
 pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     use StartupError as E;
-    sandbox::keep_children_waitable();
+    sandbox::reset_inherited_signals();
     sandbox::remember_early_signals();
     opt.apply_compat_options().map_err(E::Option)?;
     opt.check_supported().map_err(E::Option)?;

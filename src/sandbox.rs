@@ -126,6 +126,43 @@ pub fn enter(
     }
 }
 
+/// A pipe across a fork that tells the child whether its parent still lives: the parent
+/// keeps the write end (never written) and the child polls the read end, which reports a
+/// hang-up once the parent's end is closed by its death. A parent that died before the
+/// child set its parent-death signal sent none, and across pid namespaces getppid can't
+/// tell.
+struct ParentWatch {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl ParentWatch {
+    fn new() -> Result<Self, String> {
+        let (read, write) = sys::pipe().map_err(|e| err("pipe", e))?;
+        Ok(ParentWatch { read, write })
+    }
+
+    /// In the parent: the write end, to be held while the child should live.
+    fn keep_in_parent(self) -> OwnedFd {
+        self.write
+    }
+
+    /// In the child, once its parent-death signal is set: exits if the parent is gone.
+    fn exit_if_parent_gone(self) {
+        drop(self.write);
+        let mut p = libc::pollfd {
+            fd: self.read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no waiting (timeout 0).
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n > 0 && p.revents & libc::POLLHUP != 0 {
+            std::process::exit(1);
+        }
+    }
+}
+
 /// Forks; the parent becomes the supervisor (`supervise`, never returns) and the child
 /// runs `take_ids` (a change of ids), then returns, set to die with it. `socket` stays with
 /// the parent only. The ids change first because changing them clears the parent-death
@@ -139,17 +176,22 @@ fn fork_supervised(
     // (So the parent can't die of one before the child below has set its death signal;
     // getppid can't tell, as the parent may be outside the child's pid namespace.)
     let blocked = block_relayed_signals();
+    let watch = ParentWatch::new()?;
     // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
     let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
     if pid > 0 {
+        let _alive = watch.keep_in_parent();
         supervise(pid, blocked, socket);
     }
     // Child: the socket's directory is the parent's business (closing it here).
     drop(socket);
+    // On failure the child just exits (with the signals still blocked and no death
+    // signal): the supervisor reports its status and removes the socket's name.
     take_ids()?;
     // Die with the parent.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    watch.exit_if_parent_gone();
     // In namespace mode the child is its pid namespace's init, which the kernel spares
     // every signal it has no handler for, even from outside: a SIGTERM relayed before the
     // daemon's own handlers exist would be dropped. It inherited `remember_early_signals`'s
@@ -341,13 +383,23 @@ fn restore_signal_mask(old: &libc::sigset_t) {
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
 
-/// A launcher may have ignored SIGCHLD, and exec keeps that; then the kernel reaps vfsd's
-/// children itself and waitpid can't give their status. Every child (the id-map helper,
-/// the sandboxed daemon, a `--keep-listening` frontend's) must stay ours to wait for, so
-/// the default comes back before any is made.
-pub fn keep_children_waitable() {
-    // SAFETY: restoring a default disposition.
-    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+/// Undoes what exec kept of a launcher's signal state that vfsd depends on. An ignored
+/// SIGCHLD has the kernel reap vfsd's children itself, so waitpid can't give their status:
+/// every child (the id-map helper, the sandboxed daemon, a `--keep-listening` frontend's)
+/// must stay ours to wait for. A blocked SIGTERM, SIGINT, SIGHUP or SIGUSR1 would never
+/// reach vfsd's handlers nor be relayed to a sandboxed child.
+pub fn reset_inherited_signals() {
+    // SAFETY: restoring a default disposition; sigset_t is plain data, set up by
+    // sigemptyset/sigaddset before use.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in RELAYED {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// A termination signal that reached the sandboxed daemon before its handlers existed.
@@ -459,12 +511,14 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
         if early_signal().is_some() || TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
             exit_as(0, socket, "");
         }
+        let watch = ParentWatch::new()?;
         // SAFETY: no other thread exists, so the child's copy of the process is consistent.
         let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
         if pid == 0 {
             drop(socket);
             // SAFETY: prctl with integer arguments only.
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+            watch.exit_if_parent_gone();
             // The parent's relay would send a signal on to the previous child.
             remember_early_signals();
             EARLY_SIGNAL.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -480,10 +534,12 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
             restore_signal_mask(&blocked);
             return Ok(());
         }
+        let alive = watch.keep_in_parent();
         CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
         install_handler(&RELAYED, relay_and_note);
         restore_signal_mask(&blocked);
         let status = wait_status(pid);
+        drop(alive);
         // Nothing to relay to until the next fork (the pid may be reused).
         CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
         let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;

@@ -23,6 +23,15 @@ pub fn errno(e: i32) -> io::Error {
 
 pub const EMPTY: &CStr = c"";
 
+/// `pipe2(2)` with O_CLOEXEC: the read end, then the write end.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new fds into the array, which we then own.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds are new and ours alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// `openat(2)`; the returned fd is always close-on-exec.
 pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: `name` is a valid NUL-terminated string; the kernel validates `dir`.

@@ -176,9 +176,10 @@ fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
 const ID_MAPS: [&str; 2] = ["--uid-map=:0:100000:65536:", "--gid-map=:0:100000:65536:"];
 
 /// Starts a root vfsd (namespace sandbox) with `extra` on a share its id map reaches,
-/// serves a request, sends SIGTERM: it must exit 0 and remove the socket's name. With
-/// `sigchld_ignored`, vfsd starts with SIGCHLD ignored, as exec keeps a launcher's.
-fn sigterm_ends_it_cleanly(extra: &[&str], sigchld_ignored: bool) {
+/// serves a request, sends SIGTERM: it must exit 0 within 10 s and remove the socket's
+/// name. With `launcher_state`, vfsd starts with SIGCHLD ignored and the termination
+/// signals blocked, as exec keeps a launcher's.
+fn sigterm_ends_it_cleanly(extra: &[&str], launcher_state: bool) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
@@ -193,34 +194,55 @@ fn sigterm_ends_it_cleanly(extra: &[&str], sigchld_ignored: bool) {
         .arg("--shared-dir")
         .arg(&share)
         .args(extra);
-    if sigchld_ignored {
-        // SAFETY: signal(2) only, between fork and exec.
+    if launcher_state {
+        // SAFETY: signal(2) and sigprocmask(2) on plain data, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
                 libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+                    libc::sigaddset(&mut set, sig);
+                }
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                 Ok(())
             })
         };
     }
     let mut child = cmd.spawn().unwrap();
     common::wait_for_socket(&sock);
-    connect(&sock).getattr(ROOT).unwrap();
+    // Connected throughout: a frontend's going would end the daemon by itself.
+    let c = connect(&sock);
+    c.getattr(ROOT).unwrap();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let st = child.wait().unwrap();
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{extra:?}: SIGTERM did not end vfsd");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert!(st.success(), "{extra:?}: {st:?}");
     assert!(
         !sock.exists(),
         "{extra:?}: the socket's name is left behind"
     );
+    drop(c);
 }
 
 /// vfsd's children (the id-map helper, the sandboxed daemon under its supervisor) stay
-/// its own to wait for whatever the launcher ignored: else --uid-map fails to start and
-/// a SIGTERM ends the supervisor with status 1.
+/// its own to wait for whatever the launcher ignored (else --uid-map fails to start and
+/// a SIGTERM ends the supervisor with status 1), and signals a launcher blocked reach it
+/// (else SIGTERM is never acted on).
 #[test]
 #[ignore = "needs root"]
-fn a_launcher_that_ignores_sigchld_changes_nothing() {
+fn a_launchers_ignored_sigchld_and_blocked_signals_change_nothing() {
     require_root("the namespace sandbox without a user namespace, and mapping other ids");
     sigterm_ends_it_cleanly(&[], true);
     sigterm_ends_it_cleanly(&ID_MAPS, true);
@@ -232,8 +254,11 @@ fn a_launcher_that_ignores_sigchld_changes_nothing() {
 #[ignore = "needs root"]
 fn the_sandboxed_daemon_dies_with_its_supervisor() {
     require_root("the namespace sandbox without a user namespace, and mapping other ids");
+    use std::os::unix::fs::PermissionsExt;
     for extra in [&[][..], &ID_MAPS] {
         let dir = tempfile::tempdir().unwrap();
+        // The namespace's root (host uid 100000) must reach the share.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let share = dir.path().join("share");
         std::fs::create_dir(&share).unwrap();
         chown(&share, 100_000, 100_000);
@@ -268,6 +293,34 @@ fn the_sandboxed_daemon_dies_with_its_supervisor() {
         }
         drop(c);
     }
+}
+
+/// A sandbox that can't be entered (chroot for a user who is not root) ends start-up with
+/// one line, and the socket's name, already bound, goes with it (the listener's own
+/// removal on drop, before any supervisor exists).
+#[test]
+#[ignore = "needs root"]
+fn a_sandbox_that_fails_to_start_leaves_no_socket_name() {
+    require_root("dropping to another user for the test needs root");
+    let dir = tempfile::tempdir().unwrap();
+    chown(dir.path(), 65534, 65534);
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let sock = dir.path().join("s");
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::vfsd_bin())
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--sandbox", "chroot", "--log-level", "error"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--sandbox chroot needs root"), "{stderr}");
+    assert!(!sock.exists(), "the socket's name is left behind");
 }
 
 /// With an id map, the sandboxed daemon's host uid is what 0 maps to, which may not write
