@@ -819,6 +819,9 @@ fn replace_attr(xml: &str, key: &str, value: &str) -> String {
     format!("{}{quote}{value}{}", &xml[..open], &xml[close..])
 }
 
+/// The `<filesystem>` and `<qemu:override>` of vmm-configs/libvirt-virtiofs.xml: libvirt
+/// validates and starts them, QEMU's device has the config's request queues, and the
+/// guest mounts the share.
 #[test]
 #[ignore = "needs QEMU and root"]
 fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
@@ -836,6 +839,27 @@ fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
     );
     let fs = replace_attr(&fs, "<source dir=", &s.share.to_string_lossy());
     let xml = s.xml(&fs, "mount");
+    // The config's <qemu:override> (its request queues) goes with the <filesystem>.
+    let after = text.find("</devices>").expect("</devices> in the config");
+    let start = after
+        + text[after..]
+            .find("<qemu:override>")
+            .expect("<qemu:override> after the config's <devices>");
+    let end = start + text[start..].find("</qemu:override>").unwrap() + "</qemu:override>".len();
+    let namespace = "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'";
+    assert!(
+        text.contains(namespace),
+        "the config declares no {namespace}"
+    );
+    let domain = std::fs::read_to_string(&xml)
+        .unwrap()
+        .replacen(
+            "<domain type='qemu'>",
+            &format!("<domain type='qemu' {namespace}>"),
+            1,
+        )
+        .replacen("</domain>", &format!("{}\n</domain>", &text[start..end]), 1);
+    std::fs::write(&xml, domain).unwrap();
     let _slot = Slot::take(1);
     let _guard = Domain(s.domain.clone());
     let o = virsh(&["create", "--validate", &xml]);
@@ -843,6 +867,18 @@ fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
         o.status.success(),
         "the <filesystem> of {} does not start: {}",
         config.display(),
+        stderr(&o)
+    );
+    // QEMU's device, asked while the domain runs, has the config's request queues.
+    let o = virsh(&[
+        "qemu-monitor-command",
+        &s.domain,
+        r#"{"execute":"qom-get","arguments":{"path":"/machine/peripheral/ua-share0","property":"num-request-queues"}}"#,
+    ]);
+    let reply = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && reply.contains(r#""return":2"#),
+        "num-request-queues of the config's device: {reply} {}",
         stderr(&o)
     );
     let result = s.assert_guest_passed(URI, "on the config's share");
