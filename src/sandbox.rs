@@ -147,8 +147,11 @@ impl ParentWatch {
         self.write
     }
 
-    /// In the child, once its parent-death signal is set: exits if the parent is gone.
-    fn exit_if_parent_gone(self) {
+    /// In the child: sets its parent-death signal (SIGTERM), then exits if the parent is
+    /// already gone.
+    fn die_with_parent(self) {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
         drop(self.write);
         let mut p = libc::pollfd {
             fd: self.read.as_raw_fd(),
@@ -188,10 +191,7 @@ fn fork_supervised(
     // On failure the child just exits (with the signals still blocked and no death
     // signal): the supervisor reports its status and removes the socket's name.
     take_ids()?;
-    // Die with the parent.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-    watch.exit_if_parent_gone();
+    watch.die_with_parent();
     // In namespace mode the child is its pid namespace's init, which the kernel spares
     // every signal it has no handler for, even from outside: a SIGTERM relayed before the
     // daemon's own handlers exist would be dropped. It inherited `remember_early_signals`'s
@@ -363,17 +363,25 @@ fn install_handler(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int))
     }
 }
 
-/// Blocks the relayed signals; gives the previous mask.
-fn block_relayed_signals() -> libc::sigset_t {
+/// The relayed signals as a set.
+fn relayed_set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, set up by sigemptyset/sigaddset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for sig in RELAYED {
             libc::sigaddset(&mut set, sig);
         }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+        set
+    }
+}
+
+/// Blocks the relayed signals; gives the previous mask.
+fn block_relayed_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigprocmask writes the old mask into it.
+    unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_BLOCK, &relayed_set(), &mut old);
         old
     }
 }
@@ -389,16 +397,10 @@ fn restore_signal_mask(old: &libc::sigset_t) {
 /// must stay ours to wait for. A blocked SIGTERM, SIGINT, SIGHUP or SIGUSR1 would never
 /// reach vfsd's handlers nor be relayed to a sandboxed child.
 pub fn reset_inherited_signals() {
-    // SAFETY: restoring a default disposition; sigset_t is plain data, set up by
-    // sigemptyset/sigaddset before use.
+    // SAFETY: restoring a default disposition, and unblocking a set built by relayed_set.
     unsafe {
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in RELAYED {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::sigprocmask(libc::SIG_UNBLOCK, &relayed_set(), std::ptr::null_mut());
     }
 }
 
@@ -516,9 +518,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
         let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
         if pid == 0 {
             drop(socket);
-            // SAFETY: prctl with integer arguments only.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-            watch.exit_if_parent_gone();
+            watch.die_with_parent();
             // The parent's relay would send a signal on to the previous child.
             remember_early_signals();
             EARLY_SIGNAL.store(0, std::sync::atomic::Ordering::Relaxed);

@@ -179,19 +179,10 @@ impl DirtyLog {
     }
 }
 
+/// A pipe whose read end is a File.
 fn pipe() -> io::Result<(File, std::os::fd::OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: two fresh fds that nothing else owns.
-    unsafe {
-        Ok((
-            File::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        ))
-    }
+    let (rd, wr) = crate::sys::pipe()?;
+    Ok((File::from(rd), wr))
 }
 
 fn vu_err(e: impl std::fmt::Display) -> io::Error {

@@ -819,6 +819,21 @@ fn replace_attr(xml: &str, key: &str, value: &str) -> String {
     format!("{}{quote}{value}{}", &xml[..open], &xml[close..])
 }
 
+/// The first `<tag ...>...</tag>` of `xml` after `after` (the config's comment names tags
+/// too).
+fn element_after<'a>(xml: &'a str, after: &str, tag: &str) -> &'a str {
+    let from = xml
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after} in {xml}"));
+    let start = from
+        + xml[from..]
+            .find(&format!("<{tag}"))
+            .unwrap_or_else(|| panic!("no <{tag}> after {after}"));
+    let close = format!("</{tag}>");
+    let end = start + xml[start..].find(&close).unwrap() + close.len();
+    &xml[start..end]
+}
+
 /// The `<filesystem>` and `<qemu:override>` of vmm-configs/libvirt-virtiofs.xml: libvirt
 /// validates and starts them, QEMU's device has the config's request queues, and the
 /// guest mounts the share.
@@ -829,23 +844,15 @@ fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
     let s = Setup::new(name, "config");
     let config = crate::fixture::repo().join("vmm-configs/libvirt-virtiofs.xml");
     let text = std::fs::read_to_string(&config).unwrap();
-    let devices = text.find("<devices>").expect("<devices> in the config");
-    let start = devices + text[devices..].find("<filesystem").expect("<filesystem>");
-    let end = start + text[start..].find("</filesystem>").unwrap() + "</filesystem>".len();
     let fs = replace_attr(
-        &text[start..end],
+        element_after(&text, "<devices>", "filesystem"),
         "<binary path=",
         &s.daemon.to_string_lossy(),
     );
     let fs = replace_attr(&fs, "<source dir=", &s.share.to_string_lossy());
     let xml = s.xml(&fs, "mount");
     // The config's <qemu:override> (its request queues) goes with the <filesystem>.
-    let after = text.find("</devices>").expect("</devices> in the config");
-    let start = after
-        + text[after..]
-            .find("<qemu:override>")
-            .expect("<qemu:override> after the config's <devices>");
-    let end = start + text[start..].find("</qemu:override>").unwrap() + "</qemu:override>".len();
+    let qemu_override = element_after(&text, "</devices>", "qemu:override");
     let namespace = "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'";
     assert!(
         text.contains(namespace),
@@ -858,7 +865,7 @@ fn vmm_configs_libvirt_virtiofs_xml_filesystem_validates_starts_and_mounts() {
             &format!("<domain type='qemu' {namespace}>"),
             1,
         )
-        .replacen("</domain>", &format!("{}\n</domain>", &text[start..end]), 1);
+        .replacen("</domain>", &format!("{qemu_override}\n</domain>"), 1);
     std::fs::write(&xml, domain).unwrap();
     let _slot = Slot::take(1);
     let _guard = Domain(s.domain.clone());

@@ -445,6 +445,27 @@ impl HostLease {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    /// Sends the request `submit` makes, which must wait for this lease to break; checks
+    /// that `c`'s queue answers GETATTRs meanwhile (a blocked queue thread would hold them
+    /// back) and that the request still waits, then drops the lease and gives the
+    /// request's reply, which must be a success. `what` names the request.
+    pub fn served_once_gone(
+        self,
+        c: &FuseClient,
+        what: &str,
+        submit: impl FnOnce() -> vfsd::frontend::fuse::FResult<vfsd::frontend::fuse::Ticket>,
+    ) -> vfsd::frontend::fuse::Reply {
+        let t = submit().unwrap();
+        self.wait_broken();
+        for _ in 0..4 {
+            c.getattr(1).unwrap();
+        }
+        assert!(self.broken(), "the {what} still waits on the lease");
+        drop(self);
+        let r = c.wait(t).unwrap();
+        assert_eq!(r.error, 0, "the {what} is served once the lease is gone");
+        r
+    }
 }
 
 impl Drop for HostLease {

@@ -355,16 +355,8 @@ fn served_once_a_host_lease_is_gone(op: u32, what: &str, parts: &[&[u8]]) -> Vec
     for _ in 0..32 {
         c.getattr(ROOT).unwrap();
     }
-    let lease = crate::common::HostLease::take(&d.path("f"));
-    let t = c.submit(1, op, n, parts, 256).unwrap();
-    lease.wait_broken();
-    for _ in 0..4 {
-        c.getattr(ROOT).unwrap();
-    }
-    assert!(lease.broken(), "the {what} still waits on the lease");
-    drop(lease);
-    let r = c.wait(t).unwrap();
-    assert_eq!(r.error, 0, "the {what} is served once the lease is gone");
+    crate::common::HostLease::take(&d.path("f"))
+        .served_once_gone(&c, what, || c.submit(1, op, n, parts, 256));
     std::fs::read(d.path("f")).unwrap()
 }
 

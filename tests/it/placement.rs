@@ -229,17 +229,8 @@ fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
     std::fs::write(d.path("f"), b"data").unwrap();
     let node = c.lookup(ROOT, "f").unwrap().nodeid;
     alone(&d, &c);
-    let lease = crate::common::HostLease::take(&d.path("f"));
-    let t = c.submit_open(node, libc::O_WRONLY as u32).unwrap();
-    lease.wait_broken();
-    // Answered while the OPEN still waits (a blocked queue thread would hold it back).
-    for _ in 0..4 {
-        c.getattr(ROOT).unwrap();
-    }
-    assert!(lease.broken(), "the OPEN still waits on the lease");
-    drop(lease);
-    let r = c.wait(t).unwrap();
-    assert_eq!(r.error, 0, "the OPEN succeeds once the lease is gone");
+    crate::common::HostLease::take(&d.path("f"))
+        .served_once_gone(&c, "OPEN", || c.submit_open(node, libc::O_WRONLY as u32));
     let s = stats_after(&d, "OPEN", 1);
     assert_eq!(s["opens_handed_off"].as_u64(), Some(1), "{s}");
 }

@@ -175,14 +175,22 @@ fn uid_and_gid_maps_shift_ownership_between_guest_and_host() {
 
 const ID_MAPS: [&str; 2] = ["--uid-map=:0:100000:65536:", "--gid-map=:0:100000:65536:"];
 
-/// Starts a root vfsd (namespace sandbox) with `extra` on a share its id map reaches,
-/// serves a request, sends SIGTERM: it must exit 0 within 10 s and remove the socket's
-/// name. With `launcher_state`, vfsd starts with SIGCHLD ignored and the termination
-/// signals blocked, as exec keeps a launcher's.
-fn sigterm_ends_it_cleanly(extra: &[&str], launcher_state: bool) {
+/// A root vfsd (namespace sandbox) started with `extra` on a share its id map reaches,
+/// past one answered request, its frontend still connected (held, never read): a
+/// frontend's going would end the daemon by itself. With `launcher_state`, vfsd starts with SIGCHLD ignored and
+/// the termination signals blocked, as exec keeps a launcher's.
+struct Sandboxed {
+    sock: PathBuf,
+    child: std::process::Child,
+    _frontend: vfsd::frontend::fuse::FuseClient,
+    _dir: tempfile::TempDir,
+}
+
+fn start_sandboxed(extra: &[&str], launcher_state: bool) -> Sandboxed {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
+    // The namespace's root (host uid 100000) must reach the share.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
@@ -209,31 +217,41 @@ fn sigterm_ends_it_cleanly(extra: &[&str], launcher_state: bool) {
             })
         };
     }
-    let mut child = cmd.spawn().unwrap();
+    let child = cmd.spawn().unwrap();
     common::wait_for_socket(&sock);
-    // Connected throughout: a frontend's going would end the daemon by itself.
     let c = connect(&sock);
     c.getattr(ROOT).unwrap();
+    Sandboxed {
+        sock,
+        child,
+        _frontend: c,
+        _dir: dir,
+    }
+}
+
+/// `start_sandboxed`, then SIGTERM: it must exit 0 within 10 s and remove the socket's
+/// name.
+fn sigterm_ends_it_cleanly(extra: &[&str], launcher_state: bool) {
+    let mut s = start_sandboxed(extra, launcher_state);
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     let t = Instant::now();
     let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
+        if let Some(st) = s.child.try_wait().unwrap() {
             break st;
         }
         if t.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = s.child.kill();
+            let _ = s.child.wait();
             panic!("{extra:?}: SIGTERM did not end vfsd");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(st.success(), "{extra:?}: {st:?}");
     assert!(
-        !sock.exists(),
+        !s.sock.exists(),
         "{extra:?}: the socket's name is left behind"
     );
-    drop(c);
 }
 
 /// vfsd's children (the id-map helper, the sandboxed daemon under its supervisor) stay
@@ -254,31 +272,16 @@ fn a_launchers_ignored_sigchld_and_blocked_signals_change_nothing() {
 #[ignore = "needs root"]
 fn the_sandboxed_daemon_dies_with_its_supervisor() {
     require_root("the namespace sandbox without a user namespace, and mapping other ids");
-    use std::os::unix::fs::PermissionsExt;
     for extra in [&[][..], &ID_MAPS] {
-        let dir = tempfile::tempdir().unwrap();
-        // The namespace's root (host uid 100000) must reach the share.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let share = dir.path().join("share");
-        std::fs::create_dir(&share).unwrap();
-        chown(&share, 100_000, 100_000);
-        let sock = dir.path().join("s");
-        let mut child = std::process::Command::new(common::vfsd_bin())
-            .arg("--socket-path")
-            .arg(&sock)
-            .arg("--shared-dir")
-            .arg(&share)
-            .args(extra)
-            .spawn()
-            .unwrap();
-        common::wait_for_socket(&sock);
-        // Connected throughout: a frontend's going would end the daemon by itself.
-        let c = connect(&sock);
-        c.getattr(ROOT).unwrap();
-        let daemon = common::serving_pid(child.id() as i32);
-        assert_ne!(daemon, child.id() as i32, "{extra:?}: no supervised child");
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let mut s = start_sandboxed(extra, false);
+        let daemon = common::serving_pid(s.child.id() as i32);
+        assert_ne!(
+            daemon,
+            s.child.id() as i32,
+            "{extra:?}: no supervised child"
+        );
+        s.child.kill().unwrap();
+        s.child.wait().unwrap();
         let t = Instant::now();
         while std::path::Path::new(&format!("/proc/{daemon}")).exists()
             && !std::fs::read_to_string(format!("/proc/{daemon}/stat"))
@@ -291,7 +294,6 @@ fn the_sandboxed_daemon_dies_with_its_supervisor() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        drop(c);
     }
 }
 
