@@ -4,6 +4,8 @@
  *                                        through /proc/self/fd (no CAP_DAC_READ_SEARCH)
  *   vfsd-newops tmpfile-excl DIR NAME    O_TMPFILE|O_EXCL: the link must fail (ENOENT)
  *   vfsd-newops btime FILE               statx birth time in seconds, or "none"
+ *   vfsd-newops open-trunc FILE          open(O_RDONLY|O_TRUNC): prints "opened" or the
+ *                                        errno's name (ETXTBSY, EACCES) or number
  * Exit status 0 on success; errors go to stderr with the failing call. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,6 +51,22 @@ static int tmpfile_link(const char *dir, const char *name, int excl, int proc)
     return close(fd) < 0 ? fail("close") : 0;
 }
 
+static int open_trunc(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_TRUNC);
+    if (fd >= 0) {
+        printf("opened\n");
+        return close(fd) < 0 ? fail("close") : 0;
+    }
+    if (errno == ETXTBSY)
+        printf("ETXTBSY\n");
+    else if (errno == EACCES)
+        printf("EACCES\n");
+    else
+        printf("errno %d\n", errno);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 4 && !strcmp(argv[1], "tmpfile"))
@@ -65,6 +83,9 @@ int main(int argc, char **argv)
             printf("none\n");
         return 0;
     }
-    fprintf(stderr, "usage: vfsd-newops tmpfile DIR NAME [proc] | tmpfile-excl DIR NAME | btime FILE\n");
+    if (argc == 3 && !strcmp(argv[1], "open-trunc"))
+        return open_trunc(argv[2]);
+    fprintf(stderr, "usage: vfsd-newops tmpfile DIR NAME [proc] | tmpfile-excl DIR NAME | "
+                    "btime FILE | open-trunc FILE\n");
     return 2;
 }

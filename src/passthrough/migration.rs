@@ -668,9 +668,11 @@ impl PassthroughFs {
 
     fn restore(self: &Arc<Self>, state: &State) -> Result<LoadReport, StateError> {
         let mcfg = self.cfg.migration;
+        // A source that offered FUSE_ATOMIC_O_TRUNC (an older vfsd, as virtiofsd does) left
+        // a guest that sends O_TRUNC in OPEN: served as sent, though not offered here.
         let extra = state.flags
             & !(self.wanted_flags() | self.no_open_mark())
-            & !crate::abi::flags::INIT_EXT;
+            & !(crate::abi::flags::INIT_EXT | crate::abi::flags::ATOMIC_O_TRUNC);
         if extra & NO_OPEN_SESSION != 0 {
             return Err(malformed(
                 "the source served the guest under --no-open (it sends handle 0 for every \
@@ -1561,6 +1563,19 @@ mod tests {
             fs.load_state(&bytes(&no_open)),
             Err(StateError::Malformed(m)) if m.contains("--no-open")
         ));
+    }
+
+    /// vfsd does not offer FUSE_ATOMIC_O_TRUNC, but an older vfsd did: its guest sends O_TRUNC
+    /// in OPEN, which OPEN still serves.
+    #[test]
+    fn a_session_with_atomic_o_trunc_from_an_older_source_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path());
+        let atomic_o_trunc = State {
+            flags: crate::abi::flags::ATOMIC_O_TRUNC,
+            ..empty()
+        };
+        assert!(fs.load_state(&bytes(&atomic_o_trunc)).is_ok());
     }
 
     #[test]

@@ -645,10 +645,10 @@ impl PassthroughFs {
             | f::ASYNC_DIO
             | f::EXPORT_SUPPORT
             | f::CACHE_SYMLINKS;
-        // Without OPEN an O_TRUNC would be lost: the guest kernel truncates with a SETATTR.
-        if !self.cfg.no_open {
-            want |= f::ATOMIC_O_TRUNC;
-        }
+        // Never FUSE_ATOMIC_O_TRUNC: the guest kernel then sends an O_TRUNC open's
+        // truncation as a SETATTR after the open, and only once it has checked that it runs
+        // no program from the file. With it, OPEN truncates before that check, and an
+        // O_RDONLY|O_TRUNC open that gets ETXTBSY has emptied the running program.
         if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
             want |= f::WRITEBACK_CACHE;
         }

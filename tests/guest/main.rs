@@ -23,6 +23,7 @@ mod locks;
 mod migration;
 mod no_open;
 mod runner;
+mod running_program;
 mod setid;
 mod smoke;
 mod stress_locks;

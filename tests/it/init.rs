@@ -112,6 +112,19 @@ fn an_older_guest_gets_its_own_minor_and_no_second_word() {
     assert_eq!(out.flags2, 0);
 }
 
+/// With FUSE_ATOMIC_O_TRUNC the guest kernel leaves an O_TRUNC open's truncation to OPEN,
+/// before it looks for a program running from the file (tests/guest/running_program.rs
+/// shows the program emptied): vfsd never offers it, in any cache mode.
+#[test]
+fn atomic_o_trunc_is_never_offered() {
+    const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    for cache in ["never", "auto", "always", "metadata"] {
+        let d = Daemon::start(&["--cache", cache]);
+        let out = fresh(&d).init_ext(44, ASYNC_READ | ATOMIC_O_TRUNC).unwrap();
+        assert_eq!(flags64(&out) & ATOMIC_O_TRUNC, 0, "--cache {cache}");
+    }
+}
+
 #[test]
 fn max_write_and_max_pages_match_the_request_limit() {
     let d = Daemon::start(&[]);
