@@ -2,8 +2,8 @@
 # Set-id bits and non-root creates, from a real guest kernel.
 #
 # 1. Guest root makes a file mode 06777 in a 0777 directory. User nobody then appends,
-#    writes 4 KiB with O_DIRECT, writes through the page cache, truncates and
-#    fallocates; after each the mode must be 0777 (S_ISUID gone, S_ISGID gone as
+#    writes 4 KiB with O_DIRECT, writes through the page cache, truncates, opens with
+#    O_TRUNC and fallocates; after each the mode must be 0777 (S_ISUID gone, S_ISGID gone as
 #    group-exec is set), as on a local file system. S_ISGID without group-exec
 #    stays only when nobody is in the file's group (the host kernel's
 #    setattr_should_drop_sgid). Root's own writes keep 06777.
@@ -52,6 +52,7 @@ OPS="append|echo appended >> $F
 direct write|dd if=/dev/zero of=$F bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null
 buffered write|dd if=/dev/zero of=$F bs=4096 count=1 seek=1 conv=notrunc 2>/dev/null
 truncate|truncate -s 100 $F
+O_TRUNC open|: > $F
 fallocate|fallocate -l 65536 $F"
 
 IFS_SAVE=$IFS
