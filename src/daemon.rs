@@ -86,26 +86,25 @@ fn check_shared_dir(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether some process is listening on the unix socket `path`. Read from
-/// /proc/net/unix rather than by connecting: a connection would look like a frontend
-/// to the daemon that owns the socket.
-fn socket_listening(path: &Path) -> bool {
+/// Whether a live socket is bound at `path`: one a process is listening on, or one bound
+/// and not listening yet (another daemon between its bind and its listen). A stale socket
+/// file, whose process is gone, has none. Read from /proc/net/unix rather than by
+/// connecting: a connection would look like a frontend to the daemon that owns the socket.
+fn socket_bound(path: &Path) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
         return false;
     };
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     table.lines().skip(1).any(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
-        // Num RefCount Protocol Flags Type St Inode Path; flag 0x10000 = __SO_ACCEPTCON.
-        f.len() >= 8
-            && u32::from_str_radix(f[3], 16).is_ok_and(|fl| fl & 0x10000 != 0)
-            && (Path::new(f[7]) == path || Path::new(f[7]) == abs)
+        // Num RefCount Protocol Flags Type St Inode Path.
+        f.len() >= 8 && (Path::new(f[7]) == path || Path::new(f[7]) == abs)
     })
 }
 
-/// Binds the socket path, refusing one another process is listening on.
+/// Binds the socket path, refusing one a live socket is bound to.
 fn bind(path: &Path) -> Result<Listener, String> {
-    if socket_listening(path) {
+    if socket_bound(path) {
         return Err(format!(
             "socket path '{}' is in use by another process",
             path.display()

@@ -67,6 +67,17 @@ impl PassthroughFs {
             }
             _ => self.attr_handle(handle, inode)?,
         };
+        // A size change without a handle open for writing (the guest's O_TRUNC open and
+        // truncate(2) come without one) goes through an fd opened for it, here, before
+        // anything changes: the open waits for a host lease break as the host's O_TRUNC
+        // open would, and a queue thread hands the request on whole rather than wait.
+        let truncate_fd = match &h {
+            Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => None,
+            _ if valid.contains(SetattrValid::SIZE) && i.is_reg() => {
+                Some(self.reopen_to_open(&i, libc::O_WRONLY, super::nowait::open_wait_here())?)
+            }
+            _ => None,
+        };
         // Held while the /proc name is in use: it names this fd. With a handle, its own fd
         // names the file (an open file unlinked since has no other way to be found).
         let path = match &h {
@@ -141,13 +152,10 @@ impl PassthroughFs {
             let g = i.io.exclusive();
             let _w = i.io.write_started(&g);
             let size = attr.st_size;
-            let reopened;
-            let fd = match &h {
-                Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => h.fd.as_raw_fd(),
-                _ => {
-                    reopened = self.reopen(&i, libc::O_WRONLY | libc::O_NONBLOCK)?;
-                    reopened.as_raw_fd()
-                }
+            let fd = match (&truncate_fd, &h) {
+                (Some(fd), _) => fd.as_raw_fd(),
+                (None, Some(h)) => h.fd.as_raw_fd(),
+                (None, None) => unreachable!("a regular file's size change has its fd"),
             };
             if let Some(gid) = kill {
                 super::killpriv::kill_suidgid(fd, gid, self.mapped_cap.as_deref())?;
@@ -156,12 +164,16 @@ impl PassthroughFs {
             cvt(unsafe { libc::ftruncate64(fd, size) })?;
         }
 
-        if valid.intersects(
-            SetattrValid::ATIME
-                | SetattrValid::MTIME
-                | SetattrValid::ATIME_NOW
-                | SetattrValid::MTIME_NOW,
-        ) {
+        let times = SetattrValid::ATIME
+            | SetattrValid::MTIME
+            | SetattrValid::ATIME_NOW
+            | SetattrValid::MTIME_NOW;
+        // An O_TRUNC open or ftruncate asks for "mtime now" with the size, which the host's
+        // ftruncate above has set, with ctime: setting one time alone would need ownership or
+        // CAP_FOWNER, which writing the file does not.
+        let set_by_truncate = valid.contains(SetattrValid::SIZE)
+            && valid & times == SetattrValid::MTIME | SetattrValid::MTIME_NOW;
+        if valid.intersects(times) && !set_by_truncate {
             let ts = |set: bool, now: bool, sec: i64, nsec: i64| libc::timespec {
                 tv_sec: sec,
                 tv_nsec: if now {

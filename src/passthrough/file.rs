@@ -193,7 +193,10 @@ impl PassthroughFs {
                         Err(e) => return Err(e),
                     };
                     // The reply's entry owns the lookup just taken, unless the open fails.
-                    return match self.do_open(entry.inode, flags, kill, wait) {
+                    let opened = self
+                        .may_open_existing(ctx, entry.inode, flags, &ext.groups)
+                        .and_then(|()| self.do_open(entry.inode, flags, kill, wait));
+                    return match opened {
                         Ok((fh, opts)) => {
                             // The attributes after any O_TRUNC and privilege drop.
                             if let Ok(st) = self
@@ -215,6 +218,42 @@ impl PassthroughFs {
             }
         }
         Err(errno(libc::EAGAIN))
+    }
+
+    /// Whether the caller of a CREATE that found its name taken may open that file with
+    /// `flags`. The guest kernel counts the open as a create, so it checked no permission
+    /// on the file (its entry said the name was free: a host process or another guest
+    /// made the file since); the host checks here as the caller, with its ids, groups and
+    /// capabilities, what an open of an existing file needs.
+    fn may_open_existing(
+        &self,
+        ctx: &Context,
+        nodeid: u64,
+        flags: u32,
+        groups: &[u32],
+    ) -> io::Result<()> {
+        let i = self.inode(nodeid)?;
+        if !i.is_reg() {
+            // `do_open` refuses directories, and any type but a regular file.
+            return Ok(());
+        }
+        let flags = flags as i32;
+        let mut mask = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => libc::R_OK,
+            libc::O_WRONLY => libc::W_OK,
+            _ => libc::R_OK | libc::W_OK,
+        };
+        if flags & libc::O_TRUNC != 0 {
+            mask |= libc::W_OK;
+        }
+        // Taken before the credentials change, as in the create itself.
+        let pfd = i.path_fd()?;
+        let _cred = self.creator(ctx, groups)?;
+        sys::access_as_current(
+            self.proc_self_fd.as_raw_fd(),
+            &sys::fd_name(pfd.as_raw_fd()),
+            mask,
+        )
     }
 
     /// The node and handle of a file CREATE just made, open as `fd`.

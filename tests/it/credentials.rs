@@ -66,3 +66,99 @@ fn non_root_creates_work_with_file_handles_preferred() {
 fn non_root_creates_work_with_file_handles_mandatory() {
     creates_in_a_subdirectory("mandatory");
 }
+
+/// A CREATE of a name that exists on the host (the guest's negative entry was stale: a
+/// host process or another guest made the file since) opens that file. The guest kernel
+/// counts the open as a create and checks no permission, so vfsd checks, as the caller,
+/// what opening an existing file needs: a user gets no handle on root's 0600 file, and
+/// its O_TRUNC truncates nothing.
+fn a_create_of_an_existing_name_checks_the_callers_access(mode: &str) {
+    let d = Daemon::start(&["--inode-file-handles", mode]);
+    std::fs::set_permissions(d.share.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let host_file = |name: &str, mode: u32| {
+        std::fs::write(d.path(name), b"root's data").unwrap();
+        std::fs::set_permissions(d.path(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    host_file("secret", 0o600);
+    host_file("readable", 0o644);
+    let c = d.client();
+    c.set_caller(USER);
+    let create = |name: &str, flags: i32| c.create(ROOT, name, flags as u32, 0o644);
+    let trunc = libc::O_WRONLY | libc::O_TRUNC;
+    assert_eq!(errno(create("secret", trunc)), libc::EACCES, "{mode}");
+    assert_eq!(
+        errno(create("secret", libc::O_RDONLY)),
+        libc::EACCES,
+        "{mode}"
+    );
+    assert_eq!(errno(create("readable", trunc)), libc::EACCES, "{mode}");
+    assert_eq!(
+        errno(create("readable", libc::O_RDWR)),
+        libc::EACCES,
+        "{mode}"
+    );
+    for name in ["secret", "readable"] {
+        assert_eq!(
+            std::fs::read(d.path(name)).unwrap(),
+            b"root's data",
+            "{mode}: {name}"
+        );
+    }
+    // What the user may do, it still does.
+    let (e, o) = create("readable", libc::O_RDONLY).unwrap();
+    assert_eq!(c.read(e.nodeid, o.fh, 0, 64).unwrap(), b"root's data");
+    host_file("shared", 0o666);
+    let (e, o) = create("shared", trunc).unwrap();
+    assert_eq!(e.attr.size, 0, "{mode}");
+    assert_eq!(c.write(e.nodeid, o.fh, 0, b"user's").unwrap(), 6);
+    assert_eq!(std::fs::read(d.path("shared")).unwrap(), b"user's");
+}
+
+#[test]
+fn a_create_of_an_existing_name_checks_the_callers_access_without_file_handles() {
+    a_create_of_an_existing_name_checks_the_callers_access("never");
+}
+
+#[test]
+fn a_create_of_an_existing_name_checks_the_callers_access_with_file_handles_preferred() {
+    a_create_of_an_existing_name_checks_the_callers_access("prefer");
+}
+
+#[test]
+fn a_create_of_an_existing_name_checks_the_callers_access_with_file_handles_mandatory() {
+    a_create_of_an_existing_name_checks_the_callers_access("mandatory");
+}
+
+/// A user's O_TRUNC open of a file it may write but does not own arrives, as from the
+/// guest kernel, as SETATTR(size 0, mtime now) with no handle. Setting one time alone
+/// needs ownership or CAP_FOWNER, which `--modcaps=-fowner` takes from vfsd; the
+/// truncation sets mtime and ctime itself, so the open must succeed there too, not fail
+/// with EPERM once the file is empty.
+#[test]
+fn a_users_o_trunc_of_a_file_it_may_write_succeeds_without_cap_fowner() {
+    let d = Daemon::start(&["--modcaps=-fowner"]);
+    let p = d.path("shared");
+    std::fs::write(&p, b"someone's data").unwrap();
+    std::os::unix::fs::chown(&p, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let c = d.client();
+    c.set_caller(USER);
+    let n = c.lookup(ROOT, "shared").unwrap().nodeid;
+    let s = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+        valid: vfsd::frontend::fuse::FATTR_SIZE
+            | vfsd::frontend::fuse::FATTR_MTIME
+            | vfsd::frontend::fuse::FATTR_MTIME_NOW,
+        ..Default::default()
+    };
+    assert_eq!(c.setattr(n, &s).unwrap().attr.size, 0);
+    let m = std::fs::metadata(&p).unwrap();
+    assert_eq!(m.len(), 0);
+    assert!(m.mtime() > 1_000_000, "mtime not set by the truncation");
+}

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
-use vfsd::frontend::fuse::{FuseClient, FATTR_MODE, FUSE_GETATTR};
+use vfsd::frontend::fuse::{
+    FuseClient, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE, FUSE_GETATTR, FUSE_SETATTR,
+};
 
 /// `rounds` times, `at_once` GETATTRs of the root submitted one after another, then all
 /// their replies collected (each must succeed).
@@ -233,6 +235,28 @@ fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
         .served_once_gone(&c, "OPEN", || c.submit_open(node, libc::O_WRONLY as u32));
     let s = stats_after(&d, "OPEN", 1);
     assert_eq!(s["opens_handed_off"].as_u64(), Some(1), "{s}");
+}
+
+#[test]
+fn a_truncate_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
+    // The guest kernel's O_TRUNC open (and truncate(2)) is a SETATTR of the size with no
+    // handle: vfsd opens the file for writing, which waits for a host lease break as an
+    // O_TRUNC open would on the host, in the pool, not with EAGAIN to the guest.
+    use vm_memory::ByteValued;
+    let d = Daemon::start(&["--thread-pool-size", "4"]);
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(5);
+    std::fs::write(d.path("f"), b"data").unwrap();
+    let node = c.lookup(ROOT, "f").unwrap().nodeid;
+    alone(&d, &c);
+    let s = SetattrIn {
+        valid: FATTR_SIZE | FATTR_MTIME | FATTR_MTIME_NOW,
+        ..Default::default()
+    };
+    crate::common::HostLease::take(&d.path("f")).served_once_gone(&c, "SETATTR", || {
+        c.submit(1, FUSE_SETATTR, node, &[s.as_slice()], 256)
+    });
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"");
 }
 
 #[test]
