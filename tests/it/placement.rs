@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use crate::common::{Daemon, ROOT};
 use fuse_backend_rs::abi::fuse_abi::SetattrIn;
 use vfsd::frontend::fuse::{
-    FuseClient, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE, FUSE_GETATTR, FUSE_SETATTR,
+    FResult, FuseClient, Ticket, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE,
+    FUSE_GETATTR, FUSE_SETATTR,
 };
 
 /// `rounds` times, `at_once` GETATTRs of the root submitted one after another, then all
@@ -219,11 +220,13 @@ fn a_lone_small_copy_file_range_is_served_alone_and_a_large_one_in_the_pool() {
     assert_eq!(s["served_alone"].as_u64().unwrap(), before + 1, "{s}");
 }
 
-#[test]
-fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
-    // An open for writing of a file a host process holds a lease on waits for the lease
-    // break (up to the host's lease-break-time). Tried on the queue thread, it must not
-    // wait there: the other requests of the queue go on meanwhile.
+/// Sends `what` (`submit`, given the client and the node of "f", which holds "data") to
+/// a lone queue while a host process holds a lease on "f", and checks that it waits for
+/// the break in the pool while the queue goes on and is served once the lease is gone.
+fn served_in_the_pool_once_a_host_lease_is_gone(
+    what: &str,
+    submit: impl FnOnce(&FuseClient, u64) -> FResult<Ticket>,
+) -> (Daemon, FuseClient) {
     let d = Daemon::start(&["--thread-pool-size", "4"]);
     let mut c = d.client();
     // Well under lease-break-time (45 s by default), when a blocked open would end.
@@ -231,8 +234,18 @@ fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
     std::fs::write(d.path("f"), b"data").unwrap();
     let node = c.lookup(ROOT, "f").unwrap().nodeid;
     alone(&d, &c);
-    crate::common::HostLease::take(&d.path("f"))
-        .served_once_gone(&c, "OPEN", || c.submit_open(node, libc::O_WRONLY as u32));
+    crate::common::HostLease::take(&d.path("f")).served_once_gone(&c, what, || submit(&c, node));
+    (d, c)
+}
+
+#[test]
+fn a_lone_open_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
+    // An open for writing of a file a host process holds a lease on waits for the lease
+    // break (up to the host's lease-break-time). Tried on the queue thread, it must not
+    // wait there: the other requests of the queue go on meanwhile.
+    let (d, _c) = served_in_the_pool_once_a_host_lease_is_gone("OPEN", |c, node| {
+        c.submit_open(node, libc::O_WRONLY as u32)
+    });
     let s = stats_after(&d, "OPEN", 1);
     assert_eq!(s["opens_handed_off"].as_u64(), Some(1), "{s}");
 }
@@ -243,17 +256,11 @@ fn a_truncate_of_a_leased_file_waits_in_the_pool_while_the_queue_goes_on() {
     // handle: vfsd opens the file for writing, which waits for a host lease break as an
     // O_TRUNC open would on the host, in the pool, not with EAGAIN to the guest.
     use vm_memory::ByteValued;
-    let d = Daemon::start(&["--thread-pool-size", "4"]);
-    let mut c = d.client();
-    c.timeout = Duration::from_secs(5);
-    std::fs::write(d.path("f"), b"data").unwrap();
-    let node = c.lookup(ROOT, "f").unwrap().nodeid;
-    alone(&d, &c);
     let s = SetattrIn {
         valid: FATTR_SIZE | FATTR_MTIME | FATTR_MTIME_NOW,
         ..Default::default()
     };
-    crate::common::HostLease::take(&d.path("f")).served_once_gone(&c, "SETATTR", || {
+    let (d, _c) = served_in_the_pool_once_a_host_lease_is_gone("SETATTR", |c, node| {
         c.submit(1, FUSE_SETATTR, node, &[s.as_slice()], 256)
     });
     assert_eq!(std::fs::read(d.path("f")).unwrap(), b"");
