@@ -51,8 +51,6 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_syncfs,
     // Names and attributes, always relative to a directory fd.
     libc::SYS_openat,
-    // The caller's access to an existing file a CREATE opens.
-    libc::SYS_faccessat2,
     libc::SYS_close,
     libc::SYS_dup,
     libc::SYS_dup3,

@@ -40,24 +40,6 @@ pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<Owne
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// `faccessat2(dir, name, mode, AT_EACCESS)`: whether the thread's own credentials (its
-/// filesystem ids, groups and capabilities) give `mode` (R_OK, W_OK) on the file, as its
-/// open would check. The system call itself: glibc may emulate AT_EACCESS from the
-/// effective ids, which leaves out the fsuid the check is about.
-pub fn access_as_current(dir: RawFd, name: &CStr, mode: i32) -> io::Result<()> {
-    // SAFETY: `name` is a valid NUL-terminated string; nothing is written.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_faccessat2,
-            dir,
-            name.as_ptr(),
-            mode,
-            libc::AT_EACCESS,
-        )
-    };
-    cvt(r).map(drop)
-}
-
 /// Takes O_NONBLOCK off an open file's status flags.
 pub fn clear_nonblock(fd: RawFd) -> io::Result<()> {
     // SAFETY: F_GETFL and F_SETFL read and set flags of an fd; no memory is passed.

@@ -140,10 +140,12 @@ impl PassthroughFs {
         }
     }
 
-    /// CREATE. The host file is created with O_EXCL, always: an existing name goes through
-    /// OPEN's path instead, whose file-type check keeps FIFOs and device nodes closed and
-    /// whose O_TRUNC takes the inode's exclusive lock.
-    #[allow(clippy::too_many_arguments)]
+    /// CREATE. The host file is created with O_EXCL, always. A name that exists (the
+    /// guest's negative entry was stale: a host process or another guest made the file
+    /// since) is answered ESTALE, not opened: the guest kernel would count such an open as
+    /// a create and check nothing on the file (permissions, a program running from it), and
+    /// on ESTALE it walks the path again with LOOKUP_REVAL, finds the file, and opens it
+    /// with every check an open of an existing file gets. O_EXCL keeps EEXIST.
     pub(super) fn do_create(
         &self,
         ctx: &Context,
@@ -151,109 +153,40 @@ impl PassthroughFs {
         name: &CStr,
         flags: u32,
         mode: u32,
-        kill: Option<u32>,
         ext: &CreateExt,
-        wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let p = self.create_parent(parent, name)?;
         let hflags = self.host_flags(flags) & !libc::O_TRUNC;
-        // The name may vanish between a failed exclusive create and the lookup, or appear
-        // between the lookup and the create: a few rounds settle it.
-        for _ in 0..4 {
-            // Taken before the credentials change: reopening a file handle needs
-            // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
-            let pfd = p.path_fd()?;
-            let created = {
-                let _cred = self.creator(ctx, &ext.groups)?;
-                self.with_fd_room(|| {
-                    sys::openat(
-                        pfd.as_raw_fd(),
-                        name,
-                        hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                        mode & 0o7777,
-                    )
-                })
-            };
-            match created {
-                Ok(fd) => {
-                    if let Err(e) = self.label_created_file(fd.as_raw_fd(), ext.secctx.as_ref()) {
-                        // SAFETY: NUL-terminated name relative to the parent's fd.
-                        unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
-                        return Err(e);
-                    }
-                    return self.created(fd, hflags, flags, Some((&p, name)));
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EEXIST)
-                        && flags as i32 & libc::O_EXCL == 0 =>
-                {
-                    let mut entry = match self.do_lookup(parent, name) {
-                        Ok(e) => e,
-                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-                        Err(e) => return Err(e),
-                    };
-                    // The reply's entry owns the lookup just taken, unless the open fails.
-                    let opened = self
-                        .may_open_existing(ctx, entry.inode, flags, &ext.groups)
-                        .and_then(|()| self.do_open(entry.inode, flags, kill, wait));
-                    return match opened {
-                        Ok((fh, opts)) => {
-                            // The attributes after any O_TRUNC and privilege drop.
-                            if let Ok(st) = self
-                                .handles
-                                .get(fh, entry.inode)
-                                .and_then(|h| sys::fstat(&h.fd))
-                            {
-                                entry.attr = self.guest_attr(st);
-                            }
-                            Ok((entry, fh, opts))
-                        }
-                        Err(e) => {
-                            self.inodes.forget(entry.inode, 1);
-                            Err(e)
-                        }
-                    };
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(errno(libc::EAGAIN))
-    }
-
-    /// Whether the caller of a CREATE that found its name taken may open that file with
-    /// `flags`. The guest kernel counts the open as a create, so it checked no permission
-    /// on the file (its entry said the name was free: a host process or another guest
-    /// made the file since); the host checks here as the caller, with its ids, groups and
-    /// capabilities, what an open of an existing file needs.
-    fn may_open_existing(
-        &self,
-        ctx: &Context,
-        nodeid: u64,
-        flags: u32,
-        groups: &[u32],
-    ) -> io::Result<()> {
-        let i = self.inode(nodeid)?;
-        if !i.is_reg() {
-            // `do_open` refuses directories, and any type but a regular file.
-            return Ok(());
-        }
-        let flags = flags as i32;
-        let mut mask = match flags & libc::O_ACCMODE {
-            libc::O_RDONLY => libc::R_OK,
-            libc::O_WRONLY => libc::W_OK,
-            _ => libc::R_OK | libc::W_OK,
+        // Taken before the credentials change: reopening a file handle needs
+        // CAP_DAC_READ_SEARCH, which setfsuid to a non-root user drops.
+        let pfd = p.path_fd()?;
+        let created = {
+            let _cred = self.creator(ctx, &ext.groups)?;
+            self.with_fd_room(|| {
+                sys::openat(
+                    pfd.as_raw_fd(),
+                    name,
+                    hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    mode & 0o7777,
+                )
+            })
         };
-        if flags & libc::O_TRUNC != 0 {
-            mask |= libc::W_OK;
+        match created {
+            Ok(fd) => {
+                if let Err(e) = self.label_created_file(fd.as_raw_fd(), ext.secctx.as_ref()) {
+                    // SAFETY: NUL-terminated name relative to the parent's fd.
+                    unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
+                    return Err(e);
+                }
+                self.created(fd, hflags, flags, Some((&p, name)))
+            }
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST) && flags as i32 & libc::O_EXCL == 0 =>
+            {
+                Err(errno(libc::ESTALE))
+            }
+            Err(e) => Err(e),
         }
-        // Taken before the credentials change, as in the create itself.
-        let pfd = i.path_fd()?;
-        let _cred = self.creator(ctx, groups)?;
-        sys::access_as_current(
-            self.proc_self_fd.as_raw_fd(),
-            &sys::fd_name(pfd.as_raw_fd()),
-            mask,
-        )
     }
 
     /// The node and handle of a file CREATE just made, open as `fd`.

@@ -709,13 +709,11 @@ impl PassthroughFs {
             // CREATE's handle would have one even after OPEN's ENOSYS.
             return Err(sys::errno(libc::ENOSYS));
         }
-        let kill = self.kill_privs(
-            ctx.uid,
-            ctx.gid,
-            Some(args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0),
-        );
+        // A new file opens without waiting for a lease; a name that exists is not opened
+        // (`do_create`).
+        let _ = wait;
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
-        self.do_create(ctx, parent, name, args.flags, mode, kill, ext, wait)
+        self.do_create(ctx, parent, name, args.flags, mode, ext)
     }
 
     /// OPEN of a file (OPENDIR is `opendir`); `wait` says whether it may wait for a

@@ -26,6 +26,7 @@ mod runner;
 mod running_program;
 mod setid;
 mod smoke;
+mod stale_entry;
 mod stress_locks;
 #[cfg(any(feature = "gluster-tests", feature = "ceph-tests"))]
 mod two_mounts;

@@ -68,11 +68,11 @@ fn non_root_creates_work_with_file_handles_mandatory() {
 }
 
 /// A CREATE of a name that exists on the host (the guest's negative entry was stale: a
-/// host process or another guest made the file since) opens that file. The guest kernel
-/// counts the open as a create and checks no permission, so vfsd checks, as the caller,
-/// what opening an existing file needs: a user gets no handle on root's 0600 file, and
-/// its O_TRUNC truncates nothing.
-fn a_create_of_an_existing_name_checks_the_callers_access(mode: &str) {
+/// host process or another guest made the file since) must not open that file: the guest
+/// kernel counts the open as a create and checks no permission on it. vfsd answers ESTALE,
+/// on which the guest looks the name up again and opens the file with its own checks: a
+/// user gets no handle on root's 0600 file, and its O_TRUNC truncates nothing.
+fn a_create_of_an_existing_name_opens_nothing(mode: &str) {
     let d = Daemon::start(&["--inode-file-handles", mode]);
     std::fs::set_permissions(d.share.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let host_file = |name: &str, mode: u32| {
@@ -80,53 +80,50 @@ fn a_create_of_an_existing_name_checks_the_callers_access(mode: &str) {
         std::fs::set_permissions(d.path(name), std::fs::Permissions::from_mode(mode)).unwrap();
     };
     host_file("secret", 0o600);
-    host_file("readable", 0o644);
+    host_file("shared", 0o666);
     let c = d.client();
     c.set_caller(USER);
     let create = |name: &str, flags: i32| c.create(ROOT, name, flags as u32, 0o644);
     let trunc = libc::O_WRONLY | libc::O_TRUNC;
-    assert_eq!(errno(create("secret", trunc)), libc::EACCES, "{mode}");
-    assert_eq!(
-        errno(create("secret", libc::O_RDONLY)),
-        libc::EACCES,
-        "{mode}"
-    );
-    assert_eq!(errno(create("readable", trunc)), libc::EACCES, "{mode}");
-    assert_eq!(
-        errno(create("readable", libc::O_RDWR)),
-        libc::EACCES,
-        "{mode}"
-    );
-    for name in ["secret", "readable"] {
+    for (name, flags) in [
+        ("secret", trunc),
+        ("secret", libc::O_RDONLY),
+        ("shared", trunc),
+    ] {
+        assert_eq!(
+            errno(create(name, flags)),
+            libc::ESTALE,
+            "{mode}: {name} {flags:#o}"
+        );
         assert_eq!(
             std::fs::read(d.path(name)).unwrap(),
             b"root's data",
             "{mode}: {name}"
         );
     }
-    // What the user may do, it still does.
-    let (e, o) = create("readable", libc::O_RDONLY).unwrap();
-    assert_eq!(c.read(e.nodeid, o.fh, 0, 64).unwrap(), b"root's data");
-    host_file("shared", 0o666);
-    let (e, o) = create("shared", trunc).unwrap();
-    assert_eq!(e.attr.size, 0, "{mode}");
+    // With O_EXCL the name is taken; a new name is created as before.
+    assert_eq!(
+        errno(create("shared", libc::O_RDWR | libc::O_EXCL)),
+        libc::EEXIST
+    );
+    let (e, o) = create("new", trunc).unwrap();
     assert_eq!(c.write(e.nodeid, o.fh, 0, b"user's").unwrap(), 6);
-    assert_eq!(std::fs::read(d.path("shared")).unwrap(), b"user's");
+    assert_eq!(std::fs::read(d.path("new")).unwrap(), b"user's");
 }
 
 #[test]
-fn a_create_of_an_existing_name_checks_the_callers_access_without_file_handles() {
-    a_create_of_an_existing_name_checks_the_callers_access("never");
+fn a_create_of_an_existing_name_opens_nothing_without_file_handles() {
+    a_create_of_an_existing_name_opens_nothing("never");
 }
 
 #[test]
-fn a_create_of_an_existing_name_checks_the_callers_access_with_file_handles_preferred() {
-    a_create_of_an_existing_name_checks_the_callers_access("prefer");
+fn a_create_of_an_existing_name_opens_nothing_with_file_handles_preferred() {
+    a_create_of_an_existing_name_opens_nothing("prefer");
 }
 
 #[test]
-fn a_create_of_an_existing_name_checks_the_callers_access_with_file_handles_mandatory() {
-    a_create_of_an_existing_name_checks_the_callers_access("mandatory");
+fn a_create_of_an_existing_name_opens_nothing_with_file_handles_mandatory() {
+    a_create_of_an_existing_name_opens_nothing("mandatory");
 }
 
 /// A user's O_TRUNC open of a file it may write but does not own arrives, as from the

@@ -287,40 +287,6 @@ fn two_queue_client(d: &Daemon) -> FuseClient {
     })
 }
 
-/// CREATE with O_TRUNC of an existing file changes its size, so it takes
-/// the exclusive lock (and the statistics count it), as OPEN with O_TRUNC does.
-#[test]
-fn create_with_o_trunc_of_an_existing_file_is_exclusive() {
-    let d = Daemon::start(&["--cache", "never", "--thread-pool-size", "4"]);
-    let c = two_queue_client(&d);
-    std::fs::write(d.path("f"), vec![1u8; 65536]).unwrap();
-    let ino = std::fs::metadata(d.path("f")).unwrap().ino();
-    let e = c.lookup(ROOT, "f").unwrap();
-    let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
-    let create = {
-        let ci = fuse_backend_rs::abi::fuse_abi::CreateIn {
-            flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
-            mode: 0o644,
-            umask: 0,
-            fuse_flags: 0,
-        };
-        let mut name = b"f".to_vec();
-        name.push(0);
-        c.build(
-            FUSE_CREATE,
-            ROOT,
-            &[vm_memory::ByteValued::as_slice(&ci), &name],
-        )
-    };
-    read_waits_behind(&d, &c, create, e.nodeid, o.fh);
-    let st = inode_stats(&d, ino);
-    assert_eq!(
-        st["exclusive_writes"], 1,
-        "the create-truncate is counted: {st}"
-    );
-    assert_eq!(st["exclusive_violations"], 0, "{st}");
-}
-
 /// The I/O lock belongs to the host file, not to a node. A node
 /// forgotten while a handle still holds it, and the new node a later lookup makes, must
 /// share one lock.
