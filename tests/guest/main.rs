@@ -54,6 +54,19 @@ pub fn run_on_share(
     (share, run)
 }
 
+/// Checks that a guest script's summary ("SCRIPT: N checks passed, 0 failed") counts
+/// `checks` passes: a check it skipped would pass unnoticed otherwise.
+pub fn assert_checks_ran(run: &Run, script: &str, checks: u32) {
+    let want = format!("{script}: {checks} checks passed, 0 failed");
+    assert!(
+        run.lines(&format!("{script}: "))
+            .iter()
+            .any(|l| l.starts_with(&want)),
+        "no '{want}'\n{}",
+        run.tail()
+    );
+}
+
 /// Appends the console's summary lines to the run's summary file, under the test's name:
 /// the lines starting with one of `prefixes`, where a trailing `#` stands for a digit
 /// (`"smoke: #"` keeps "smoke: 99 checks passed, 0 failed").
