@@ -701,7 +701,6 @@ impl PassthroughFs {
         name: &CStr,
         args: CreateIn,
         ext: &CreateExt,
-        wait: OpenWait,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         if self.cfg.no_open {
             // The guest kernel then makes files with MKNOD and opens them without a
@@ -709,9 +708,6 @@ impl PassthroughFs {
             // CREATE's handle would have one even after OPEN's ENOSYS.
             return Err(sys::errno(libc::ENOSYS));
         }
-        // A new file opens without waiting for a lease; a name that exists is not opened
-        // (`do_create`).
-        let _ = wait;
         let mode = self.creation_mode(parent, args.mode, args.umask)?;
         self.do_create(ctx, parent, name, args.flags, mode, ext)
     }
@@ -931,15 +927,8 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let (entry, fh, opts) = PassthroughFs::create(
-            self,
-            ctx,
-            parent,
-            name,
-            args,
-            &CreateExt::default(),
-            OpenWait::Allowed,
-        )?;
+        let (entry, fh, opts) =
+            PassthroughFs::create(self, ctx, parent, name, args, &CreateExt::default())?;
         Ok((entry, Some(fh), opts, None))
     }
 

@@ -14,7 +14,7 @@ use fuse_backend_rs::api::filesystem::{Context, Entry, OpenOptions};
 use vm_memory::ByteValued;
 
 use super::request::decode;
-use crate::passthrough::{CreateExt, OpenWait, PassthroughFs};
+use crate::passthrough::{CreateExt, PassthroughFs};
 
 pub(super) fn inval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
@@ -42,10 +42,9 @@ pub fn create(
     hdr: &InHeader,
     args: &[u8],
     ext: &CreateExt,
-    wait: OpenWait,
 ) -> io::Result<Vec<u8>> {
     let (a, n) = args_and_name::<CreateIn>(args)?;
-    let (entry, fh, opts) = fs.create(&Context::from(hdr), hdr.nodeid, n, a, ext, wait)?;
+    let (entry, fh, opts) = fs.create(&Context::from(hdr), hdr.nodeid, n, a, ext)?;
     Ok(created_reply(entry, fh, opts))
 }
 

@@ -580,7 +580,7 @@ impl FuseServer {
             }
             // The answer to a retrieve notification, which vfsd never sends.
             Opcode::NotifyReply => NoReply { malformed: false },
-            Opcode::Create => Reply(create::create(fs, &hdr, args, &ext, wait)),
+            Opcode::Create => Reply(create::create(fs, &hdr, args, &ext)),
             Opcode::Open => match body(req) {
                 Ok(b) => Reply(ops::open(fs, &hdr, b, wait)),
                 Err(e) => Malformed(e),
