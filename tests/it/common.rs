@@ -374,12 +374,39 @@ pub fn wait_for_socket(sock: &Path) {
 }
 
 /// Runs vfsd with `args` to completion: its exit code and its stderr, trimmed.
+///
+/// Every caller expects vfsd to exit: one still running after `RUN_VFSD_LIMIT` has taken
+/// a start it should have refused (a socket in use, a share it can't serve), so it is
+/// killed and the test fails, rather than wait for it forever.
 pub fn run_vfsd(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(vfsd_bin()).args(args).output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    )
+    const RUN_VFSD_LIMIT: Duration = Duration::from_secs(10);
+    let mut child = Command::new(vfsd_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    // Read as it comes: a full pipe would stop vfsd before it exits.
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > RUN_VFSD_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("vfsd {args:?} still ran after {RUN_VFSD_LIMIT:?}: it took a start it should have refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), reader.join().unwrap().trim().to_string())
 }
 
 /// A tmpfs mounted at `at` for the life of the value (lazily unmounted on drop).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{require_root, vfsd_bin, Daemon, ROOT};
+use crate::common::{require_root, run_vfsd, Daemon, ROOT};
 
 /// A bindfs mount of `src` at `mnt`, unmounted on drop.
 pub(crate) struct Bindfs(PathBuf);
@@ -145,32 +145,18 @@ fn mandatory_refuses_a_fuse_share_with_a_clear_line() {
         return;
     };
     let sock = t.path().join("s.sock");
-    let mut child = Command::new(vfsd_bin())
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--shared-dir")
-        .arg(t.path().join("mnt"))
-        .args(["--inode-file-handles", "mandatory"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A daemon that accepted the share would wait for a frontend forever.
-    let t0 = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > Duration::from_secs(10) {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("vfsd started on a FUSE share with --inode-file-handles=mandatory");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(!status.success(), "vfsd started: {err}");
+    let mnt = t.path().join("mnt");
+    // A daemon that accepted the share would wait for a frontend forever: run_vfsd fails
+    // the test then.
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        mnt.to_str().unwrap(),
+        "--inode-file-handles",
+        "mandatory",
+    ]);
+    assert_ne!(code, Some(0), "vfsd started: {err}");
     assert!(
         err.contains("FUSE") && err.contains("--inode-file-handles"),
         "unclear error: {err}"

@@ -760,27 +760,13 @@ fn a_socket_path_bound_by_a_live_socket_is_in_use_before_it_listens() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s");
     let _bound = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
-    let mut vfsd = std::process::Command::new(common::vfsd_bin())
-        .args(["--socket-path", sock.to_str().unwrap(), "--shared-dir"])
-        .arg(dir.path())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = vfsd.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            let _ = vfsd.kill();
-            let _ = vfsd.wait();
-            panic!("vfsd took over a socket path a live socket is bound to");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut vfsd.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("in use"), "{err}");
     assert!(sock.exists(), "the live socket's name was removed");
 }
