@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vfsd's guest runner and tests need on a Debian host (as root), builds
-# vfsd and the pinned xfstests tree. The guest kernel and test tools are fetched on first
+# vfsd, virtiofsd 1.14 (the reference daemon the tests compare with) and the pinned
+# xfstests tree. The guest kernel and test tools are fetched on first
 # use by run-vm.sh.
 #
 # QEMU: the project's VMM is QEMU 10. On bookworm it comes from bookworm-backports, whose
@@ -80,5 +81,15 @@ for _ in $(seq 10); do [ -S /run/libvirt/virtlogd-sock ] && pgrep -x virtlogd >/
 pgrep -x virtlogd >/dev/null || die "virtlogd did not start (libvirt needs it to start a domain)"
 echo "== building vfsd"
 cargo build --release
+# The guest and socket suites run their checks against virtiofsd too (idmapped mounts,
+# libvirt, migration, the benchmarks): the same release every time, built from source.
+VIRTIOFSD_VERSION=1.14.0
+cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+if [ "$("$cargo_bin/virtiofsd" --version 2>/dev/null)" != "virtiofsd $VIRTIOFSD_VERSION" ]; then
+    echo "== building virtiofsd $VIRTIOFSD_VERSION (the reference daemon) into $cargo_bin"
+    cargo install --quiet --locked --version "$VIRTIOFSD_VERSION" virtiofsd ||
+        die "cargo install virtiofsd --version $VIRTIOFSD_VERSION failed (it needs libseccomp-dev and libcap-ng-dev, installed above)"
+fi
+echo "== virtiofsd: $("$cargo_bin/virtiofsd" --version)"
 echo "== building xfstests (fstests) from ../shared/xfstests into ~/.cache/vfsd/xfstests"
 scripts/build-xfstests.sh >/dev/null

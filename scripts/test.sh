@@ -16,20 +16,35 @@ fi
 # another user sees them as ignored, root (as CI runs) runs them too.
 SUMMARY=${VFSD_GUEST_LOGS:-target/guest-tests}/summary.txt
 rm -f "$SUMMARY"
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
+# Every test binary runs even when an earlier one fails (--no-fail-fast); the exit status
+# is still non-zero if any test failed. Then one line per binary with its counts.
+run_tests() {
+    local rc=0
+    cargo test --release --no-fail-fast "$@" 2>&1 | tee "$OUT" || rc=$?
+    echo "== tests per binary"
+    awk '
+        /^ *Running / { name = ($2 == "unittests") ? $3 : $2 }
+        /^ *Doc-tests / { name = "doc-tests " $2 }
+        /^test result:/ { gsub(/;/, ""); printf "  %-32s %s passed, %s failed, %s ignored\n", name, $4, $6, $8; name = "" }
+    ' "$OUT"
+    return "$rc"
+}
+rc=0
 if [ "$(id -u)" -ne 0 ]; then
     echo "== cargo test (not root: the tests that need root or QEMU are left out, shown as ignored)"
-    cargo test --release
-    exit 0
+    run_tests || rc=$?
 elif [ "$have_qemu" = 1 ]; then
     echo "== cargo test (unit, vhost-user integration and guest tests; at most ${VFSD_GUEST_JOBS:-2} guests at once)"
-    cargo test --release -- --include-ignored
+    run_tests -- --include-ignored || rc=$?
     if [ -s "$SUMMARY" ]; then
         echo "== what the guests reported"
         cat "$SUMMARY"
     fi
-    exit 0
 else
     echo "== cargo test (unit and vhost-user integration tests; the guest tests need qemu-system-x86: scripts/setup.sh)"
-    cargo test --release --lib --bins --test it -- --include-ignored
-    exit 0
+    run_tests --lib --bins --test it -- --include-ignored || rc=$?
 fi
+[ "$rc" = 0 ] || echo "== some tests failed (above); every test binary ran" >&2
+exit "$rc"
