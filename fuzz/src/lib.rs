@@ -462,7 +462,7 @@ where
         fn suspend(self: Box<Self>) {}
     }
     server
-        .handle(mem, popped, &mut || Box::new(Ignore))
+        .handle(mem, popped, &mut || Some(Box::new(Ignore)))
         .unwrap_or(0)
 }
 

@@ -79,28 +79,48 @@ struct Job {
     queue: u16,
 }
 
-/// A request answered after its worker moved on (`server::Deferred`).
+/// A request answered after its worker moved on (`server::Deferred`): a lock wait,
+/// holding a place of its ring's share for lock waits until it is answered or suspended.
 struct Later {
     vring: TrackedVring,
     ticket: Ticket,
     head: u16,
     queue: u16,
+    place: vring::WaitPlace,
 }
 
 impl Later {
-    fn boxed(vring: &TrackedVring, ticket: Ticket, head: u16, queue: u16) -> Box<dyn Deferred> {
-        Box::new(Later {
+    /// None when lock waits hold their share of the ring already (`vring::wait_place`).
+    fn boxed(
+        vring: &TrackedVring,
+        ticket: Ticket,
+        head: u16,
+        queue: u16,
+    ) -> Option<Box<dyn Deferred>> {
+        let place = vring.wait_place()?;
+        Some(Box::new(Later {
             vring: vring.clone(),
             ticket,
             head,
             queue,
-        })
+            place,
+        }))
     }
 }
 
 impl Deferred for Later {
     fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32) {
-        self.vring.complete_with(self.ticket, self.head, write);
+        let Later {
+            vring,
+            ticket,
+            head,
+            place,
+            ..
+        } = *self;
+        // Given back before the reply shows: a guest that sends its next wait on seeing
+        // this one answered finds the place free.
+        drop(place);
+        vring.complete_with(ticket, head, write);
     }
 
     fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) {

@@ -19,7 +19,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,29 @@ struct Track {
     /// Requests suspended (`forget`) in the generation a stop is ending: neither late nor
     /// completed, for the stop's count of what it may pop again, with their positions.
     forgotten: Mutex<FxHashMap<Key, u16>>,
+    /// The ring's size as the frontend set it (SET_VRING_NUM), for `wait_place`.
+    size: AtomicU16,
+    /// Lock waits holding a place of this ring (`WaitPlace`).
+    lock_waits: AtomicUsize,
+}
+
+/// The share of a ring that lock waits may hold: half its entries (at least one). A
+/// forwarded lock wait stays in flight until its lock is granted, and the guest can't
+/// take it back (virtio-fs sends no FUSE_INTERRUPT); past the share a wait is refused
+/// (ENOLCK), so the other half of the ring always serves everything else. The Linux
+/// guest puts each request behind one descriptor (indirect descriptors, which vfsd
+/// offers), so entries are requests.
+pub fn lock_wait_share(size: u16) -> usize {
+    (usize::from(size) / 2).max(1)
+}
+
+/// One lock wait's place in its ring's share (`lock_wait_share`), given back on drop.
+pub struct WaitPlace(Arc<Track>);
+
+impl Drop for WaitPlace {
+    fn drop(&mut self) {
+        self.0.lock_waits.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 type Canceller = Box<dyn Fn() + Send + Sync>;
@@ -140,6 +163,20 @@ impl TrackedVring {
     pub fn room(&self, size: u16) -> usize {
         let pending = self.track.pending.lock().unwrap();
         (size as usize).saturating_sub(pending.len())
+    }
+
+    /// A place for one more lock wait on this ring, or None when lock waits hold its
+    /// share already (`lock_wait_share`).
+    pub fn wait_place(&self) -> Option<WaitPlace> {
+        let share = lock_wait_share(self.track.size.load(Ordering::Relaxed));
+        let n = self.track.lock_waits.fetch_add(1, Ordering::AcqRel);
+        let place = WaitPlace(self.track.clone());
+        (n < share).then_some(place)
+    }
+
+    /// Lock waits holding a place of this ring.
+    pub fn lock_waits(&self) -> usize {
+        self.track.lock_waits.load(Ordering::Acquire)
     }
 
     /// A pop stopped at `room` with more in the ring: unless a completion made room
@@ -402,9 +439,11 @@ impl<'a> VringStateMutGuard<'a, Mem> for TrackedVring {
 
 impl VringT<Mem> for TrackedVring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
+        let track = Track::default();
+        track.size.store(max_queue_size, Ordering::Relaxed);
         Ok(TrackedVring {
             inner: VringRwLock::new(mem.clone(), max_queue_size)?,
-            track: Arc::default(),
+            track: Arc::new(track),
             mem,
         })
     }
@@ -469,6 +508,7 @@ impl VringT<Mem> for TrackedVring {
     }
 
     fn set_queue_size(&self, num: u16) {
+        self.track.size.store(num, Ordering::Relaxed);
         self.inner.set_queue_size(num)
     }
 

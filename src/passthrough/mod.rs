@@ -299,6 +299,15 @@ impl PassthroughFs {
         &self.cfg
     }
 
+    /// A lock request refused at a bound outside the lock table (a ring's share of lock
+    /// waits): counted with the table's own ENOLCKs.
+    pub fn count_lock_refusal(&self) {
+        self.locks
+            .counters
+            .enolck
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// This process's open fds and resident memory (None where /proc can't be read).
     pub fn process_gauges(&self) -> (Option<usize>, Option<u64>) {
         let fd = self.proc_self_fd.as_raw_fd();

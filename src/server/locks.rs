@@ -237,22 +237,25 @@ pub fn interrupt_target(args: &[u8]) -> Option<u64> {
 }
 
 /// Starts a waiter thread for `wait`; it answers request `hdr` (whose arguments are
-/// `args`) through the `Deferred` that `defer` makes (only once the thread exists),
-/// writing the reply header at `reply_at`. An error means no thread: the caller answers
-/// the request.
+/// `args`) through the `Deferred` that `defer` makes, writing the reply header at
+/// `reply_at`. An error means no thread: the caller answers the request. ENOLCK: the
+/// request's ring has its share of lock waits already (`defer` made none), so the wait
+/// would take room the ring's other requests need.
 pub fn spawn_waiter(
     waiters: &Arc<Waiters>,
     wait: Wait,
     hdr: InHeader,
     args: &[u8],
     reply_at: GuestAddress,
-    defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+    defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
 ) -> io::Result<()> {
     // What a suspension carries: the header and the LkIn (whatever else a guest put
     // after them is not kept for as long as the wait lasts).
     let lk = args
         .get(..std::mem::size_of::<LkIn>())
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // Its place in the ring first: a refused wait starts no thread.
+    let d = defer().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOLCK))?;
     let mut carried = hdr;
     carried.len = (std::mem::size_of::<InHeader>() + lk.len()) as u32;
     let mut request = carried.as_slice().to_vec();
@@ -308,7 +311,6 @@ pub fn spawn_waiter(
         })?;
     // Registered before the request's worker returns, so an INTERRUPT finds it.
     let id = ready_rx.recv();
-    let d = defer();
     if let Ok(id) = id {
         let w = waiters.clone();
         d.on_stop(Box::new(move || w.suspend_id(id)));

@@ -225,7 +225,7 @@ impl FuseServer {
         &self,
         mem: &GuestMem,
         mut popped: Popped<M>,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Option<u32>
     where
         M: Deref<Target = GuestMem> + Clone,
@@ -252,7 +252,7 @@ impl FuseServer {
         &self,
         mem: &GuestMem,
         mut popped: Popped<M>,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Result<Option<u32>, Popped<M>>
     where
         M: Deref<Target = GuestMem> + Clone,
@@ -271,7 +271,7 @@ impl FuseServer {
         &self,
         mem: &GuestMem,
         popped: &mut Popped<M>,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
         wait: OpenWait,
     ) -> Handled
     where
@@ -392,7 +392,7 @@ impl FuseServer {
         &self,
         mem: &GuestMem,
         r: &InFlight,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Option<u32> {
         let at = vm_memory::GuestAddress(r.reply_at);
         let hdr_len = std::mem::size_of::<InHeader>();
@@ -411,10 +411,7 @@ impl FuseServer {
             Err(e) => Some(answer(Some(e))),
             Ok(Some(w)) => match locks::spawn_waiter(&self.waiters, w, hdr, args, at, defer) {
                 Ok(()) => None,
-                Err(e) => {
-                    warn!("no lock waiter thread: {e}");
-                    Some(answer(Some(io::Error::from_raw_os_error(libc::ENOLCK))))
-                }
+                Err(e) => Some(answer(Some(self.no_waiter(e)))),
             },
         }
     }
@@ -500,7 +497,7 @@ impl FuseServer {
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
         req: &request::Request,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
         wait: OpenWait,
     ) -> Served {
         let hdr = req.hdr;
@@ -520,7 +517,7 @@ impl FuseServer {
         descs: &Descs,
         bufs: &[(GuestAddress, u32)],
         req: &request::Request,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
         wait: OpenWait,
     ) -> Outcome {
         use Outcome::*;
@@ -664,7 +661,7 @@ impl FuseServer {
         hdr: &InHeader,
         args: &[u8],
         op: Opcode,
-        defer: &mut dyn FnMut() -> Box<dyn Deferred>,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Outcome {
         let w = match locks::setlk(&self.fs, hdr, args, op == Opcode::Setlkw) {
             Ok(None) => return Outcome::Reply(Ok(Vec::new())),
@@ -676,11 +673,20 @@ impl FuseServer {
         };
         match locks::spawn_waiter(&self.waiters, w, *hdr, args, at, defer) {
             Ok(()) => Outcome::Deferred,
-            Err(e) => {
-                warn!("no lock waiter thread: {e}");
-                Outcome::Reply(Err(errno(libc::ENOLCK)))
-            }
+            Err(e) => Outcome::Reply(Err(self.no_waiter(e))),
         }
+    }
+
+    /// The answer to a SETLKW whose wait did not start: ENOLCK, a lock the daemon can't
+    /// hold. Its ring's share of lock waits was full (counted with the other lock
+    /// refusals, not logged: a guest can do it at will), or no thread could be made.
+    fn no_waiter(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(libc::ENOLCK) {
+            self.fs.count_lock_refusal();
+        } else {
+            warn!("no lock waiter thread: {e}");
+        }
+        errno(libc::ENOLCK)
     }
 
     /// INIT (see `init`): negotiates the full 64-bit flags with the filesystem's wants.
@@ -1088,7 +1094,8 @@ mod tests {
         let popped = Popped::new(&mem, chain);
         // The mock queue's table is at 0; the reply's descriptor is its second.
         mem.write_obj(0x9000u64, GuestAddress(16)).unwrap();
-        let mut later = || -> Box<dyn Deferred> { unreachable!("a READ is answered at once") };
+        let mut later =
+            || -> Option<Box<dyn Deferred>> { unreachable!("a READ is answered at once") };
         let len = server.handle(&mem, popped, &mut later).unwrap();
         assert_eq!(len as usize, HDR + 15);
         assert_eq!(out_header(&mem, 0x8000).unique, 9);

@@ -66,7 +66,7 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
     }
     let used = server
         .handle(&mem, vfsd::server::Popped::new(&mem, chain), &mut || {
-            Box::new(Never)
+            Some(Box::new(Never))
         })
         .expect("answered at once");
     let mut reply = vec![0u8; used as usize];

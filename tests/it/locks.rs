@@ -952,3 +952,79 @@ fn locks_past_the_bound_per_file_get_enolck_and_other_files_still_lock() {
     c.setlk(node, fh, A + 1, un(0, i64::MAX as u64)).unwrap();
     c.setlk(node, fh, A + 2, rd(1000, 1000, 1)).unwrap();
 }
+
+/// Lock waits take at most half of a request queue: a host program holds an exclusive
+/// flock on `f` and 64 shared flock SETLKWs come on a queue of 64 entries. Half wait,
+/// half are refused ENOLCK at once, and GETATTR, LOOKUP and READ of another file on the
+/// same queue are answered while the waits last (without the share every entry would
+/// be a wait, and nothing else could be sent). The host's unlock grants every wait.
+#[test]
+fn lock_waits_take_at_most_half_of_a_request_queue() {
+    const ENTRIES: usize = 64;
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"locked").unwrap();
+    std::fs::write(d.path("g"), b"another file").unwrap();
+    let (ok, holder) = host_flock(&d.path("f"), libc::LOCK_EX);
+    assert!(ok);
+    // One descriptor per request, as the Linux guest's indirect chains: 64 in flight.
+    let mut c = FuseClient::new(d.frontend(FrontendConfig {
+        request_queues: 1,
+        slots: ENTRIES,
+        descs_per_slot: 1,
+        buf_size: 8192,
+        ..Default::default()
+    }));
+    c.layout.indirect = true;
+    c.timeout = Duration::from_secs(5);
+    c.init().unwrap();
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    let handles: Vec<u64> = (0..ENTRIES)
+        .map(|_| c.open(n, libc::O_RDONLY as u32).unwrap().fh)
+        .collect();
+    let tickets: Vec<Ticket> = handles
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| {
+            c.setlkw(1, n, h, 0x100 + i as u64, Lock::flock(libc::F_RDLCK))
+                .unwrap()
+        })
+        .collect();
+    // Each SETLKW either waits or is answered: collect the answered until all are one
+    // or the other.
+    let mut refused = Vec::new();
+    let t = Instant::now();
+    loop {
+        for (slot, raw) in c.poll_done(1).unwrap() {
+            let h: fuse_backend_rs::abi::fuse_abi::OutHeader =
+                *vm_memory::ByteValued::from_slice(&raw[..16]).unwrap();
+            assert_eq!(h.error, -libc::ENOLCK, "a SETLKW past the share");
+            refused.push(slot);
+        }
+        let waiting = stat(&d, "lock_waiters") as usize;
+        if waiting + refused.len() == ENTRIES {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{waiting} waits and {} refused of {ENTRIES}",
+            refused.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        refused.len(),
+        ENTRIES / 2,
+        "half the queue's entries may be lock waits"
+    );
+    assert_eq!(stat(&d, "lock_waiters") as usize, ENTRIES / 2);
+    // The rest of the queue serves everything else.
+    let g = c.lookup(ROOT, "g").unwrap().nodeid;
+    c.getattr(g).unwrap();
+    let gh = c.open(g, libc::O_RDONLY as u32).unwrap().fh;
+    assert_eq!(c.read(g, gh, 0, 64).unwrap(), b"another file");
+    assert_eq!(stat(&d, "lock_waiters") as usize, ENTRIES / 2);
+    drop(holder);
+    for t in tickets.into_iter().filter(|t| !refused.contains(&t.slot)) {
+        assert_eq!(c.wait(t).unwrap().error, 0, "a wait granted by the unlock");
+    }
+}
