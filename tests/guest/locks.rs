@@ -6,12 +6,14 @@
 //! ends an open file's OFD locks). The guests and the host meet through marker files in
 //! the share's `sync/`. Full mode adds counters both guests increment under flock, under
 //! fcntl and without locks, and the host's kill -9 of guest A's QEMU while A holds locks
-//! guest B waits for.
+//! guest B waits for. And 1,024 waiters of one guest user on one request queue, which
+//! must leave the queue serving other requests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::assert_checks_ran;
 use crate::fixture::{daemon_under_test, run_together, Guest, Share, TestDir};
 
 /// guest-tests/src/vfsd-lock.c built for the host.
@@ -239,4 +241,49 @@ pub(crate) fn assert_both_guests_passed(sync: &Path) {
             "guest {role}: {summary} (checks passed, failed)"
         );
     }
+}
+
+/// guest-tests/lock-waits.sh: a host process holds an exclusive flock on the share's `f`
+/// while 1,024 guest processes of one user wait for it on the guest's one request queue
+/// (1,024 entries). Half may wait and the rest are refused, so a stat and an ls of
+/// other names are answered within 10 s; once the host lets go, every waiter ends.
+#[test]
+#[ignore = "needs QEMU and root"]
+fn lock_waits_never_take_a_request_queue() {
+    let name = "lock_waits_never_take_a_request_queue";
+    let dir = TestDir::new(name);
+    let share = dir.dir("share");
+    let sync = share.join("sync");
+    std::fs::create_dir_all(&sync).unwrap();
+    std::fs::write(share.join("f"), b"locked by the host").unwrap();
+    // The guest's lock tool opens it for writing, as nobody.
+    std::fs::set_permissions(
+        share.join("f"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let f = std::fs::File::open(share.join("f")).unwrap();
+    // SAFETY: flock(2) on an fd this test owns.
+    let held = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+    assert_eq!(held, 0, "the host's flock");
+    std::fs::write(sync.join("host.held"), "").unwrap();
+    let guest = Guest::new(&dir)
+        .timeout(Duration::from_secs(900))
+        .share(Share::new(&share, "share0", daemon_under_test(), &[]));
+    let run = std::thread::scope(|s| {
+        let host = s.spawn(|| {
+            // Lets go once the guest has checked, or when the guest is gone.
+            let t = Instant::now();
+            while !sync.join("guest.checked").exists() && t.elapsed() < Duration::from_secs(900) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(f);
+        });
+        let run = guest.run("/guest-tests/lock-waits.sh /mnt/share0");
+        host.join().unwrap();
+        run
+    });
+    crate::record(name, &run, &["lock-waits: "]);
+    run.assert_success();
+    assert_checks_ran(&run, "lock-waits", 6);
 }
