@@ -218,6 +218,13 @@ pub struct Opt {
     #[arg(long)]
     pub no_open: bool,
 
+    /// Under --no-open, milliseconds a file's host fd for writing stays open with no write
+    /// through it (for tests)
+    #[arg(long, hide = true, value_name = "MS",
+          default_value_t = crate::passthrough::node_handle::WRITE_IDLE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub no_open_write_idle_ms: u64,
+
     /// Byte ranges a guest may hold locked at once; past it, lock requests get ENOLCK
     /// (the host kernel's lock records are not charged to memory cgroups)
     #[arg(long, value_name = "N", default_value_t = 65536)]

@@ -393,6 +393,7 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
             ));
         }
         cfg.no_open = true;
+        cfg.no_open_write_idle = std::time::Duration::from_millis(opt.no_open_write_idle_ms);
         if cfg.flock || cfg.posix_lock {
             log::info!(
                 "--no-open: flock and fcntl locks stay in the guest (no RELEASE could release one)"

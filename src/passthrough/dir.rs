@@ -316,6 +316,7 @@ impl PassthroughFs {
             nowait_reads: Default::default(),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
+            write_tick: Default::default(),
         });
         // As virtiofsd: where the guest caches metadata, it keeps a directory's entries
         // across opens too (without KEEP_CACHE its kernel drops them at every open).

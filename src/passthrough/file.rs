@@ -85,6 +85,7 @@ impl PassthroughFs {
             nowait_reads: AtomicBool::new(nowait),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
+            write_tick: Default::default(),
         });
         Ok((fh, opts))
     }
@@ -228,6 +229,7 @@ impl PassthroughFs {
             nowait_reads: AtomicBool::new(nowait),
             flock: std::sync::atomic::AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
+            write_tick: Default::default(),
         });
         Ok((entry, fh, opts))
     }
@@ -343,6 +345,11 @@ impl PassthroughFs {
 
     pub(super) fn do_fsync(&self, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
         let h = self.handle(handle, inode)?;
+        if handle == 0 && self.cfg.no_open && h.flags & libc::O_ACCMODE != libc::O_RDONLY {
+            // Part of the guest's writing: the node's fd for writing stays for the next
+            // write rather than be opened again.
+            self.node_handles.wrote(&h);
+        }
         let fd = h.fd.as_raw_fd();
         // SAFETY: plain syscalls on an fd we own.
         cvt(unsafe {

@@ -1041,6 +1041,7 @@ impl PassthroughFs {
             nowait_reads: AtomicBool::new(nowait),
             flock: AtomicI32::new(libc::F_UNLCK),
             flock_pending: Default::default(),
+            write_tick: Default::default(),
         };
         self.handles
             .restore(h.fh, handle, next)

@@ -94,6 +94,8 @@ pub struct Config {
     pub flock: bool,
     /// Zero-message open (`--no-open`, `node_handle`): OPEN answered ENOSYS, I/O by node.
     pub no_open: bool,
+    /// How long a node's fd for writing stays open unwritten (`node_handle::WRITE_IDLE`).
+    pub no_open_write_idle: Duration,
     /// Byte ranges the guest may hold locked at once (`--max-locks`).
     pub max_locks: usize,
     /// Byte ranges the guest may hold locked on one file (`--max-locks-per-file`).
@@ -142,6 +144,7 @@ impl Config {
             posix_lock: true,
             flock: true,
             no_open: false,
+            no_open_write_idle: node_handle::WRITE_IDLE,
             max_locks: 65536,
             max_locks_per_file: 4096,
             max_lock_waiters: 1024,
@@ -277,6 +280,7 @@ impl PassthroughFs {
             cfg.max_lock_waiters,
             cfg.readonly,
         ));
+        let write_idle = cfg.no_open_write_idle;
         Ok(PassthroughFs {
             mapped_cap: killpriv::mapped_name(&cfg.xattrmap),
             locks,
@@ -285,6 +289,7 @@ impl PassthroughFs {
             handles: HandleTable::new(),
             node_handles: node_handle::NodeHandles::new(
                 node_handle::limit_for(sys::nofile_limit()),
+                write_idle,
             ),
             close_silent_root,
             proc_self_fd,
@@ -403,6 +408,9 @@ impl PassthroughFs {
             .get(nodeid)
             .filter(|h| need.served_by(h.flags))
         {
+            if need == Need::Write {
+                self.node_handles.wrote(&h);
+            }
             return Ok(h);
         }
         // The guest kernel checked the caller's access (virtiofs mounts with

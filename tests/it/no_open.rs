@@ -273,7 +273,15 @@ fn a_migration_from_no_open_needs_no_open_on_the_destination() {
 
 #[test]
 fn node_fds_are_bounded_and_go_when_the_guest_forgets_the_node() {
-    let d = Daemon::start(&["--no-open", "--cache", "always"]);
+    // Writing the files takes longer than the write idle time: the fds for writing stay
+    // for the count.
+    let d = Daemon::start(&[
+        "--no-open",
+        "--cache",
+        "always",
+        "--no-open-write-idle-ms",
+        "600000",
+    ]);
     let (c, _) = client(&d);
     let before = io_fds_in_share(&d).len();
     // The bound is 4096, or a quarter of the fd limit vfsd runs with.
@@ -389,4 +397,149 @@ fn an_o_trunc_open_of_a_leased_file_waits_for_the_lease_in_the_pool() {
     };
     let data = served_once_a_host_lease_is_gone(FUSE_SETATTR, "SETATTR", &[s.as_slice()]);
     assert_eq!(data, b"");
+}
+
+/// How long a writer's node fd outlives the guest's last write (docs/features.md): two
+/// seconds idle, seen by a reaper that looks every half second.
+const WRITE_IDLE_AT_MOST: std::time::Duration = std::time::Duration::from_millis(2500);
+
+/// Past `WRITE_IDLE_AT_MOST`, for a busy machine.
+fn wait_out_the_write_idle_time() {
+    std::thread::sleep(WRITE_IDLE_AT_MOST + std::time::Duration::from_millis(1000));
+}
+
+/// Runs the host file at `path`: its exit code, or the errno its execve failed with.
+fn run_on_host(path: &std::path::Path) -> Result<i32, i32> {
+    match std::process::Command::new(path).status() {
+        Ok(st) => Ok(st.code().unwrap_or(-1)),
+        Err(e) => Err(e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+#[test]
+fn a_program_the_guest_wrote_runs_on_the_host_once_its_writes_are_idle() {
+    let d = Daemon::start(&["--no-open", "--cache", "always"]);
+    let (c, _) = client(&d);
+    // The guest's `cp` of an executable: MKNOD, WRITEs on handle 0, and no close that
+    // reaches vfsd.
+    let prog = c
+        .mknod(ROOT, "prog", libc::S_IFREG | 0o755, 0)
+        .unwrap()
+        .nodeid;
+    let script = b"#!/bin/sh\nexit 7\n";
+    assert_eq!(c.write(prog, 0, 0, script).unwrap(), script.len() as u32);
+    // While the guest writes, the host sees a file open for writing, as with a host writer.
+    assert_eq!(run_on_host(&d.path("prog")), Err(libc::ETXTBSY));
+    assert_eq!(io_fds_in_share(&d), [libc::O_RDWR as u32], "while written");
+    wait_out_the_write_idle_time();
+    assert_eq!(run_on_host(&d.path("prog")), Ok(7));
+    assert_eq!(
+        io_fds_in_share(&d),
+        Vec::<u32>::new(),
+        "a writer's fd left open"
+    );
+    // The guest reads it on, through a read-only fd.
+    assert_eq!(c.read(prog, 0, 0, 64).unwrap(), script);
+    assert_eq!(
+        io_fds_in_share(&d),
+        [libc::O_RDONLY as u32],
+        "a reader's fd"
+    );
+    assert_eq!(run_on_host(&d.path("prog")), Ok(7));
+}
+
+/// An inotify watch that counts IN_CLOSE_WRITE events on one file.
+struct CloseWriteWatch(std::os::fd::OwnedFd);
+
+impl CloseWriteWatch {
+    fn new(path: &std::path::Path) -> CloseWriteWatch {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a plain syscall; the fd it returns is ours.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: `fd` was just opened and is owned here alone.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated path, our inotify fd.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                p.as_ptr(),
+                libc::IN_CLOSE_WRITE,
+            )
+        };
+        assert!(wd >= 0, "{}", std::io::Error::last_os_error());
+        CloseWriteWatch(fd)
+    }
+
+    /// The events that came since the last call.
+    fn closes(&self) -> usize {
+        let mut buf = [0u8; 4096];
+        let mut n = 0;
+        loop {
+            // SAFETY: reads into a live buffer of its length.
+            let r = unsafe {
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if r <= 0 {
+                return n;
+            }
+            // Events on a watched file carry no name: each is a bare inotify_event.
+            n += r as usize / std::mem::size_of::<libc::inotify_event>();
+        }
+    }
+}
+
+#[test]
+fn a_write_after_the_idle_close_opens_the_file_again_and_readers_keep_their_fd() {
+    let d = Daemon::start(&["--no-open", "--cache", "always"]);
+    std::fs::write(d.path("r"), b"read me").unwrap();
+    let (c, _) = client(&d);
+    let r = c.lookup(ROOT, "r").unwrap().nodeid;
+    assert_eq!(c.read(r, 0, 0, 64).unwrap(), b"read me");
+    let f = c.mknod(ROOT, "f", libc::S_IFREG | 0o644, 0).unwrap().nodeid;
+    let watch = CloseWriteWatch::new(&d.path("f"));
+    // Writes a second apart, for longer than the idle time, go through one fd.
+    for (i, b) in b"one".iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        assert_eq!(c.write(f, 0, i as u64, &[*b]).unwrap(), 1);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(watch.closes(), 0, "closed while written");
+    let mut modes = io_fds_in_share(&d);
+    modes.sort();
+    assert_eq!(modes, [libc::O_RDONLY as u32, libc::O_RDWR as u32]);
+
+    wait_out_the_write_idle_time();
+    // The host sees the writer's close; the reader's fd stays.
+    assert_eq!(watch.closes(), 1, "IN_CLOSE_WRITE at the idle close");
+    assert_eq!(io_fds_in_share(&d), [libc::O_RDONLY as u32]);
+    assert_eq!(c.read(r, 0, 0, 64).unwrap(), b"read me");
+    // A later write opens the file again, and lands.
+    assert_eq!(c.write(f, 0, 3, b"two").unwrap(), 3);
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"onetwo");
+    assert_eq!(c.read(f, 0, 0, 64).unwrap(), b"onetwo");
+    // A truncate is a write too: its fd goes the same way.
+    let s = SetattrIn {
+        valid: FATTR_SIZE | FATTR_FH,
+        fh: 0,
+        size: 3,
+        ..Default::default()
+    };
+    assert_eq!(c.setattr(f, &s).unwrap().attr.size, 3);
+    wait_out_the_write_idle_time();
+    assert_eq!(
+        watch.closes(),
+        1,
+        "IN_CLOSE_WRITE after the second idle time"
+    );
+    assert_eq!(io_fds_in_share(&d), [libc::O_RDONLY as u32]);
+    assert_eq!(std::fs::read(d.path("f")).unwrap(), b"one");
+    assert_eq!(c.read(f, 0, 0, 64).unwrap(), b"one");
 }
