@@ -451,7 +451,9 @@ where
     struct Ignore;
     impl vfsd::server::Deferred for Ignore {
         fn finish(self: Box<Self>, _write: &mut dyn FnMut(&vfsd::server::GuestMem) -> u32) {}
-        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {}
+        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) -> bool {
+            true
+        }
         fn slot(&self) -> vfsd::server::Slot {
             vfsd::server::Slot {
                 queue: 1,

@@ -97,7 +97,7 @@ impl Later {
         head: u16,
         queue: u16,
     ) -> Option<Box<dyn Deferred>> {
-        let place = vring.wait_place()?;
+        let place = vring.wait_place(head)?;
         Some(Box::new(Later {
             vring: vring.clone(),
             ticket,
@@ -123,8 +123,8 @@ impl Deferred for Later {
         vring.complete_with(ticket, head, write);
     }
 
-    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) {
-        self.vring.on_stop(self.ticket, suspend);
+    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.vring.on_stop(self.ticket, suspend)
     }
 
     fn slot(&self) -> Slot {
@@ -136,7 +136,16 @@ impl Deferred for Later {
     }
 
     fn suspend(self: Box<Self>) {
-        self.vring.forget(self.ticket);
+        let Later {
+            vring,
+            ticket,
+            place,
+            ..
+        } = *self;
+        // Given back before the ring hears of it, as in `finish`: the wait is taken up
+        // again, with a place of its own, when the ring runs again.
+        drop(place);
+        vring.forget(ticket);
     }
 }
 

@@ -99,26 +99,34 @@ struct Track {
     forgotten: Mutex<FxHashMap<Key, u16>>,
     /// The ring's size as the frontend set it (SET_VRING_NUM), for `wait_place`.
     size: AtomicU16,
-    /// Lock waits holding a place of this ring (`WaitPlace`).
+    /// The guest address of its descriptor table (SET_VRING_ADDR), for `wait_place`.
+    desc_table: AtomicU64,
+    /// Descriptors of the ring that lock waits hold (`WaitPlace`).
     lock_waits: AtomicUsize,
 }
 
-/// The share of a ring that lock waits may hold: half its entries (at least one). A
-/// forwarded lock wait stays in flight until its lock is granted, and the guest can't
-/// take it back (virtio-fs sends no FUSE_INTERRUPT); past the share a wait is refused
-/// (ENOLCK), so the other half of the ring always serves everything else. The Linux
-/// guest puts each request behind one descriptor (indirect descriptors, which vfsd
-/// offers), so entries are requests.
+/// The share of a ring's descriptors that lock waits may hold: half. A forwarded lock
+/// wait stays in flight until its lock is granted, and the guest can't take it back
+/// (virtio-fs sends no FUSE_INTERRUPT); past the share a wait is refused (ENOLCK), so the
+/// other half of the ring always serves everything else. The Linux guest puts each
+/// request behind one descriptor when the device offers indirect descriptors, as vfsd
+/// does, and behind one per buffer when it does not get an indirect table.
 pub fn lock_wait_share(size: u16) -> usize {
-    (usize::from(size) / 2).max(1)
+    usize::from(size) / 2
 }
 
-/// One lock wait's place in its ring's share (`lock_wait_share`), given back on drop.
-pub struct WaitPlace(Arc<Track>);
+/// One lock wait's descriptors in its ring's share (`lock_wait_share`), given back on
+/// drop.
+pub struct WaitPlace {
+    track: Arc<Track>,
+    descs: usize,
+}
 
 impl Drop for WaitPlace {
     fn drop(&mut self) {
-        self.0.lock_waits.fetch_sub(1, Ordering::AcqRel);
+        self.track
+            .lock_waits
+            .fetch_sub(self.descs, Ordering::AcqRel);
     }
 }
 
@@ -165,18 +173,61 @@ impl TrackedVring {
         (size as usize).saturating_sub(pending.len())
     }
 
-    /// A place for one more lock wait on this ring, or None when lock waits hold its
-    /// share already (`lock_wait_share`).
-    pub fn wait_place(&self) -> Option<WaitPlace> {
-        let share = lock_wait_share(self.track.size.load(Ordering::Relaxed));
-        let n = self.track.lock_waits.fetch_add(1, Ordering::AcqRel);
-        let place = WaitPlace(self.track.clone());
-        (n < share).then_some(place)
+    /// A place for the lock wait of the chain at `head`, or None when it would take lock
+    /// waits past their share of the ring's descriptors (`lock_wait_share`).
+    pub fn wait_place(&self, head: u16) -> Option<WaitPlace> {
+        let size = self.track.size.load(Ordering::Relaxed);
+        let share = lock_wait_share(size);
+        let descs = self.ring_descs(head, size);
+        let mut held = self.track.lock_waits.load(Ordering::Acquire);
+        loop {
+            if held + descs > share {
+                return None;
+            }
+            match self.track.lock_waits.compare_exchange_weak(
+                held,
+                held + descs,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Some(WaitPlace {
+                        track: self.track.clone(),
+                        descs,
+                    })
+                }
+                Err(now) => held = now,
+            }
+        }
     }
 
-    /// Lock waits holding a place of this ring.
-    pub fn lock_waits(&self) -> usize {
-        self.track.lock_waits.load(Ordering::Acquire)
+    /// How many of the ring's descriptors the chain at `head` holds: one behind an
+    /// indirect table, else one per link, read from the guest's table as it is now (a
+    /// guest that rewrites it meanwhile only changes its own count). A table that can't
+    /// be read counts as the whole ring, so the wait is refused.
+    fn ring_descs(&self, head: u16, size: u16) -> usize {
+        use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
+        use vm_memory::{Bytes, GuestAddress};
+        let mem = self.mem.memory();
+        let table = self.track.desc_table.load(Ordering::Acquire);
+        let (mut i, mut n) = (head, 0usize);
+        while n < usize::from(size) {
+            // struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }
+            let at = table.wrapping_add(16 * u64::from(i));
+            let Ok(d) = mem.read_obj::<[u8; 16]>(GuestAddress(at)) else {
+                return usize::from(size).max(1);
+            };
+            n += 1;
+            let flags = u32::from(u16::from_le_bytes([d[12], d[13]]));
+            if flags & VRING_DESC_F_INDIRECT != 0 || flags & VRING_DESC_F_NEXT == 0 {
+                return n;
+            }
+            i = u16::from_le_bytes([d[14], d[15]]);
+            if i >= size {
+                return n;
+            }
+        }
+        n.max(1)
     }
 
     /// A pop stopped at `room` with more in the ring: unless a completion made room
@@ -211,10 +262,12 @@ impl TrackedVring {
     /// Registers `cancel`, run when the ring stops while request `t` still waits (a
     /// SETLKW on its waiter thread), so it is suspended (`forget`) or answered before the
     /// stop ends.
-    pub fn on_stop(&self, t: Ticket, cancel: Canceller) {
+    pub fn on_stop(&self, t: Ticket, cancel: Canceller) -> bool {
         let key = t.key();
-        if !self.track.pending.lock().unwrap().contains_key(&key) {
-            return;
+        // A stop that ended since the request came leaves it in `pending` (its late
+        // reply is dropped): a canceller kept for it would run only at the next stop.
+        if !self.is_current(t) || !self.track.pending.lock().unwrap().contains_key(&key) {
+            return false;
         }
         let mut c = self.track.cancellers.lock().unwrap();
         if c.1 {
@@ -224,6 +277,7 @@ impl TrackedVring {
         } else if c.0.insert(key, cancel).is_none() {
             self.track.waits.fetch_add(1, Ordering::AcqRel);
         }
+        true
     }
 
     /// A kick of the ring's own: its queue thread runs once the ring is watched. With
@@ -488,6 +542,7 @@ impl VringT<Mem> for TrackedVring {
     }
 
     fn set_queue_info(&self, desc: u64, avail: u64, used: u64) -> Result<(), VirtQueError> {
+        self.track.desc_table.store(desc, Ordering::Release);
         self.inner.set_queue_info(desc, avail, used)
     }
 

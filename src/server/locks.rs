@@ -41,8 +41,10 @@ pub trait Deferred: Send {
     fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32);
 
     /// Registers what suspends the wait when its ring stops (a VMM's GET_VRING_BASE
-    /// before migration, a reset), so the stop does not wait on it.
-    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>);
+    /// before migration, a reset), so the stop does not wait on it. False: the ring has
+    /// stopped since the request came (its reply would be dropped), and nothing was
+    /// registered.
+    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) -> bool;
 
     /// Where the reply belongs, for `InFlight`.
     fn slot(&self) -> Slot;
@@ -94,6 +96,15 @@ impl Waiters {
             .cloned()
             .collect();
         for w in hit {
+            w.interrupted.store(true, Ordering::SeqCst);
+            w.blocker.cancel();
+        }
+    }
+
+    /// Ends the wait with vfsd's id `id` with EINTR, if it still waits.
+    fn interrupt_id(&self, id: u64) {
+        let w = self.by_id.lock().unwrap().get(&id).cloned();
+        if let Some(w) = w {
             w.interrupted.store(true, Ordering::SeqCst);
             w.blocker.cancel();
         }
@@ -237,25 +248,22 @@ pub fn interrupt_target(args: &[u8]) -> Option<u64> {
 }
 
 /// Starts a waiter thread for `wait`; it answers request `hdr` (whose arguments are
-/// `args`) through the `Deferred` that `defer` makes, writing the reply header at
-/// `reply_at`. An error means no thread: the caller answers the request. ENOLCK: the
-/// request's ring has its share of lock waits already (`defer` made none), so the wait
-/// would take room the ring's other requests need.
+/// `args`) through `d`, which holds the request's place in its ring's share of lock
+/// waits, writing the reply header at `reply_at`. An error means no thread: the caller
+/// answers the request.
 pub fn spawn_waiter(
     waiters: &Arc<Waiters>,
     wait: Wait,
     hdr: InHeader,
     args: &[u8],
     reply_at: GuestAddress,
-    defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    d: Box<dyn Deferred>,
 ) -> io::Result<()> {
     // What a suspension carries: the header and the LkIn (whatever else a guest put
     // after them is not kept for as long as the wait lasts).
     let lk = args
         .get(..std::mem::size_of::<LkIn>())
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // Its place in the ring first: a refused wait starts no thread.
-    let d = defer().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOLCK))?;
     let mut carried = hdr;
     carried.len = (std::mem::size_of::<InHeader>() + lk.len()) as u32;
     let mut request = carried.as_slice().to_vec();
@@ -313,7 +321,12 @@ pub fn spawn_waiter(
     let id = ready_rx.recv();
     if let Ok(id) = id {
         let w = waiters.clone();
-        d.on_stop(Box::new(move || w.suspend_id(id)));
+        if !d.on_stop(Box::new(move || w.suspend_id(id))) {
+            // Its ring stopped and moved on while the request was being served: the
+            // guest gets the request again (or never), so the wait ends now, and its
+            // answer goes nowhere.
+            waiters.interrupt_id(id);
+        }
     }
     let _ = tx.send(d);
     Ok(())

@@ -406,12 +406,43 @@ impl FuseServer {
             let r = e.map_or(Ok(()), Err);
             locks::write_header(mem, at, hdr.unique, &r)
         };
-        match locks::setlk(&self.fs, &hdr, args, true) {
-            Ok(None) => Some(answer(None)),
+        match self.setlkw(&hdr, args, at, defer) {
+            Ok(true) => None,
+            Ok(false) => Some(answer(None)),
             Err(e) => Some(answer(Some(e))),
-            Ok(Some(w)) => match locks::spawn_waiter(&self.waiters, w, hdr, args, at, defer) {
-                Ok(()) => None,
-                Err(e) => Some(answer(Some(self.no_waiter(e)))),
+        }
+    }
+
+    /// A SETLKW: granted now (`Ok(false)`), or waiting on a waiter thread that answers it
+    /// through the `Deferred` that `defer` makes (`Ok(true)`). The request's place in its
+    /// ring's share of lock waits is taken first, so a wait past the share costs no owner
+    /// description, deadlock walk or waiter place: it is tried without waiting, and
+    /// answered ENOLCK if it would wait.
+    fn setlkw(
+        &self,
+        hdr: &InHeader,
+        args: &[u8],
+        at: GuestAddress,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    ) -> io::Result<bool> {
+        let Some(d) = defer() else {
+            return match locks::setlk(&self.fs, hdr, args, false) {
+                Ok(_) => Ok(false),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    self.fs.count_lock_refusal();
+                    Err(errno(libc::ENOLCK))
+                }
+                Err(e) => Err(e),
+            };
+        };
+        match locks::setlk(&self.fs, hdr, args, true)? {
+            None => Ok(false),
+            Some(w) => match locks::spawn_waiter(&self.waiters, w, *hdr, args, at, d) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    warn!("no lock waiter thread: {e}");
+                    Err(errno(libc::ENOLCK))
+                }
             },
         }
     }
@@ -663,30 +694,20 @@ impl FuseServer {
         op: Opcode,
         defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Outcome {
-        let w = match locks::setlk(&self.fs, hdr, args, op == Opcode::Setlkw) {
-            Ok(None) => return Outcome::Reply(Ok(Vec::new())),
-            Err(e) => return Outcome::Reply(Err(e)),
-            Ok(Some(w)) => w,
-        };
+        if op == Opcode::Setlk {
+            return match locks::setlk(&self.fs, hdr, args, false) {
+                Ok(_) => Outcome::Reply(Ok(Vec::new())),
+                Err(e) => Outcome::Reply(Err(e)),
+            };
+        }
         let Some(at) = reply_address(bufs) else {
             return Outcome::NoReply { malformed: true };
         };
-        match locks::spawn_waiter(&self.waiters, w, *hdr, args, at, defer) {
-            Ok(()) => Outcome::Deferred,
-            Err(e) => Outcome::Reply(Err(self.no_waiter(e))),
+        match self.setlkw(hdr, args, at, defer) {
+            Ok(true) => Outcome::Deferred,
+            Ok(false) => Outcome::Reply(Ok(Vec::new())),
+            Err(e) => Outcome::Reply(Err(e)),
         }
-    }
-
-    /// The answer to a SETLKW whose wait did not start: ENOLCK, a lock the daemon can't
-    /// hold. Its ring's share of lock waits was full (counted with the other lock
-    /// refusals, not logged: a guest can do it at will), or no thread could be made.
-    fn no_waiter(&self, e: io::Error) -> io::Error {
-        if e.raw_os_error() == Some(libc::ENOLCK) {
-            self.fs.count_lock_refusal();
-        } else {
-            warn!("no lock waiter thread: {e}");
-        }
-        errno(libc::ENOLCK)
     }
 
     /// INIT (see `init`): negotiates the full 64-bit flags with the filesystem's wants.

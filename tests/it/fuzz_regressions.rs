@@ -54,7 +54,7 @@ fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
         fn finish(self: Box<Self>, _write: &mut dyn FnMut(&vfsd::server::GuestMem) -> u32) {
             unreachable!("no request here waits");
         }
-        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) {
+        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) -> bool {
             unreachable!("no request here waits");
         }
         fn slot(&self) -> vfsd::server::Slot {

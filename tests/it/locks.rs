@@ -953,34 +953,10 @@ fn locks_past_the_bound_per_file_get_enolck_and_other_files_still_lock() {
     c.setlk(node, fh, A + 2, rd(1000, 1000, 1)).unwrap();
 }
 
-/// Lock waits take at most half of a request queue: a host program holds an exclusive
-/// flock on `f` and 64 shared flock SETLKWs come on a queue of 64 entries. Half wait,
-/// half are refused ENOLCK at once, and GETATTR, LOOKUP and READ of another file on the
-/// same queue are answered while the waits last (without the share every entry would
-/// be a wait, and nothing else could be sent). The host's unlock grants every wait.
-#[test]
-fn lock_waits_take_at_most_half_of_a_request_queue() {
-    const ENTRIES: usize = 64;
-    let d = Daemon::start(&[]);
-    std::fs::write(d.path("f"), b"locked").unwrap();
-    std::fs::write(d.path("g"), b"another file").unwrap();
-    let (ok, holder) = host_flock(&d.path("f"), libc::LOCK_EX);
-    assert!(ok);
-    // One descriptor per request, as the Linux guest's indirect chains: 64 in flight.
-    let mut c = FuseClient::new(d.frontend(FrontendConfig {
-        request_queues: 1,
-        slots: ENTRIES,
-        descs_per_slot: 1,
-        buf_size: 8192,
-        ..Default::default()
-    }));
-    c.layout.indirect = true;
-    c.timeout = Duration::from_secs(5);
-    c.init().unwrap();
-    let n = c.lookup(ROOT, "f").unwrap().nodeid;
-    let handles: Vec<u64> = (0..ENTRIES)
-        .map(|_| c.open(n, libc::O_RDONLY as u32).unwrap().fh)
-        .collect();
+/// SETLKWs of shared flocks on `n`, one per handle in `handles`, while a host program
+/// holds it exclusively: each either waits or is refused. Returns the waiting ones'
+/// tickets and checks that the refused ones got ENOLCK.
+fn waits_and_refusals(c: &FuseClient, d: &Daemon, n: u64, handles: &[u64]) -> Vec<Ticket> {
     let tickets: Vec<Ticket> = handles
         .iter()
         .enumerate()
@@ -989,8 +965,6 @@ fn lock_waits_take_at_most_half_of_a_request_queue() {
                 .unwrap()
         })
         .collect();
-    // Each SETLKW either waits or is answered: collect the answered until all are one
-    // or the other.
     let mut refused = Vec::new();
     let t = Instant::now();
     loop {
@@ -1000,31 +974,81 @@ fn lock_waits_take_at_most_half_of_a_request_queue() {
             assert_eq!(h.error, -libc::ENOLCK, "a SETLKW past the share");
             refused.push(slot);
         }
-        let waiting = stat(&d, "lock_waiters") as usize;
-        if waiting + refused.len() == ENTRIES {
+        let waiting = stat(d, "lock_waiters") as usize;
+        // Settled: every request waits or was refused, and half of them were.
+        if waiting + refused.len() == handles.len() && refused.len() >= handles.len() / 2 {
             break;
         }
         assert!(
             t.elapsed() < Duration::from_secs(20),
-            "{waiting} waits and {} refused of {ENTRIES}",
-            refused.len()
+            "{waiting} waits and {} refused of {}: half the queue's entries may be lock waits",
+            refused.len(),
+            handles.len()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(
-        refused.len(),
-        ENTRIES / 2,
-        "half the queue's entries may be lock waits"
-    );
-    assert_eq!(stat(&d, "lock_waiters") as usize, ENTRIES / 2);
-    // The rest of the queue serves everything else.
+    assert_eq!(refused.len(), handles.len() / 2);
+    assert_eq!(stat(d, "lock_waiters") as usize, handles.len() / 2);
+    tickets
+        .into_iter()
+        .filter(|t| !refused.contains(&t.slot))
+        .collect()
+}
+
+/// Lock waits take at most half of a request queue's descriptors: a host program holds an
+/// exclusive flock on `f` and 64 shared flock SETLKWs come on a queue with room for 64
+/// requests. Half wait, half are refused ENOLCK at once, and GETATTR, LOOKUP and READ of
+/// another file on the same queue are answered while the waits last (without the share
+/// every request would be a wait, and nothing else could be sent). The host's unlock
+/// grants every wait, and their places come back: a second round goes the same way.
+/// `indirect`: each request behind one descriptor (the Linux guest's way), else two.
+fn lock_waits_take_at_most_half_of_a_request_queue(indirect: bool) {
+    const REQUESTS: usize = 64;
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"locked").unwrap();
+    std::fs::write(d.path("g"), b"another file").unwrap();
+    let mut c = FuseClient::new(d.frontend(FrontendConfig {
+        request_queues: 1,
+        slots: REQUESTS,
+        descs_per_slot: if indirect { 1 } else { 2 },
+        buf_size: 8192,
+        ..Default::default()
+    }));
+    c.layout.indirect = indirect;
+    c.timeout = Duration::from_secs(5);
+    c.init().unwrap();
+    let n = c.lookup(ROOT, "f").unwrap().nodeid;
+    let handles: Vec<u64> = (0..REQUESTS)
+        .map(|_| c.open(n, libc::O_RDONLY as u32).unwrap().fh)
+        .collect();
     let g = c.lookup(ROOT, "g").unwrap().nodeid;
-    c.getattr(g).unwrap();
     let gh = c.open(g, libc::O_RDONLY as u32).unwrap().fh;
-    assert_eq!(c.read(g, gh, 0, 64).unwrap(), b"another file");
-    assert_eq!(stat(&d, "lock_waiters") as usize, ENTRIES / 2);
-    drop(holder);
-    for t in tickets.into_iter().filter(|t| !refused.contains(&t.slot)) {
-        assert_eq!(c.wait(t).unwrap().error, 0, "a wait granted by the unlock");
+    for round in 0..2 {
+        let (ok, holder) = host_flock(&d.path("f"), libc::LOCK_EX);
+        assert!(ok, "round {round}: the host's flock");
+        let waiting = waits_and_refusals(&c, &d, n, &handles);
+        // The rest of the queue serves everything else.
+        c.lookup(ROOT, "g").unwrap();
+        c.getattr(g).unwrap();
+        assert_eq!(c.read(g, gh, 0, 64).unwrap(), b"another file");
+        assert_eq!(stat(&d, "lock_waiters") as usize, REQUESTS / 2);
+        drop(holder);
+        for t in waiting {
+            assert_eq!(c.wait(t).unwrap().error, 0, "a wait granted by the unlock");
+        }
+        for (i, &h) in handles.iter().enumerate() {
+            c.setlk(n, h, 0x100 + i as u64, Lock::flock(libc::F_UNLCK))
+                .unwrap();
+        }
     }
+}
+
+#[test]
+fn lock_waits_take_at_most_half_of_a_request_queue_of_indirect_chains() {
+    lock_waits_take_at_most_half_of_a_request_queue(true);
+}
+
+#[test]
+fn lock_waits_take_at_most_half_of_a_request_queue_of_direct_chains() {
+    lock_waits_take_at_most_half_of_a_request_queue(false);
 }
