@@ -249,8 +249,13 @@ fn paced_render(endpoint: &Endpoint) -> String {
 /// Binds the unix socket `p`, readable by its owner only (the metrics describe the
 /// guest's activity). A socket already there is replaced only if it is stale: a stream
 /// connect to it is refused. Anything else there is refused.
+///
+/// The socket file is made with mode 0600 by the bind itself, under a umask of 0177 set
+/// for it: it is never more open than that, and never chmod'ed by path (which would
+/// follow a symlink put in its place). Start-up has no other thread yet, so no file of
+/// another thread is made under that umask.
 fn bind_unix(p: &Path) -> Result<UnixListener, String> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     let fail = |why: &str| format!("--metrics '{}': {why}", p.display());
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.file_type().is_socket() => match UnixStream::connect(p) {
@@ -263,10 +268,12 @@ fn bind_unix(p: &Path) -> Result<UnixListener, String> {
         Ok(_) => return Err(fail("exists and is not a socket")),
         Err(_) => {}
     }
-    let l = UnixListener::bind(p).map_err(|e| fail(&format!("cannot listen: {e}")))?;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| fail(&e.to_string()))?;
-    Ok(l)
+    // SAFETY: umask only swaps the process's file creation mask.
+    let launchers = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(p);
+    // SAFETY: as above, putting the launcher's mask back.
+    unsafe { libc::umask(launchers) };
+    bound.map_err(|e| fail(&format!("cannot listen: {e}")))
 }
 
 /// A scraper's connection: a stream with timeouts.

@@ -304,6 +304,29 @@ fn metrics_on_a_loopback_port() {
     assert!(head.starts_with("HTTP/1.1 200") && body.is_empty(), "{r}");
 }
 
+/// The metrics socket is bound owner-only (docs/metrics.md: mode 0600) whatever the
+/// launcher's umask, so it is never more open than that, not even between its bind and
+/// a chmod: vfsd never changes its mode by path (a chmod there would follow a symlink
+/// swapped in), and starts with every chmod refused.
+#[test]
+fn the_metrics_socket_is_owner_only_under_an_open_umask_with_no_chmod() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.sock");
+    let chmods = [libc::SYS_chmod, libc::SYS_fchmodat, libc::SYS_fchmodat2];
+    let d =
+        Daemon::start_denied_under_umask(&chmods, Some(0), &["--metrics", path.to_str().unwrap()]);
+    let c = d.client();
+    c.getattr(ROOT).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(&path)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+    let m = scrape(&path);
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 1.0);
+}
+
 /// Idle connections to a loopback port (any local user can open them), more of them than
 /// are served at once, don't keep a scrape waiting: connections are served side by side,
 /// and one still waiting for its request gives way to a newer one.
