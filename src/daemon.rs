@@ -86,25 +86,47 @@ fn check_shared_dir(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether a live socket is bound at `path`: one a process is listening on, or one bound
-/// and not listening yet (another daemon between its bind and its listen). A stale socket
-/// file, whose process is gone, has none. Read from /proc/net/unix rather than by
-/// connecting: a connection would look like a frontend to the daemon that owns the socket.
-fn socket_bound(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
-        return false;
+/// Whether a live socket is bound to the socket file at `path`: one a process is listening
+/// on, or one bound and not listening yet (another daemon between its bind and its
+/// listen), from any network namespace. A stale socket file, whose socket is gone, has
+/// none; neither has a socket bound at the same name in another mount namespace, which
+/// is another file.
+///
+/// The kernel is asked by a datagram connect to the path: it resolves the path as vfsd
+/// sees it and looks the socket up by the file's inode, in every network namespace,
+/// answering ECONNREFUSED when none is bound to it and EPROTOTYPE for a stream socket
+/// before anything is queued, so the owner of a listening socket never sees a
+/// connection (a stream connect would look like a frontend to it). A socket file vfsd
+/// may not write to can't be asked about: an error, rather than a guess.
+fn socket_bound(path: &Path) -> Result<bool, String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {}
+        // Nothing there, or no socket for one to be bound to.
+        _ => return Ok(false),
+    }
+    let cannot_tell = |e: std::io::Error| {
+        format!(
+            "socket path '{}': cannot tell whether a socket is bound to it ({e}); remove it if it is stale",
+            path.display()
+        )
     };
-    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    table.lines().skip(1).any(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // Num RefCount Protocol Flags Type St Inode Path.
-        f.len() >= 8 && (Path::new(f[7]) == path || Path::new(f[7]) == abs)
-    })
+    let probe = std::os::unix::net::UnixDatagram::unbound().map_err(cannot_tell)?;
+    match probe.connect(path) {
+        // A bound datagram socket.
+        Ok(()) => Ok(true),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ECONNREFUSED | libc::ENOENT) => Ok(false),
+            // A bound stream or seqpacket socket; a datagram socket connected elsewhere.
+            Some(libc::EPROTOTYPE | libc::EPERM) => Ok(true),
+            _ => Err(cannot_tell(e)),
+        },
+    }
 }
 
 /// Binds the socket path, refusing one a live socket is bound to.
 fn bind(path: &Path) -> Result<Listener, String> {
-    if socket_bound(path) {
+    if socket_bound(path)? {
         return Err(format!(
             "socket path '{}' is in use by another process",
             path.display()

@@ -4,18 +4,21 @@
 //! The endpoint is one thread inside the sandbox, under the same seccomp filter as the rest
 //! (the syscalls it makes are ones request serving makes too). It reads the same counters
 //! `--stats` dumps, at most ten times a second (a scrape sooner after the last one waits
-//! its turn), so serving requests never waits on it. A scraper gets one connection at a
-//! time, a 2 s deadline for its whole exchange (the reply's writes included), at most
-//! 8 KiB of request head, and no request body is ever read: a slow or hostile one delays
-//! only other scrapers, and holds no memory beyond one reply. docs/metrics.md lists the
-//! metrics.
+//! its turn), so serving requests never waits on it. Up to `MAX_CONNECTIONS` connections
+//! are served at once, each on a thread of its own; a scraper gets 1 s for its request
+//! head and 2 s for its whole exchange (the reply's writes included), at most 8 KiB of
+//! request head, and no request body is ever read. A connection past the bound takes the
+//! place of the oldest one still waiting for its head (or, if none waits, is closed):
+//! idle connections a local user holds can't keep a scraper that sends its request at
+//! once from being served. docs/metrics.md lists the metrics.
 
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::{debug, warn};
@@ -29,6 +32,11 @@ use crate::stats::{errno_label, opcode_label, Stats, LATENCY_BOUNDS_S};
 
 /// How long one scrape may take, from its connection to the last byte of the reply.
 const DEADLINE: Duration = Duration::from_secs(2);
+/// How long a connection may take to send its request head, from its accept: a scraper
+/// sends it at once.
+const HEAD_DEADLINE: Duration = Duration::from_secs(1);
+/// Connections served at once, each on a thread of its own.
+const MAX_CONNECTIONS: usize = 8;
 /// The most of a request head read; a longer one is answered 431.
 const MAX_HEAD: usize = 8192;
 
@@ -97,27 +105,37 @@ impl MetricsListener {
         }
     }
 
-    /// Serves scrapes on a thread of its own, for as long as the process lives.
+    /// Serves scrapes for as long as the process lives: a thread accepts, and each
+    /// connection is served on a thread of its own, up to `MAX_CONNECTIONS`.
     pub fn spawn(self, device: Arc<FsDevice>) -> io::Result<()> {
+        let endpoint = Arc::new(Endpoint {
+            device,
+            last_reading: Mutex::new(None),
+            conns: Mutex::new(Vec::new()),
+        });
         std::thread::Builder::new()
             .name("vfsd-metrics".into())
             .spawn(move || {
-                let mut last_reading = None;
+                let mut next_id = 0u64;
                 loop {
-                    let mut serve = |c: &mut dyn Conn| {
-                        // A panic would end the thread and leave scrapers queued for ever.
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            serve(c, &device, &mut last_reading)
-                        }));
+                    let accepted = match &self {
+                        MetricsListener::Unix(l) => {
+                            l.accept().map(|(c, _)| Box::new(c) as Box<dyn Conn>)
+                        }
+                        MetricsListener::Tcp(l) => {
+                            l.accept().map(|(c, _)| Box::new(c) as Box<dyn Conn>)
+                        }
                     };
-                    let served = match &self {
-                        MetricsListener::Unix(l) => l.accept().map(|(mut c, _)| serve(&mut c)),
-                        MetricsListener::Tcp(l) => l.accept().map(|(mut c, _)| serve(&mut c)),
-                    };
-                    if let Err(e) = served {
-                        // Out of fds, say: try again a little later rather than spin.
-                        warn!("metrics endpoint: accept: {e}");
-                        std::thread::sleep(Duration::from_millis(100));
+                    match accepted {
+                        Ok(c) => {
+                            next_id += 1;
+                            endpoint.clone().take(c, next_id);
+                        }
+                        Err(e) => {
+                            // Out of fds, say: try again a little later rather than spin.
+                            warn!("metrics endpoint: accept: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
                     }
                 }
             })
@@ -125,25 +143,119 @@ impl MetricsListener {
     }
 }
 
+/// A connection being served.
+struct Slot {
+    id: u64,
+    fd: RawFd,
+    accepted: Instant,
+    /// Its request head has come whole: it is being answered.
+    answering: bool,
+}
+
+/// What the connections' threads share.
+struct Endpoint {
+    device: Arc<FsDevice>,
+    /// When the counters were last read (`paced_render`).
+    last_reading: Mutex<Option<Instant>>,
+    /// The connections being served. A connection's fd is closed only with this lock
+    /// held and its slot removed, so the fd of a slot found here is that connection's.
+    conns: Mutex<Vec<Slot>>,
+}
+
+impl Endpoint {
+    /// Serves `conn` on a thread of its own, in a free place or in that of the oldest
+    /// connection still waiting for its request head (shut down, so its thread lets it
+    /// go); with neither, `conn` is closed at once.
+    fn take(self: Arc<Self>, conn: Box<dyn Conn>, id: u64) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= MAX_CONNECTIONS {
+            let waiting = (conns.iter())
+                .filter(|s| !s.answering)
+                .min_by_key(|s| s.accepted);
+            let Some(oldest) = waiting else {
+                debug!(
+                    "metrics endpoint: {MAX_CONNECTIONS} scrapes being answered; connection closed"
+                );
+                return;
+            };
+            // SAFETY: the fd is the oldest connection's, open while its slot is listed
+            // and the lock held; shutdown only ends its exchange.
+            unsafe { libc::shutdown(oldest.fd, libc::SHUT_RDWR) };
+            let gone = oldest.id;
+            conns.retain(|s| s.id != gone);
+        }
+        conns.push(Slot {
+            id,
+            fd: conn.fd(),
+            accepted: Instant::now(),
+            answering: false,
+        });
+        // Spawned with the lock held: if the spawn fails, the connection is closed (with
+        // the closure) before its slot goes.
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vfsd-metrics-conn".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let mut conn = conn;
+                // A panic would leave the slot taken for good.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serve(&mut *conn, &me, id)
+                }));
+                me.close(conn, id);
+            });
+        if let Err(e) = spawned {
+            warn!("metrics endpoint: cannot start a thread: {e}");
+            conns.retain(|s| s.id != id);
+        }
+    }
+
+    /// Notes that connection `id` sent its head whole; false if it lost its place.
+    fn answering(&self, id: u64) -> bool {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        match conns.iter_mut().find(|s| s.id == id) {
+            Some(s) => {
+                s.answering = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes connection `id` and frees its place, under the lock (see `conns`).
+    fn close(&self, conn: Box<dyn Conn>, id: u64) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|s| s.id != id);
+        drop(conn);
+    }
+}
+
 /// The least time between two readings of the counters: however many scrapers there
-/// are, the endpoint reads the counters (and walks /proc/self/fd) at most ten times a
+/// are, the endpoint reads the counters (and counts the open fds) at most ten times a
 /// second. A scrape that comes sooner waits; its body is fresh all the same.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
-/// `render`, at least `MIN_INTERVAL` after the last reading (`last`, updated).
-fn paced_render(device: &Arc<FsDevice>, last: &mut Option<Instant>) -> String {
+/// `render`, at least `MIN_INTERVAL` after the last reading. One reading at a time: the
+/// others wait their turn.
+fn paced_render(endpoint: &Endpoint) -> String {
+    let mut last = (endpoint.last_reading.lock()).unwrap_or_else(|e| e.into_inner());
     if let Some(at) = *last {
         std::thread::sleep(MIN_INTERVAL.saturating_sub(at.elapsed()));
     }
     *last = Some(Instant::now());
-    render(device)
+    render(&endpoint.device)
 }
 
 /// Binds the unix socket `p`, readable by its owner only (the metrics describe the
 /// guest's activity). A socket already there is replaced only if it is stale: a stream
 /// connect to it is refused. Anything else there is refused.
+///
+/// The socket file is made with mode 0600 by the bind itself, under a umask of 0177 set
+/// for it: it is never more open than that, and never chmod'ed by path (which would
+/// follow a symlink put in its place). Start-up has no other thread yet, so no file of
+/// another thread is made under that umask.
 fn bind_unix(p: &Path) -> Result<UnixListener, String> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     let fail = |why: &str| format!("--metrics '{}': {why}", p.display());
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.file_type().is_socket() => match UnixStream::connect(p) {
@@ -156,16 +268,19 @@ fn bind_unix(p: &Path) -> Result<UnixListener, String> {
         Ok(_) => return Err(fail("exists and is not a socket")),
         Err(_) => {}
     }
-    let l = UnixListener::bind(p).map_err(|e| fail(&format!("cannot listen: {e}")))?;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| fail(&e.to_string()))?;
-    Ok(l)
+    // SAFETY: umask only swaps the process's file creation mask.
+    let launchers = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(p);
+    // SAFETY: as above, putting the launcher's mask back.
+    unsafe { libc::umask(launchers) };
+    bound.map_err(|e| fail(&format!("cannot listen: {e}")))
 }
 
 /// A scraper's connection: a stream with timeouts.
 trait Conn: Read + Write + Send {
     fn read_timeout(&self, d: Duration) -> io::Result<()>;
     fn write_timeout(&self, d: Duration) -> io::Result<()>;
+    fn fd(&self) -> RawFd;
 }
 
 impl Conn for UnixStream {
@@ -174,6 +289,9 @@ impl Conn for UnixStream {
     }
     fn write_timeout(&self, d: Duration) -> io::Result<()> {
         self.set_write_timeout(Some(d))
+    }
+    fn fd(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -184,21 +302,24 @@ impl Conn for TcpStream {
     fn write_timeout(&self, d: Duration) -> io::Result<()> {
         self.set_write_timeout(Some(d))
     }
+    fn fd(&self) -> RawFd {
+        self.as_raw_fd()
+    }
 }
 
 /// Reads one request head, answers it, and closes the connection (when the caller drops
-/// it).
-fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, last_reading: &mut Option<Instant>) {
+/// it). `id` is its place among the connections served.
+fn serve(conn: &mut dyn Conn, endpoint: &Endpoint, id: u64) {
     let start = Instant::now();
-    let left = || {
-        DEADLINE
-            .checked_sub(start.elapsed())
-            .filter(|d| !d.is_zero())
-    };
+    let left_of = |limit: Duration| limit.checked_sub(start.elapsed()).filter(|d| !d.is_zero());
+    let left = || left_of(DEADLINE);
     let mut buf = vec![0u8; MAX_HEAD];
     let mut n = 0;
     let reply = loop {
-        let Some(d) = left() else { return };
+        let Some(d) = left_of(HEAD_DEADLINE) else {
+            debug!("metrics endpoint: no request head within {HEAD_DEADLINE:?}");
+            return;
+        };
         if conn.read_timeout(d).is_err() {
             return;
         }
@@ -214,12 +335,10 @@ fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, last_reading: &mut Option<
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf[..n]) {
             Ok(httparse::Status::Complete(_)) => {
-                break respond(
-                    req.method.unwrap_or(""),
-                    req.path.unwrap_or(""),
-                    device,
-                    last_reading,
-                )
+                if !endpoint.answering(id) {
+                    return;
+                }
+                break respond(req.method.unwrap_or(""), req.path.unwrap_or(""), endpoint);
             }
             Ok(httparse::Status::Partial) if n < MAX_HEAD => continue,
             Ok(httparse::Status::Partial) => break plain(431, "request head too long\n"),
@@ -240,12 +359,7 @@ fn serve(conn: &mut dyn Conn, device: &Arc<FsDevice>, last_reading: &mut Option<
 }
 
 /// The reply to `method path`.
-fn respond(
-    method: &str,
-    path: &str,
-    device: &Arc<FsDevice>,
-    last_reading: &mut Option<Instant>,
-) -> Vec<u8> {
+fn respond(method: &str, path: &str, endpoint: &Endpoint) -> Vec<u8> {
     let path = path.split('?').next().unwrap_or("");
     if path != "/metrics" && path != "/" {
         return plain(404, "not found: the metrics are at /metrics\n");
@@ -255,7 +369,7 @@ fn respond(
         "HEAD" => true,
         _ => return plain(405, "only GET and HEAD\n"),
     };
-    let body = paced_render(device, last_reading);
+    let body = paced_render(endpoint);
     let mut r = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -531,7 +645,10 @@ impl Collector for Counters {
             gauge(
                 &mut enc,
                 "process_open_fds",
-                "Open file descriptors.",
+                &format!(
+                    "Open file descriptors (left out on a kernel before 6.2 when over {}: there they are counted one by one).",
+                    crate::passthrough::OPEN_FDS_COUNTED
+                ),
                 n as i64,
             )?;
         }

@@ -497,13 +497,46 @@ extern "C" fn relay_and_note(sig: libc::c_int) {
     relay_signal(sig);
 }
 
+/// The least time from one frontend's child's start to the next one's after a child was
+/// killed: a daemon killed on every start (before any frontend came) forks once a
+/// second, not in a busy loop.
+const RESPAWN_AFTER_KILL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `SIGKILL` for 9: the name of signal `sig`, or its number.
+fn signal_name(sig: libc::c_int) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
 /// `--keep-listening`: forks a child per frontend. The child returns and serves one
 /// frontend from a clean state (every node, handle, fd and host lock of the one before
 /// went with its process); the parent, which never serves, waits for it and forks the
-/// next once it exited with status 0 (its frontend disconnected). A child that failed,
-/// or a termination signal (relayed to the child), ends the parent too, with the
-/// child's status; the parent removes the socket's name then. Must run before any
-/// thread is started. One child at a time, so nothing adds up across frontends.
+/// next once it exited with status 0 (its frontend disconnected) or was killed by a
+/// signal (a crash a guest may have caused, the OOM killer): one guest's crash ends its
+/// own session only. A child that exited with an error (start-up failed), or a
+/// termination signal (relayed to the child), ends the parent too, with the child's
+/// status; the parent removes the socket's name then. Must run before any thread is
+/// started. One child at a time, so nothing adds up across frontends.
 pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), String> {
     let socket = confined.socket.take();
     loop {
@@ -534,6 +567,7 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
             restore_signal_mask(&blocked);
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let alive = watch.keep_in_parent();
         CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
         install_handler(&RELAYED, relay_and_note);
@@ -542,10 +576,18 @@ pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), Str
         drop(alive);
         // Nothing to relay to until the next fork (the pid may be reused).
         CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
-        let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-        if clean {
-            // The loop's top decides, with the signals blocked, whether one came.
+        // The loop's top decides, with the signals blocked, whether a termination signal
+        // came (one relayed to a child that had no handler yet killed it).
+        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
             log::info!("frontend gone (--keep-listening)");
+            continue;
+        }
+        if libc::WIFSIGNALED(status) {
+            log::error!(
+                "the daemon serving a frontend was killed by {}; listening for the next frontend",
+                signal_name(libc::WTERMSIG(status))
+            );
+            std::thread::sleep(RESPAWN_AFTER_KILL.saturating_sub(started.elapsed()));
             continue;
         }
         exit_as(status, socket, "the daemon serving a frontend")

@@ -670,9 +670,23 @@ pub fn nofile_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// The open fds of the process whose /proc/PID/fd directory `proc_fd` is (an O_PATH fd):
+/// the directory's size, where Linux (6.2 and later) gives the count, read from the fd
+/// table's bitmap; before that, its entries counted one by one, up to `limit` (None past
+/// it: that walk takes time in proportion to the fds, up to RLIMIT_NOFILE's million).
+pub fn open_fds(proc_fd: RawFd, limit: usize) -> io::Result<Option<usize>> {
+    let st = statx(proc_fd, EMPTY, libc::AT_EMPTY_PATH)?;
+    if st.st.st_size > 0 {
+        return Ok(Some(st.st.st_size as usize));
+    }
+    // The count includes the fd it reads the directory through.
+    let n = count_entries(proc_fd, limit.saturating_add(1))?;
+    Ok((n <= limit).then(|| n.saturating_sub(1)))
+}
+
 /// The number of entries in the directory `dir` (an O_PATH fd will do), "." and ".."
-/// left out.
-pub fn count_entries(dir: RawFd) -> io::Result<usize> {
+/// left out, counted up to `limit` (a larger number stops the count there).
+pub fn count_entries(dir: RawFd, limit: usize) -> io::Result<usize> {
     let d = openat(
         dir,
         c".",
@@ -708,6 +722,9 @@ pub fn count_entries(dir: RawFd) -> io::Result<usize> {
             let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
             if name != b"." && name != b".." {
                 n += 1;
+                if n >= limit {
+                    return Ok(n);
+                }
             }
             at += reclen;
         }
@@ -739,7 +756,24 @@ mod tests {
             std::fs::write(d.path().join(format!("a-long-enough-name-{i}")), b"").unwrap();
         }
         let fd = std::fs::File::open(d.path()).unwrap();
-        assert_eq!(count_entries(fd.as_raw_fd()).unwrap(), 300);
+        assert_eq!(count_entries(fd.as_raw_fd(), usize::MAX).unwrap(), 300);
+        assert_eq!(count_entries(fd.as_raw_fd(), 100).unwrap(), 100);
+    }
+
+    #[test]
+    fn open_fds_counts_this_processs_fds() {
+        let dir = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let before = open_fds(dir.as_raw_fd(), usize::MAX).unwrap().unwrap();
+        let more: Vec<_> = (0..50)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        // Other test threads open and close fds too: a margin.
+        let after = open_fds(dir.as_raw_fd(), usize::MAX).unwrap().unwrap();
+        assert!(
+            after >= before + 40 && after <= before + 60,
+            "{before} then {after}"
+        );
+        drop(more);
     }
 
     #[test]

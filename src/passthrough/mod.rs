@@ -202,6 +202,11 @@ pub struct InodeCounters {
 /// The longest a guest may cache a negative LOOKUP (`negative_timeout`).
 pub const NEGATIVE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The most open fds a metrics scrape counts one by one (on a kernel before 6.2, which
+/// gives no count): past it, the scrape leaves the figure out rather than walk up to a
+/// million /proc entries.
+pub const OPEN_FDS_COUNTED: usize = 65_536;
+
 pub struct PassthroughFs {
     cfg: Config,
     inodes: InodeTable,
@@ -313,12 +318,13 @@ impl PassthroughFs {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// This process's open fds and resident memory (None where /proc can't be read).
+    /// This process's open fds and resident memory (None where /proc can't be read, and
+    /// the fds when a kernel before 6.2 would have them counted one by one past
+    /// `OPEN_FDS_COUNTED`).
     pub fn process_gauges(&self) -> (Option<usize>, Option<u64>) {
         let fd = self.proc_self_fd.as_raw_fd();
-        // The count includes the fd it reads the directory through.
         (
-            sys::count_entries(fd).ok().map(|n| n.saturating_sub(1)),
+            sys::open_fds(fd, OPEN_FDS_COUNTED).ok().flatten(),
             sys::resident_bytes(fd).ok(),
         )
     }

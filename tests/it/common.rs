@@ -56,6 +56,15 @@ impl Daemon {
     /// Starts vfsd under a seccomp filter of its parent's that answers EPERM to
     /// `syscalls`, as a container runtime's profile that predates them may.
     pub fn start_denied(syscalls: &[i64], extra: &[&str]) -> Daemon {
+        Self::start_denied_under_umask(syscalls, None, extra)
+    }
+
+    /// `start_denied`, and with the launcher's umask set to `umask` if given.
+    pub fn start_denied_under_umask(
+        syscalls: &[i64],
+        umask: Option<libc::mode_t>,
+        extra: &[&str],
+    ) -> Daemon {
         use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
         let rules = syscalls.iter().map(|&n| (n, vec![])).collect();
         let filter = SeccompFilter::new(
@@ -68,10 +77,13 @@ impl Daemon {
         let prog: BpfProgram = filter.try_into().unwrap();
         Self::spawn(None, extra, move |cmd| {
             use std::os::unix::process::CommandExt;
-            // SAFETY: the hook only makes two syscalls (prctl, seccomp) on memory built
-            // before the fork; it allocates nothing.
+            // SAFETY: the hook only makes three syscalls (umask, prctl, seccomp) on memory
+            // built before the fork; it allocates nothing.
             unsafe {
                 cmd.pre_exec(move || {
+                    if let Some(m) = umask {
+                        libc::umask(m);
+                    }
                     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }

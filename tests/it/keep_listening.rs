@@ -134,3 +134,45 @@ fn a_frontend_that_breaks_the_protocol_leaves_the_next_one_served() {
     assert!(st.success(), "{st:?}");
     assert!(!d.sock.exists(), "the socket's name is left behind");
 }
+
+/// The process serving the current frontend: the last of the single line of processes
+/// below `pid` (the supervisor, in the namespace sandbox, then the parent that forks a
+/// child per frontend, then that child).
+fn frontend_child(pid: i32) -> i32 {
+    let mut p = pid;
+    loop {
+        let c = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap();
+        match c.split_whitespace().next() {
+            Some(next) => p = next.parse().unwrap(),
+            None => return p,
+        }
+    }
+}
+
+/// A child killed by a signal (a crash a guest may trigger, the OOM killer) ends its own
+/// frontend's session, not the daemon: the next frontend is served, in each sandbox mode.
+#[test]
+fn a_frontend_child_killed_by_a_signal_leaves_the_next_frontend_served() {
+    let modes: &[&str] = if crate::common::is_root() {
+        &["namespace", "none"]
+    } else {
+        &["none"]
+    };
+    for sandbox in modes {
+        let mut d = Daemon::start(&["--cache", "never", "--keep-listening", "--sandbox", sandbox]);
+        let c = d.client();
+        c.getattr(ROOT).unwrap();
+        let child = frontend_child(d.pid());
+        assert_ne!(child, d.pid(), "{sandbox}: no child serves the frontend");
+        // SAFETY: kill on a process of the daemon we spawned.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+        assert!(
+            d.wait_exit(Duration::from_millis(500)).is_none(),
+            "{sandbox}: vfsd exited when its frontend's child was killed"
+        );
+        drop(c);
+        let c = d.client();
+        c.getattr(ROOT).unwrap();
+        assert_ne!(frontend_child(d.pid()), child, "{sandbox}: the same child");
+    }
+}

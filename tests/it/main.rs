@@ -29,6 +29,7 @@ mod migration;
 mod newer_ops;
 mod no_open;
 mod opcodes;
+mod packaging;
 mod parallel_writes;
 mod placement;
 mod read_path;

@@ -304,6 +304,62 @@ fn metrics_on_a_loopback_port() {
     assert!(head.starts_with("HTTP/1.1 200") && body.is_empty(), "{r}");
 }
 
+/// The metrics socket is bound owner-only (docs/metrics.md: mode 0600) whatever the
+/// launcher's umask, so it is never more open than that, not even between its bind and
+/// a chmod: vfsd never changes its mode by path (a chmod there would follow a symlink
+/// swapped in), and starts with every chmod refused.
+#[test]
+fn the_metrics_socket_is_owner_only_under_an_open_umask_with_no_chmod() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.sock");
+    let chmods = [libc::SYS_chmod, libc::SYS_fchmodat, libc::SYS_fchmodat2];
+    let d =
+        Daemon::start_denied_under_umask(&chmods, Some(0), &["--metrics", path.to_str().unwrap()]);
+    let c = d.client();
+    c.getattr(ROOT).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(&path)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+    let m = scrape(&path);
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 1.0);
+}
+
+/// Idle connections to a loopback port (any local user can open them), more of them than
+/// are served at once, don't keep a scrape waiting: connections are served side by side,
+/// and one still waiting for its request gives way to a newer one.
+#[test]
+fn idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start(&["--metrics", &addr]);
+    let c = d.client();
+    c.getattr(ROOT).unwrap();
+    let _idle: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // Let the endpoint take them in first.
+    std::thread::sleep(Duration::from_millis(200));
+    for round in 0..3 {
+        let t = Instant::now();
+        let s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let m = parse(&exchange(s, b"GET /metrics HTTP/1.1\r\nHost: vfsd\r\n\r\n"));
+        let took = t.elapsed();
+        assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 1.0);
+        assert!(
+            took < Duration::from_secs(1),
+            "scrape {round} beside 20 idle connections took {took:?}"
+        );
+    }
+}
+
 /// Each wrong `--metrics` ends start-up with one line and a non-zero exit: a port open
 /// to the network, a path that is no socket, a socket another daemon listens on.
 #[test]

@@ -771,6 +771,137 @@ fn a_socket_path_bound_by_a_live_socket_is_in_use_before_it_listens() {
     assert!(sock.exists(), "the live socket's name was removed");
 }
 
+/// A live socket at a path with a space in it is in use: the check goes by the file, not
+/// by a table of names split at whitespace.
+#[test]
+fn a_socket_path_with_a_space_bound_by_a_live_socket_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vfsd sock");
+    let _live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("in use"), "{err}");
+    assert!(sock.exists(), "the live socket's name was removed");
+}
+
+/// Runs `f` on a thread of its own that first moved into new namespaces (`flags`, for
+/// that thread alone), and keeps the thread, with whatever `f` returns, until the value
+/// given back is dropped.
+fn in_new_namespaces<T: Send + 'static>(
+    flags: libc::c_int,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> impl Drop {
+    struct Held(
+        Option<std::sync::mpsc::Sender<()>>,
+        Option<std::thread::JoinHandle<()>>,
+    );
+    impl Drop for Held {
+        fn drop(&mut self) {
+            drop(self.0.take());
+            let _ = self.1.take().unwrap().join();
+        }
+    }
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        // SAFETY: unshare affects only this thread's namespaces.
+        assert_eq!(
+            unsafe { libc::unshare(flags) },
+            0,
+            "unshare: {}",
+            std::io::Error::last_os_error()
+        );
+        let kept = f();
+        ready_tx.send(()).unwrap();
+        let _ = done_rx.recv();
+        drop(kept);
+    });
+    ready_rx.recv().expect("the namespace thread failed");
+    Held(Some(done_tx), Some(t))
+}
+
+/// A socket bound at the same path from another network namespace (the file is the same)
+/// is in use: the kernel is asked about the file, in every network namespace.
+#[test]
+#[ignore = "needs root"]
+fn a_socket_path_bound_from_another_network_namespace_is_in_use() {
+    common::require_root("unshare(CLONE_NEWNET)");
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let at = sock.clone();
+    let _other = in_new_namespaces(libc::CLONE_NEWNET, move || {
+        std::os::unix::net::UnixListener::bind(&at).unwrap()
+    });
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("in use"), "{err}");
+}
+
+/// A socket bound at the same path name in another mount namespace, over a tmpfs mounted
+/// there (as a user in `unshare -Urm` can), is another file: vfsd starts and serves.
+#[test]
+#[ignore = "needs root"]
+fn a_socket_of_the_same_name_in_another_mount_namespace_is_not_in_use() {
+    common::require_root("unshare(CLONE_NEWNS) and mount");
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    let sockdir = dir.path().join("run");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::create_dir(&sockdir).unwrap();
+    let sock = sockdir.join("vfsd.sock");
+    let (at, over) = (sock.clone(), sockdir.clone());
+    let _other = in_new_namespaces(libc::CLONE_NEWNS, move || {
+        let run = |args: &[&str]| {
+            let st = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .status()
+                .unwrap();
+            assert!(st.success(), "{args:?}");
+        };
+        // Not propagated back to the test's namespace.
+        run(&["mount", "--make-rprivate", "/"]);
+        run(&["mount", "-t", "tmpfs", "other", over.to_str().unwrap()]);
+        std::os::unix::net::UnixListener::bind(&at).unwrap()
+    });
+    assert!(!sock.exists(), "the tmpfs is visible outside its namespace");
+    let child = std::process::Command::new(common::vfsd_bin())
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon {
+        child: Some(child),
+        stats: dir.path().join("stats.json"),
+        share,
+        sock,
+        dir,
+    };
+    let t = std::time::Instant::now();
+    while !d.sock.exists() {
+        let exited = d.wait_exit(Duration::ZERO);
+        assert!(exited.is_none(), "vfsd refused to start: {exited:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "vfsd did not bind its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d.client().getattr(ROOT).unwrap();
+}
+
 #[test]
 fn a_zero_length_write_writes_nothing_and_succeeds() {
     // As write(2) of 0 bytes on ext4, and as virtiofsd answers it.
