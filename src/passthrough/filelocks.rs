@@ -617,35 +617,45 @@ impl FileLocks {
         }
     }
 
-    /// Checks `--max-locks` and `--max-locks-per-file` for an owner's ranges on `node`
-    /// going from `old` to `new` in number.
-    fn check_bound(&self, node: u64, old: usize, new: usize) -> io::Result<()> {
+    /// Takes the room an owner's ranges on `node` going from `old` to `new` in number
+    /// need under `--max-locks` and `--max-locks-per-file`, in the same step as the check
+    /// (the count first, then its test), so owners racing for the last room can't pass
+    /// a bound together. Gives the ranges reserved, which `commit` settles, or
+    /// `uncount` gives back.
+    fn reserve(&self, node: u64, old: usize, new: usize) -> io::Result<usize> {
         if new <= old {
-            return Ok(());
+            return Ok(0);
         }
         let more = new - old;
-        let on_file = self
-            .per_file
-            .lock()
-            .unwrap()
-            .get(&node)
-            .copied()
-            .unwrap_or(0);
-        if self.counters.held.load(Ordering::Relaxed) + more > self.max_locks
-            || on_file + more > self.max_per_file
-        {
+        let before = self.counters.held.fetch_add(more, Ordering::AcqRel);
+        if before + more > self.max_locks {
+            self.counters.held.fetch_sub(more, Ordering::AcqRel);
             return Err(self.enolck());
         }
-        Ok(())
+        let mut m = self.per_file.lock().unwrap();
+        let on_file = m.entry(node).or_default();
+        if *on_file + more > self.max_per_file {
+            if *on_file == 0 {
+                m.remove(&node);
+            }
+            drop(m);
+            self.counters.held.fetch_sub(more, Ordering::AcqRel);
+            return Err(self.enolck());
+        }
+        *on_file += more;
+        Ok(more)
     }
 
-    fn commit(&self, node: u64, ranges: &mut RangeSet, plan: Plan) {
+    /// Applies `plan` to `ranges` and counts the change, of which `reserved` ranges were
+    /// counted already (`reserve`).
+    fn commit(&self, node: u64, ranges: &mut RangeSet, plan: Plan, reserved: usize) {
         let (old, now) = (ranges.len(), plan.len_after);
         ranges.commit(plan);
         if now >= old {
-            self.count(node, now - old);
+            self.count(node, (now - old).saturating_sub(reserved));
+            self.uncount(node, reserved.saturating_sub(now - old));
         } else {
-            self.uncount(node, old - now);
+            self.uncount(node, old - now + reserved);
         }
     }
 
@@ -759,19 +769,25 @@ impl FileLocks {
             }
             o.pid.store(pid, Ordering::Relaxed);
             let new = st.ranges.plan(r);
-            if let Err(e) = self.check_bound(node, st.ranges.len(), new.len_after) {
-                drop(st);
-                self.drop_if_unused(node, owner, &o);
-                return Err(e);
-            }
+            let reserved = match self.reserve(node, st.ranges.len(), new.len_after) {
+                Ok(n) => n,
+                Err(e) => {
+                    drop(st);
+                    self.drop_if_unused(node, owner, &o);
+                    return Err(e);
+                }
+            };
             let f = r.flock();
             // SAFETY: plain fcntl on an fd we own with a live flock.
             let res = cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) });
+            if res.is_err() {
+                self.uncount(node, reserved);
+            }
             let busy =
                 |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES));
             let out = match res {
                 Ok(_) => {
-                    self.commit(node, &mut st.ranges, new);
+                    self.commit(node, &mut st.ranges, new, reserved);
                     Ok(None)
                 }
                 Err(e) if wait && busy(&e) => match self.waiter() {
@@ -1132,7 +1148,7 @@ impl Wait {
         // moment. A wait adds at most two ranges, so each count stays within its bound +
         // 2 x --max-lock-waiters.
         let new = st.ranges.plan(*range);
-        locks.commit(node, &mut st.ranges, new);
+        locks.commit(node, &mut st.ranges, new, 0);
         Ok(())
     }
 }
@@ -1418,6 +1434,55 @@ mod tests {
 
     fn r(start: u64, end: u64, typ: i32) -> Range {
         Range { start, end, typ }
+    }
+
+    /// Owners racing SETLKs against `--max-locks` (and, in a second run, against
+    /// `--max-locks-per-file`) never hold more ranges together than the bound: the room a
+    /// lock needs is taken in the same step that checks for it.
+    #[test]
+    fn racing_setlks_never_pass_the_lock_bounds() {
+        const THREADS: u64 = 16;
+        const BOUND: usize = 4;
+        let f = tempfile::NamedTempFile::new_in("/dev/shm")
+            .or_else(|_| tempfile::NamedTempFile::new())
+            .unwrap();
+        for (max, per_file) in [(BOUND, 1000), (1000, BOUND)] {
+            for _ in 0..100 {
+                let locks = Arc::new(FileLocks::new(true, true, max, per_file, 16, false));
+                let go = Arc::new(std::sync::Barrier::new(THREADS as usize));
+                let granted: usize = std::thread::scope(|s| {
+                    let all: Vec<_> = (0..THREADS)
+                        .map(|k| {
+                            let (locks, go, f) = (locks.clone(), go.clone(), &f);
+                            s.spawn(move || {
+                                let open = |_: bool| Ok(OwnedFd::from(f.reopen()?));
+                                go.wait();
+                                let mut n = 0;
+                                for i in 0..4 {
+                                    let byte = 2 * (k * 4 + i);
+                                    let rg = r(byte, byte, libc::F_RDLCK);
+                                    if locks
+                                        .setlk(2, 1, 0x100 + k, 1, rg, false, open, || true)
+                                        .is_ok()
+                                    {
+                                        n += 1;
+                                    }
+                                }
+                                n
+                            })
+                        })
+                        .collect();
+                    all.into_iter().map(|t| t.join().unwrap()).sum()
+                });
+                let modelled: usize = locks.export().iter().map(|o| o.ranges.len()).sum();
+                assert!(
+                    granted <= BOUND && modelled <= BOUND && locks.held() <= BOUND,
+                    "bound {BOUND} (max {max}, per file {per_file}): {granted} granted, \
+                     {modelled} held, counted {}",
+                    locks.held()
+                );
+            }
+        }
     }
 
     #[test]
