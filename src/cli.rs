@@ -241,6 +241,14 @@ pub struct Opt {
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_lock_waiters: usize,
 
+    /// Seconds after which a blocking POSIX lock request (SETLKW) whose every holder in the
+    /// guest has sent no lock request or close for as long, and waits for nothing, is
+    /// answered EDEADLK: the guest can't kill a process waiting for a lock through vfsd
+    /// (virtio-fs has no FUSE_INTERRUPT), so a holder that waits for the waiter (a parent
+    /// that kills its child and waits for it) would hang both for good. 0: never
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = parse_stall_timeout)]
+    pub lock_stall_timeout: u64,
+
     /// Label new files, directories, symlinks and nodes with the security context (e.g.
     /// SELinux) the guest sends with the create (negotiates FUSE_SECURITY_CTX; implies --xattr)
     #[arg(long)]
@@ -510,6 +518,14 @@ impl Opt {
 /// CPUs). On a 2-core host 8 beat 0, 2 and 4 for writes and metadata with the load
 /// generator (docs/design.md, "Parallel direct writes"); workers mostly wait on the host, so
 /// twice the CPUs.
+/// `--lock-stall-timeout`: whole seconds, up to a day (0: off).
+fn parse_stall_timeout(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n <= 86_400 => Ok(n),
+        _ => Err("expected whole seconds from 0 (never) to 86400".into()),
+    }
+}
+
 pub fn default_pool_size() -> usize {
     std::thread::available_parallelism()
         .map_or(8, |n| n.get() * 2)
@@ -553,6 +569,26 @@ pub fn capabilities() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_stall_timeout_takes_whole_seconds_and_names_what_it_expects() {
+        let parse = |v: &str| {
+            let arg = format!("--lock-stall-timeout={v}");
+            Opt::try_parse_from(["vfsd", "--fd=3", "--shared-dir", "/a", &arg])
+        };
+        assert_eq!(parse("0").unwrap().lock_stall_timeout, 0);
+        assert_eq!(parse("5").unwrap().lock_stall_timeout, 5);
+        let none = Opt::try_parse_from(["vfsd", "--fd=3", "--shared-dir", "/a"]).unwrap();
+        assert_eq!(none.lock_stall_timeout, 30);
+        for bad in ["soon", "-1", "1.5", "86401"] {
+            let e = parse(bad).unwrap_err().to_string();
+            let first = e.lines().next().unwrap();
+            assert!(
+                first.contains("--lock-stall-timeout") && first.contains("whole seconds"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn compat_options_map_to_flags() {

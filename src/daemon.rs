@@ -430,6 +430,7 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     cfg.max_locks = opt.max_locks;
     cfg.max_locks_per_file = opt.max_locks_per_file;
     cfg.max_lock_waiters = opt.max_lock_waiters;
+    cfg.lock_stall_timeout = std::time::Duration::from_secs(opt.lock_stall_timeout);
     cfg.allow_mmap = opt.allow_mmap;
     cfg.allow_project_id = opt.allow_project_id;
     cfg.posix_acl = opt.posix_acl;

@@ -600,6 +600,12 @@ impl Collector for Counters {
             "SETLKW requests answered EDEADLK (a cycle of waits).",
             fs.lock_edeadlk,
         )?;
+        counter(
+            &mut enc,
+            "vfsd_lock_stalled",
+            "SETLKW requests answered EDEADLK (every guest holder in the way stalled).",
+            fs.lock_stalled,
+        )?;
 
         let mig = device.migration_stats().snapshot();
         let mut m = enc.encode_descriptor(

@@ -249,6 +249,7 @@ impl Stats {
             "lock_enolck": fs.lock_enolck,
             "lock_edeadlk": fs.lock_edeadlk,
             "lock_owners": fs.lock_owners,
+            "lock_stalled": fs.lock_stalled,
             "nowait_unsupported": fs.nowait_unsupported,
             "live_inodes": fs.live_inodes,
             "open_handles": fs.open_handles,

@@ -31,7 +31,31 @@
 //! needs; Linux checks again whenever a waiter wakes, the host does that for us unseen),
 //! and waits whose holder waits for something else of the waiter's, such as its exit (a
 //! parent that kills its child, blocked in a forwarded F_SETLKW for the parent's lock, and
-//! waits for it before closing the file: the signal can't end the child's wait here).
+//! waits for it before closing the file: the signal can't end the child's wait here);
+//! the stall rule below ends those.
+//!
+//! flock waits get a cycle check too (`Flocks::closes_cycle`). flock's owner is the open
+//! file, so the walk follows processes: each handle's flock is noted with the guest pid
+//! (the tgid FUSE sends) that took it, a flock wait by pid P is blocked by the other
+//! handles holding a conflicting flock on its node, and a holder's pid that waits itself
+//! leads on; a holder that is P closes the cycle, and that wait gets EDEADLK. Linux on a
+//! local file system never answers flock EDEADLK, but there a signal ends the wait. The
+//! holder is taken to be the process that took the flock: one that handed its open file
+//! on (fork, SCM_RIGHTS) may be found in a cycle its file's other holder could break.
+//! Cycles mixing flock and POSIX waits are not looked for.
+//!
+//! Stalled holders (`--lock-stall-timeout` T, default 30 s; 0 turns it off). A POSIX or
+//! OFD wait that has waited T, where at least one owner of this table holds a conflicting
+//! range and every such owner is stalled (no SETLK, SETLKW, GETLK or FLUSH from it for T,
+//! and no wait of its own), is answered EDEADLK by a watchdog thread (`watchdog`), which
+//! ticks only while waits exist. The guest process then returns to user mode, where a
+//! pending signal (a parent's SIGKILL) is delivered. EINTR would not do: the guest's
+//! `fuse_setlk` turns it into ERESTARTSYS, which a process with no signal pending would
+//! see as errno 512. Linux's fcntl(2) says its deadlock detection has false positives too:
+//! a guest process that holds a lock for longer than T without any lock call or close
+//! while another waits for it makes that wait fail. Holders outside this table (host
+//! processes, other guests) never trigger the rule.
+//!
 //! A wait that never ends is over only when its holder lets go: in the guest, end or
 //! unlock the holding process (`/proc/locks` in the guest doesn't list forwarded locks;
 //! the host's does, with vfsd as holder); otherwise the holder on the host or in the
@@ -41,11 +65,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use super::handle::Handle;
-use super::wake::Blocker;
+use super::wake::{cancel_all, Blocker, Finish};
 use super::PassthroughFs;
 use crate::sys::{cvt, errno};
 
@@ -283,6 +308,41 @@ struct Owners {
     /// cycle together the second sees the first, and the lock order stays the table,
     /// then an owner's state.
     waits: Waits,
+    /// When each guest lock owner last asked anything of the table (the stall rule).
+    active: Activity,
+}
+
+/// When each guest lock owner last sent a lock request (SETLK, SETLKW, GETLK) or a FLUSH,
+/// in milliseconds of `FileLocks::now_ms`, for the stall rule (`FileLocks::stalled_waits`).
+/// An entry older than the timeout means what no entry means, so such entries are pruned
+/// as the map grows. Nothing is recorded while the rule is off.
+#[derive(Default)]
+struct Activity {
+    /// `--lock-stall-timeout` in milliseconds; 0: off.
+    timeout_ms: u64,
+    last: HashMap<u64, u64>,
+    prune_at: usize,
+}
+
+impl Activity {
+    fn touch(&mut self, owner: u64, now: u64) {
+        if self.timeout_ms == 0 {
+            return;
+        }
+        self.last.insert(owner, now);
+        if self.last.len() > self.prune_at {
+            let t = self.timeout_ms;
+            self.last.retain(|_, at| now.saturating_sub(*at) < t);
+            self.prune_at = (2 * self.last.len()).max(1024);
+        }
+    }
+
+    /// Whether `owner` has asked nothing for the whole timeout.
+    fn idle(&self, owner: u64, now: u64) -> bool {
+        self.last
+            .get(&owner)
+            .is_none_or(|&at| now.saturating_sub(at) >= self.timeout_ms)
+    }
 }
 
 /// The SETLKWs waiting on their threads, by guest lock owner: what each waits for.
@@ -298,6 +358,12 @@ struct WaitRecord {
     id: u64,
     node: u64,
     range: Range,
+    /// When it began (`FileLocks::now_ms`).
+    started: u64,
+    /// What breaks its thread's host call off for the stall rule, once the thread blocks.
+    stall: Option<Arc<Blocker>>,
+    /// The stall rule ended it (its `stall` was called off).
+    stalled: bool,
 }
 
 /// Hops the deadlock walk follows from a new wait (an owner waiting for an owner that
@@ -308,14 +374,25 @@ pub const DEADLOCK_DEPTH: usize = 10;
 pub const DEADLOCK_STEPS: usize = 4096;
 
 impl Waits {
-    fn add(&mut self, owner: u64, node: u64, range: Range) -> u64 {
+    fn add(&mut self, owner: u64, node: u64, range: Range, started: u64) -> u64 {
         self.next_id += 1;
         let id = self.next_id;
-        self.by_owner
-            .entry(owner)
-            .or_default()
-            .push(WaitRecord { id, node, range });
+        self.by_owner.entry(owner).or_default().push(WaitRecord {
+            id,
+            node,
+            range,
+            started,
+            stall: None,
+            stalled: false,
+        });
         id
+    }
+
+    fn get_mut(&mut self, owner: u64, id: u64) -> Option<&mut WaitRecord> {
+        self.by_owner
+            .get_mut(&owner)?
+            .iter_mut()
+            .find(|w| w.id == id)
     }
 
     fn remove(&mut self, owner: u64, id: u64) {
@@ -405,6 +482,52 @@ impl Owners {
         false
     }
 
+    /// The stall rule's test for a wait of `me` for `range` of `node`: some other owner
+    /// of this table holds a conflicting range, and every one that does is idle for the
+    /// timeout (`Activity`) and waits for nothing itself. Each owner and range looked at
+    /// costs one of `budget`; none left: false.
+    fn holders_stalled(
+        &self,
+        me: u64,
+        node: u64,
+        range: Range,
+        now: u64,
+        budget: &mut usize,
+    ) -> bool {
+        let Some(owners) = self.by_node.get(&node) else {
+            return false;
+        };
+        let mut any = false;
+        for (&k, e) in owners {
+            if k == me {
+                continue;
+            }
+            if *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            let conflicts = e
+                .owner
+                .state
+                .lock()
+                .unwrap()
+                .ranges
+                .conflicts(&range, budget);
+            if *budget == 0 {
+                // A conflicting range may be among those not looked at.
+                return false;
+            }
+            if !conflicts {
+                continue;
+            }
+            if !self.active.idle(k, now) || self.waits.by_owner.contains_key(&k) {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
     fn remove(&mut self, node: u64, owner: u64) -> Option<Arc<Owner>> {
         let m = self.by_node.get_mut(&node)?;
         let e = m.remove(&owner)?;
@@ -426,6 +549,108 @@ pub struct OwnerRecord {
     pub ranges: Vec<Range>,
 }
 
+/// Who holds a flock through which guest handle, and which flock waits wait, for the
+/// deadlock check of flock waits. flock's owner is the open file; a cycle runs through
+/// processes, so each handle's flock is noted with the guest pid (tgid) that took it.
+#[derive(Default)]
+struct Flocks {
+    /// node -> guest handle -> its flock.
+    held: HashMap<u64, HashMap<u64, FlockHolder>>,
+    /// guest pid -> its flock waits.
+    waits: HashMap<u32, Vec<FlockWait>>,
+    next_id: u64,
+}
+
+struct FlockHolder {
+    pid: u32,
+    typ: i32,
+    /// A handle released meanwhile holds nothing (a grant can come after its RELEASE).
+    handle: Weak<Handle>,
+}
+
+struct FlockWait {
+    id: u64,
+    node: u64,
+    fh: u64,
+    typ: i32,
+}
+
+impl Flocks {
+    /// Handle `fh` of `node` now holds flock `typ` (F_UNLCK: none), taken by `pid`.
+    fn set(&mut self, node: u64, fh: u64, pid: u32, typ: i32, handle: &Arc<Handle>) {
+        if typ == libc::F_UNLCK || pid == 0 {
+            self.remove(node, fh);
+            return;
+        }
+        let holder = FlockHolder {
+            pid,
+            typ,
+            handle: Arc::downgrade(handle),
+        };
+        self.held.entry(node).or_default().insert(fh, holder);
+    }
+
+    fn remove(&mut self, node: u64, fh: u64) {
+        if let Some(m) = self.held.get_mut(&node) {
+            m.remove(&fh);
+            if m.is_empty() {
+                self.held.remove(&node);
+            }
+        }
+    }
+
+    fn remove_wait(&mut self, pid: u32, id: u64) {
+        if let Some(v) = self.waits.get_mut(&pid) {
+            v.retain(|w| w.id != id);
+            if v.is_empty() {
+                self.waits.remove(&pid);
+            }
+        }
+    }
+
+    /// Whether process `me` waiting for flock `typ` on `node` through handle `fh` would
+    /// close a cycle: the wait is blocked by the other handles holding a conflicting flock
+    /// on the node, each held by the process that took it; a holder that is `me` closes
+    /// a cycle, one that waits itself leads on. Bounded as `Owners::closes_cycle`.
+    fn closes_cycle(&self, me: u32, node: u64, fh: u64, typ: i32) -> bool {
+        let mut budget = DEADLOCK_STEPS;
+        let mut seen = std::collections::HashSet::from([me]);
+        let mut frontier = vec![(node, fh, typ)];
+        for _ in 0..DEADLOCK_DEPTH {
+            let mut next = Vec::new();
+            for (node, fh, typ) in frontier {
+                for (&hfh, h) in self.held.get(&node).into_iter().flatten() {
+                    if budget == 0 {
+                        return false;
+                    }
+                    budget -= 1;
+                    let conflicts = typ == libc::F_WRLCK || h.typ == libc::F_WRLCK;
+                    if hfh == fh || !conflicts || h.handle.strong_count() == 0 {
+                        continue;
+                    }
+                    if h.pid == me {
+                        return true;
+                    }
+                    if seen.insert(h.pid) {
+                        for w in self.waits.get(&h.pid).into_iter().flatten() {
+                            next.push((w.node, w.fh, w.typ));
+                        }
+                    }
+                }
+            }
+            if next.is_empty() {
+                return false;
+            }
+            frontier = next;
+        }
+        false
+    }
+}
+
+/// Owners, ranges and waits the stall watchdog may look at in one tick, in all: it runs
+/// under the table's mutex. The waits it did not reach are looked at first next time.
+const STALL_STEPS: usize = 16 * DEADLOCK_STEPS;
+
 /// Counters for the statistics.
 #[derive(Default)]
 pub struct LockCounters {
@@ -436,6 +661,9 @@ pub struct LockCounters {
     pub edeadlk: AtomicU64,
     /// Owners in the table, each with a host open file description.
     pub owners: AtomicUsize,
+    /// SETLKWs answered EDEADLK because every guest holder in their way was stalled
+    /// (`--lock-stall-timeout`).
+    pub stalled: AtomicU64,
 }
 
 pub struct FileLocks {
@@ -462,6 +690,15 @@ pub struct FileLocks {
     /// a reset closes them without unlocking, the other daemon's copy holds the locks.
     pub shared: std::sync::atomic::AtomicBool,
     owners: Mutex<Owners>,
+    /// flock holders and waits, for the deadlock check of flock waits.
+    flocks: Mutex<Flocks>,
+    /// `--lock-stall-timeout` in milliseconds; 0: the stall rule is off.
+    stall_ms: u64,
+    /// What `now_ms` counts from.
+    epoch: Instant,
+    /// Wakes the stall watchdog when a wait begins (it sleeps while nothing waits).
+    watchdog: Condvar,
+    watchdog_started: AtomicBool,
     pub counters: LockCounters,
 }
 
@@ -481,6 +718,11 @@ pub enum Wait {
         locks: Arc<FileLocks>,
         handle: Arc<Handle>,
         typ: i32,
+        node: u64,
+        fh: u64,
+        pid: u32,
+        /// Its record for the deadlock check (0: none yet).
+        record: u64,
     },
 }
 
@@ -502,7 +744,12 @@ impl Drop for Wait {
                 locks.drop_if_unused(*node, *key, owner);
                 locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
             }
-            Wait::Flock { locks, .. } => {
+            Wait::Flock {
+                locks, pid, record, ..
+            } => {
+                if *record != 0 {
+                    locks.flocks.lock().unwrap().remove_wait(*pid, *record);
+                }
                 locks.counters.waiters.fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -530,8 +777,86 @@ impl FileLocks {
             pending: Default::default(),
             any_pending: Default::default(),
             owners: Mutex::new(Owners::default()),
+            flocks: Default::default(),
+            stall_ms: 0,
+            epoch: Instant::now(),
+            watchdog: Condvar::new(),
+            watchdog_started: AtomicBool::new(false),
             counters: LockCounters::default(),
         }
+    }
+
+    /// Turns the stall rule on (`--lock-stall-timeout`; zero leaves it off): a POSIX or
+    /// OFD wait that has waited `t`, for guest owners that have all been idle for `t`, is
+    /// answered EDEADLK (see the module doc).
+    pub fn with_stall_timeout(mut self, t: Duration) -> Self {
+        self.stall_ms = t.as_millis().min(u64::MAX as u128) as u64;
+        self.owners.get_mut().unwrap().active.timeout_ms = self.stall_ms;
+        self
+    }
+
+    /// Milliseconds since this table was made: the stall rule's clock.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Starts the stall watchdog on the first wait. It ticks every quarter of the timeout
+    /// (100 ms to 1 s) while waits exist, sleeps while none do, and ends with the table.
+    fn start_watchdog(self: &Arc<Self>) {
+        if self.stall_ms == 0 || self.watchdog_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let tick = Duration::from_millis((self.stall_ms / 4).clamp(100, 1000));
+        let spawned = std::thread::Builder::new()
+            .name("vfsd-lock-stall".into())
+            .stack_size(256 * 1024)
+            .spawn(move || watchdog(weak, tick));
+        if let Err(e) = spawned {
+            log::warn!("no lock stall watchdog thread (tried again at the next wait): {e}");
+            self.watchdog_started.store(false, Ordering::Release);
+        }
+    }
+
+    /// The waits the stall rule ends now (module doc), marked as stalled: each has waited
+    /// the timeout, and every guest owner holding a range in its way has been idle that
+    /// long and waits for nothing itself. Gives what calls their threads off.
+    fn stalled_waits(&self, cursor: &mut u64) -> Vec<Arc<Blocker>> {
+        let now = self.now_ms();
+        let mut m = self.owners.lock().unwrap();
+        let mut due: Vec<(u64, u64, u64, Range)> = m
+            .waits
+            .by_owner
+            .iter()
+            .flat_map(|(&k, v)| {
+                v.iter()
+                    .filter(|w| {
+                        !w.stalled
+                            && w.stall.is_some()
+                            && now.saturating_sub(w.started) >= self.stall_ms
+                    })
+                    .map(move |w| (w.id, k, w.node, w.range))
+            })
+            .collect();
+        due.sort_unstable_by_key(|w| w.0);
+        // Those after the last one looked at first: a spent budget starves none.
+        let after = due.partition_point(|w| w.0 <= *cursor);
+        due.rotate_left(after);
+        let mut budget = STALL_STEPS.saturating_sub(due.len());
+        let mut hit = Vec::new();
+        for (id, k, node, range) in due {
+            if budget == 0 {
+                break;
+            }
+            *cursor = id;
+            if m.holders_stalled(k, node, range, now, &mut budget) {
+                if let Some(w) = m.waits.get_mut(k, id) {
+                    w.stalled = true;
+                    hit.extend(w.stall.clone());
+                }
+            }
+        }
+        hit
     }
 
     fn enolck(&self) -> io::Error {
@@ -554,7 +879,9 @@ impl FileLocks {
         open: &impl Fn(bool) -> io::Result<OwnedFd>,
         fh_open: &impl Fn() -> bool,
     ) -> io::Result<Arc<Owner>> {
+        let now = self.now_ms();
         let found = |m: &mut Owners| -> io::Result<Option<Arc<Owner>>> {
+            m.active.touch(key, now);
             let Some(e) = m.by_node.get_mut(&node).and_then(|o| o.get_mut(&key)) else {
                 return Ok(None);
             };
@@ -617,35 +944,45 @@ impl FileLocks {
         }
     }
 
-    /// Checks `--max-locks` and `--max-locks-per-file` for an owner's ranges on `node`
-    /// going from `old` to `new` in number.
-    fn check_bound(&self, node: u64, old: usize, new: usize) -> io::Result<()> {
+    /// Takes the room an owner's ranges on `node` going from `old` to `new` in number
+    /// need under `--max-locks` and `--max-locks-per-file`, in the same step as the check
+    /// (the count first, then its test), so owners racing for the last room can't pass
+    /// a bound together. Gives the ranges reserved, which `commit` settles, or
+    /// `uncount` gives back.
+    fn reserve(&self, node: u64, old: usize, new: usize) -> io::Result<usize> {
         if new <= old {
-            return Ok(());
+            return Ok(0);
         }
         let more = new - old;
-        let on_file = self
-            .per_file
-            .lock()
-            .unwrap()
-            .get(&node)
-            .copied()
-            .unwrap_or(0);
-        if self.counters.held.load(Ordering::Relaxed) + more > self.max_locks
-            || on_file + more > self.max_per_file
-        {
+        let before = self.counters.held.fetch_add(more, Ordering::AcqRel);
+        if before + more > self.max_locks {
+            self.counters.held.fetch_sub(more, Ordering::AcqRel);
             return Err(self.enolck());
         }
-        Ok(())
+        let mut m = self.per_file.lock().unwrap();
+        let on_file = m.entry(node).or_default();
+        if *on_file + more > self.max_per_file {
+            if *on_file == 0 {
+                m.remove(&node);
+            }
+            drop(m);
+            self.counters.held.fetch_sub(more, Ordering::AcqRel);
+            return Err(self.enolck());
+        }
+        *on_file += more;
+        Ok(more)
     }
 
-    fn commit(&self, node: u64, ranges: &mut RangeSet, plan: Plan) {
+    /// Applies `plan` to `ranges` and counts the change, of which `reserved` ranges were
+    /// counted already (`reserve`).
+    fn commit(&self, node: u64, ranges: &mut RangeSet, plan: Plan, reserved: usize) {
         let (old, now) = (ranges.len(), plan.len_after);
         ranges.commit(plan);
         if now >= old {
-            self.count(node, now - old);
+            self.count(node, (now - old).saturating_sub(reserved));
+            self.uncount(node, reserved.saturating_sub(now - old));
         } else {
-            self.uncount(node, old - now);
+            self.uncount(node, old - now + reserved);
         }
     }
 
@@ -680,6 +1017,41 @@ impl FileLocks {
         Ok(())
     }
 
+    /// Checks flock wait `w` for a cycle of flock waits among the guest's processes
+    /// (`Flocks::closes_cycle`): EDEADLK if it would close one, else its record is kept
+    /// until it ends. Checked and recorded in one critical section, as POSIX waits are.
+    fn flock_wait(&self, w: &mut Wait) -> io::Result<()> {
+        let Wait::Flock {
+            node,
+            fh,
+            pid,
+            typ,
+            record,
+            ..
+        } = w
+        else {
+            return Ok(());
+        };
+        if *pid == 0 {
+            return Ok(());
+        }
+        let mut fl = self.flocks.lock().unwrap();
+        if fl.closes_cycle(*pid, *node, *fh, *typ) {
+            self.counters.edeadlk.fetch_add(1, Ordering::Relaxed);
+            return Err(errno(libc::EDEADLK));
+        }
+        fl.next_id += 1;
+        *record = fl.next_id;
+        let wait = FlockWait {
+            id: *record,
+            node: *node,
+            fh: *fh,
+            typ: *typ,
+        };
+        fl.waits.entry(*pid).or_default().push(wait);
+        Ok(())
+    }
+
     /// GETLK: the first lock that would conflict with `r` for `owner`, or `r` as F_UNLCK.
     /// Its pid is the guest pid when the holder is an owner of this guest, else 0. An
     /// owner with no locks yet is asked through `probe` (the guest handle's own host fd,
@@ -688,12 +1060,12 @@ impl FileLocks {
         if r.typ == libc::F_UNLCK {
             return Err(errno(libc::EINVAL));
         }
-        let mine = self
-            .owners
-            .lock()
-            .unwrap()
-            .get(node, owner)
-            .map(|e| e.owner.clone());
+        let now = self.now_ms();
+        let mine = {
+            let mut m = self.owners.lock().unwrap();
+            m.active.touch(owner, now);
+            m.get(node, owner).map(|e| e.owner.clone())
+        };
         let fd = mine.as_ref().map_or(probe, |o| o.fd.as_raw_fd());
         let mut f = r.flock();
         // SAFETY: plain fcntl on a live fd (the owner's, or the caller's handle's) with a
@@ -746,7 +1118,10 @@ impl FileLocks {
         for _ in 0..8 {
             let o = if r.typ == libc::F_UNLCK {
                 // Unlocking what was never locked needs no host description.
-                match self.owners.lock().unwrap().get(node, owner) {
+                let now = self.now_ms();
+                let mut m = self.owners.lock().unwrap();
+                m.active.touch(owner, now);
+                match m.get(node, owner) {
                     Some(e) => e.owner.clone(),
                     None => return Ok(None),
                 }
@@ -759,19 +1134,25 @@ impl FileLocks {
             }
             o.pid.store(pid, Ordering::Relaxed);
             let new = st.ranges.plan(r);
-            if let Err(e) = self.check_bound(node, st.ranges.len(), new.len_after) {
-                drop(st);
-                self.drop_if_unused(node, owner, &o);
-                return Err(e);
-            }
+            let reserved = match self.reserve(node, st.ranges.len(), new.len_after) {
+                Ok(n) => n,
+                Err(e) => {
+                    drop(st);
+                    self.drop_if_unused(node, owner, &o);
+                    return Err(e);
+                }
+            };
             let f = r.flock();
             // SAFETY: plain fcntl on an fd we own with a live flock.
             let res = cvt(unsafe { libc::fcntl(o.fd.as_raw_fd(), libc::F_OFD_SETLK, &f) });
+            if res.is_err() {
+                self.uncount(node, reserved);
+            }
             let busy =
                 |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES));
             let out = match res {
                 Ok(_) => {
-                    self.commit(node, &mut st.ranges, new);
+                    self.commit(node, &mut st.ranges, new, reserved);
                     Ok(None)
                 }
                 Err(e) if wait && busy(&e) => match self.waiter() {
@@ -797,7 +1178,12 @@ impl FileLocks {
                             return Err(errno(libc::EDEADLK));
                         }
                         if let Wait::Posix { record, .. } = &mut w {
-                            *record = m.waits.add(owner, node, r);
+                            *record = m.waits.add(owner, node, r, self.now_ms());
+                        }
+                        drop(m);
+                        if self.stall_ms > 0 {
+                            self.start_watchdog();
+                            self.watchdog.notify_one();
                         }
                         return Ok(Some(w));
                     }
@@ -821,8 +1207,10 @@ impl FileLocks {
         // A migrated owner still being taken again goes too: nothing it is granted later
         // may outlive the close.
         self.call_off_retake(node, owner);
+        let now = self.now_ms();
         let o = {
             let mut m = self.owners.lock().unwrap();
+            m.active.touch(owner, now);
             match m.get(node, owner) {
                 None => return,
                 Some(e) if e.owner.state.lock().unwrap().waiting > 0 => {
@@ -844,6 +1232,7 @@ impl FileLocks {
     /// open file itself and which no FLUSH names; a process's POSIX owner was released by
     /// the FLUSH of its own close already.
     pub fn release_handle(&self, node: u64, fh: u64) {
+        self.flocks.lock().unwrap().remove(node, fh);
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
             let mut keys = Vec::new();
@@ -866,6 +1255,7 @@ impl FileLocks {
 
     /// Every owner's locks on `node` (the node forgotten).
     pub fn release_node(&self, node: u64) {
+        self.flocks.lock().unwrap().held.remove(&node);
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
             let gone: Vec<Arc<Owner>> = match m.by_node.remove(&node) {
@@ -884,6 +1274,8 @@ impl FileLocks {
     /// Everything (DESTROY, a new INIT).
     pub fn release_all(&self) {
         self.pending.lock().unwrap().clear();
+        // The flock waits' records stay: each goes with its wait, which is cancelled.
+        self.flocks.lock().unwrap().held.clear();
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
             // The waits' records stay: each goes with its wait, which is cancelled.
@@ -1091,15 +1483,66 @@ impl FileLocks {
 impl Wait {
     /// Blocks until the lock is granted or `blocker` is called off (EINTR, from the
     /// signal its canceller sends). Run on a waiter thread, never on a request worker.
+    ///
+    /// A POSIX wait that the stall rule ends (`FileLocks::stalled_waits`) gets EDEADLK.
     pub fn block(self, blocker: &Blocker) -> io::Result<()> {
-        blocker.retry(|| self.wait_once())
+        let stall = self.register_stall();
+        // Dropped before the wait (and its record) goes: no stall signal comes after it.
+        let _finish = stall.as_deref().map(Finish);
+        let stalled = || stall.as_ref().is_some_and(|b| b.is_cancelled());
+        let r = blocker.retry(|| {
+            if stalled() {
+                return Err(errno(libc::EDEADLK));
+            }
+            self.wait_once()
+        });
+        match r {
+            Err(e)
+                if stalled() && matches!(e.raw_os_error(), Some(libc::EINTR | libc::EDEADLK)) =>
+            {
+                if let Wait::Posix { locks, .. } = &self {
+                    locks.counters.stalled.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(errno(libc::EDEADLK))
+            }
+            r => r,
+        }
+    }
+
+    /// On the waiter thread, before it blocks: what lets the stall watchdog break this
+    /// thread's host call off, noted in the wait's record (POSIX waits, with the rule on).
+    fn register_stall(&self) -> Option<Arc<Blocker>> {
+        let Wait::Posix {
+            locks, key, record, ..
+        } = self
+        else {
+            return None;
+        };
+        if locks.stall_ms == 0 || *record == 0 {
+            return None;
+        }
+        let b = Arc::new(Blocker::default());
+        b.start();
+        let mut m = locks.owners.lock().unwrap();
+        m.waits.get_mut(*key, *record)?.stall = Some(b.clone());
+        Some(b)
     }
 
     fn wait_once(&self) -> io::Result<()> {
         let (locks, owner, range) = match self {
-            Wait::Flock { handle, typ, .. } => {
+            Wait::Flock {
+                locks,
+                handle,
+                typ,
+                node,
+                fh,
+                pid,
+                ..
+            } => {
                 flock(handle.fd.as_raw_fd(), *typ, true)?;
                 handle.flock.store(*typ, Ordering::Relaxed);
+                let mut fl = locks.flocks.lock().unwrap();
+                fl.set(*node, *fh, *pid, *typ, handle);
                 return Ok(());
             }
             Wait::Posix {
@@ -1132,7 +1575,7 @@ impl Wait {
         // moment. A wait adds at most two ranges, so each count stays within its bound +
         // 2 x --max-lock-waiters.
         let new = st.ranges.plan(*range);
-        locks.commit(node, &mut st.ranges, new);
+        locks.commit(node, &mut st.ranges, new, 0);
         Ok(())
     }
 }
@@ -1226,14 +1669,31 @@ impl PassthroughFs {
                 }
                 res
             };
+            let busy = matches!(&res, Err(e) if e.raw_os_error() == Some(libc::EAGAIN));
+            if res.is_ok() || busy {
+                // A refused conversion has let go of the handle's earlier flock (as flock(2)
+                // converts: the old lock first goes).
+                let typ = if busy { libc::F_UNLCK } else { r.typ };
+                self.locks
+                    .flocks
+                    .lock()
+                    .unwrap()
+                    .set(nodeid, fh, pid, typ, &h);
+            }
             return match res {
-                Err(e) if wait && e.raw_os_error() == Some(libc::EAGAIN) => {
+                Err(_) if wait && busy => {
                     self.locks.waiter()?;
-                    Ok(Some(Wait::Flock {
+                    let mut w = Wait::Flock {
                         locks: self.locks.clone(),
                         handle: h,
                         typ: r.typ,
-                    }))
+                        node: nodeid,
+                        fh,
+                        pid,
+                        record: 0,
+                    };
+                    self.locks.flock_wait(&mut w)?;
+                    Ok(Some(w))
                 }
                 r => r.map(|_| None),
             };
@@ -1252,6 +1712,39 @@ impl PassthroughFs {
             self.lock_description(nodeid),
             || self.handle(fh, nodeid).is_ok(),
         )
+    }
+}
+
+/// The stall watchdog of a `FileLocks` (`FileLocks::start_watchdog`): ends the waits the
+/// stall rule finds, every `tick` while any wait exists.
+fn watchdog(table: Weak<FileLocks>, tick: Duration) {
+    let mut cursor = 0;
+    loop {
+        let Some(locks) = table.upgrade() else {
+            return;
+        };
+        {
+            let m = locks.owners.lock().unwrap();
+            if m.waits.by_owner.is_empty() {
+                // Woken by the next wait; now and then anyway, to end with the table.
+                drop(
+                    locks
+                        .watchdog
+                        .wait_timeout(m, Duration::from_secs(10))
+                        .unwrap(),
+                );
+                continue;
+            }
+        }
+        drop(locks);
+        std::thread::sleep(tick);
+        let Some(locks) = table.upgrade() else {
+            return;
+        };
+        let stalled = locks.stalled_waits(&mut cursor);
+        drop(locks);
+        // Outside the table's lock: each thread takes it as its wait ends.
+        cancel_all(&stalled);
     }
 }
 
@@ -1418,6 +1911,55 @@ mod tests {
 
     fn r(start: u64, end: u64, typ: i32) -> Range {
         Range { start, end, typ }
+    }
+
+    /// Owners racing SETLKs against `--max-locks` (and, in a second run, against
+    /// `--max-locks-per-file`) never hold more ranges together than the bound: the room a
+    /// lock needs is taken in the same step that checks for it.
+    #[test]
+    fn racing_setlks_never_pass_the_lock_bounds() {
+        const THREADS: u64 = 16;
+        const BOUND: usize = 4;
+        let f = tempfile::NamedTempFile::new_in("/dev/shm")
+            .or_else(|_| tempfile::NamedTempFile::new())
+            .unwrap();
+        for (max, per_file) in [(BOUND, 1000), (1000, BOUND)] {
+            for _ in 0..100 {
+                let locks = Arc::new(FileLocks::new(true, true, max, per_file, 16, false));
+                let go = Arc::new(std::sync::Barrier::new(THREADS as usize));
+                let granted: usize = std::thread::scope(|s| {
+                    let all: Vec<_> = (0..THREADS)
+                        .map(|k| {
+                            let (locks, go, f) = (locks.clone(), go.clone(), &f);
+                            s.spawn(move || {
+                                let open = |_: bool| Ok(OwnedFd::from(f.reopen()?));
+                                go.wait();
+                                let mut n = 0;
+                                for i in 0..4 {
+                                    let byte = 2 * (k * 4 + i);
+                                    let rg = r(byte, byte, libc::F_RDLCK);
+                                    if locks
+                                        .setlk(2, 1, 0x100 + k, 1, rg, false, open, || true)
+                                        .is_ok()
+                                    {
+                                        n += 1;
+                                    }
+                                }
+                                n
+                            })
+                        })
+                        .collect();
+                    all.into_iter().map(|t| t.join().unwrap()).sum()
+                });
+                let modelled: usize = locks.export().iter().map(|o| o.ranges.len()).sum();
+                assert!(
+                    granted <= BOUND && modelled <= BOUND && locks.held() <= BOUND,
+                    "bound {BOUND} (max {max}, per file {per_file}): {granted} granted, \
+                     {modelled} held, counted {}",
+                    locks.held()
+                );
+            }
+        }
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct Config {
     pub max_locks_per_file: usize,
     /// SETLKW requests that may wait at once (`--max-lock-waiters`).
     pub max_lock_waiters: usize,
+    /// How long a POSIX wait waits for guest holders that have all gone quiet before it
+    /// is answered EDEADLK (`--lock-stall-timeout`; zero: never).
+    pub lock_stall_timeout: std::time::Duration,
     /// Offer FUSE_DIRECT_IO_ALLOW_MMAP (`--allow-mmap`): shared mmap of files opened for
     /// direct I/O (`--cache never`, `metadata`).
     pub allow_mmap: bool,
@@ -148,6 +151,7 @@ impl Config {
             max_locks: 65536,
             max_locks_per_file: 4096,
             max_lock_waiters: 1024,
+            lock_stall_timeout: std::time::Duration::from_secs(30),
             allow_mmap: false,
             allow_project_id: false,
             posix_acl: false,
@@ -186,6 +190,8 @@ pub struct FsCounters {
     pub lock_edeadlk: u64,
     /// Lock owners, each with a host open file description.
     pub lock_owners: usize,
+    /// SETLKWs answered EDEADLK for waiting on stalled guest holders.
+    pub lock_stalled: u64,
     /// O_PATH fds nodes hold, and their bound (`inode::FdCache`).
     pub inode_fds: usize,
     pub inode_fd_limit: usize,
@@ -277,14 +283,17 @@ impl PassthroughFs {
         );
         let close_silent_root = sys::close_is_silent(&root_fd);
         inodes.insert_root(root_fd, &st)?;
-        let locks = Arc::new(filelocks::FileLocks::new(
-            cfg.posix_lock,
-            cfg.flock,
-            cfg.max_locks,
-            cfg.max_locks_per_file,
-            cfg.max_lock_waiters,
-            cfg.readonly,
-        ));
+        let locks = Arc::new(
+            filelocks::FileLocks::new(
+                cfg.posix_lock,
+                cfg.flock,
+                cfg.max_locks,
+                cfg.max_locks_per_file,
+                cfg.max_lock_waiters,
+                cfg.readonly,
+            )
+            .with_stall_timeout(cfg.lock_stall_timeout),
+        );
         let write_idle = cfg.no_open_write_idle;
         Ok(PassthroughFs {
             mapped_cap: killpriv::mapped_name(&cfg.xattrmap),
@@ -357,6 +366,11 @@ impl PassthroughFs {
                 .locks
                 .counters
                 .owners
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lock_stalled: self
+                .locks
+                .counters
+                .stalled
                 .load(std::sync::atomic::Ordering::Relaxed),
             inode_fds: self.inodes.fd_cache().held(),
             inode_fd_limit: self.inodes.fd_cache().limit(),

@@ -301,7 +301,11 @@ pub fn spawn_waiter(
             // guest's notification can't be interrupted.
             drop(registered);
             let interrupted = me.interrupted.load(Ordering::SeqCst);
-            if r.is_err() && me.suspend.load(Ordering::SeqCst) && !interrupted {
+            // A wait the stall rule ended (EDEADLK) is answered even as its ring stops.
+            let stalled = r
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));
+            if r.is_err() && me.suspend.load(Ordering::SeqCst) && !interrupted && !stalled {
                 // Listed before the ring hears of it: the stop, and the device state saved
                 // after it, must find it.
                 let slot = done.slot();

@@ -1052,3 +1052,146 @@ fn lock_waits_take_at_most_half_of_a_request_queue_of_indirect_chains() {
 fn lock_waits_take_at_most_half_of_a_request_queue_of_direct_chains() {
     lock_waits_take_at_most_half_of_a_request_queue(false);
 }
+
+/// A flock taken by guest process `pid` (the guest sends the caller's tgid with it).
+fn flock_by(typ: i32, pid: u32) -> Lock {
+    Lock {
+        pid,
+        ..Lock::flock(typ)
+    }
+}
+
+/// Two guest processes, each holding a flock on one file and waiting for the other's: the
+/// wait that closes the cycle gets EDEADLK (neither process could be killed while it waits
+/// in a forwarded flock), and the other wait is granted once the cycle is broken.
+#[test]
+fn a_flock_cycle_between_two_processes_gets_edeadlk() {
+    let d = Daemon::start(&[]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    std::fs::write(d.path("g"), b"x").unwrap();
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    let nf = c.lookup(ROOT, "f").unwrap().nodeid;
+    let ng = c.lookup(ROOT, "g").unwrap().nodeid;
+    let open = |n: u64| c.open(n, libc::O_RDWR as u32).unwrap().fh;
+    // Each process opens both files: flock belongs to the open file.
+    let (a_f, a_g) = (open(nf), open(ng));
+    let (b_f, b_g) = (open(nf), open(ng));
+    c.setlk(nf, a_f, a_f, flock_by(libc::F_WRLCK, 100)).unwrap();
+    c.setlk(ng, b_g, b_g, flock_by(libc::F_WRLCK, 200)).unwrap();
+    let ta = c
+        .setlkw(1, ng, a_g, a_g, flock_by(libc::F_WRLCK, 100))
+        .unwrap();
+    let t = Instant::now();
+    while stat(&d, "lock_waiters") < 1 {
+        assert!(t.elapsed() < Duration::from_secs(5), "the wait never began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let tb = c
+        .setlkw(1, nf, b_f, b_f, flock_by(libc::F_WRLCK, 200))
+        .unwrap();
+    let r = c
+        .wait(tb)
+        .expect("no answer to the flock wait that closes the cycle: it waits for ever");
+    assert_eq!(r.error, -libc::EDEADLK);
+    assert_eq!(stat(&d, "lock_edeadlk"), 1);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(c.poll_done(1).unwrap().is_empty(), "the first wait ended");
+    c.setlk(ng, b_g, b_g, flock_by(libc::F_UNLCK, 0)).unwrap();
+    assert_eq!(c.wait(ta).unwrap().error, 0);
+    assert_eq!(stat(&d, "lock_waiters"), 0);
+}
+
+/// A guest owner holding a lock that sends no lock request and no FLUSH for
+/// `--lock-stall-timeout` while another owner waits for it (a parent that SIGKILLs its
+/// child, blocked in a forwarded F_SETLKW for the parent's lock, and waits for it before
+/// closing the file): the wait gets EDEADLK, so the waiting process can take its signal.
+#[test]
+fn a_wait_for_a_stalled_guest_holder_gets_edeadlk() {
+    let d = Daemon::start(&["--lock-stall-timeout", "1"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(5);
+    let (n, h) = open_f(&c);
+    c.setlk(n, h, A, wr(0, 9, 1)).unwrap();
+    let began = Instant::now();
+    let t = c.setlkw(1, n, h, B, wr(5, 5, 2)).unwrap();
+    let r = c
+        .wait(t)
+        .expect("no answer to a wait for a stalled holder: it waits for ever");
+    let took = began.elapsed();
+    assert_eq!(r.error, -libc::EDEADLK);
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
+        "answered after {took:?}"
+    );
+    assert_eq!(stat(&d, "lock_stalled"), 1);
+    assert_eq!(stat(&d, "lock_waiters"), 0);
+    // B took nothing; A still holds its range until it lets go.
+    assert!(!host_ofd_lock(&d.path("f"), libc::F_WRLCK, 5, 1));
+    c.setlk(n, h, A, un(0, 9)).unwrap();
+    assert!(host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 10));
+}
+
+/// A holder that keeps making lock requests (here GETLK on another range) is not
+/// stalled: the wait goes on past `--lock-stall-timeout` and is granted on the unlock.
+#[test]
+fn a_wait_for_a_holder_that_keeps_locking_goes_on() {
+    let d = Daemon::start(&["--lock-stall-timeout", "1"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    let (n, h) = open_f(&c);
+    c.setlk(n, h, A, wr(0, 9, 1)).unwrap();
+    let t = c.setlkw(1, n, h, B, wr(5, 5, 2)).unwrap();
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(200));
+        c.getlk(n, h, A, rd(100, 100, 1)).unwrap();
+    }
+    assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
+    assert_eq!(stat(&d, "lock_waiters"), 1);
+    c.setlk(n, h, A, un(0, 9)).unwrap();
+    assert_eq!(c.wait(t).unwrap().error, 0);
+    assert_eq!(stat(&d, "lock_stalled"), 0);
+}
+
+/// A holder outside the guest (a host process) never stalls a wait out, however long it
+/// holds the lock: that wait ends when the host lets go.
+#[test]
+fn a_wait_for_a_host_holder_is_never_stalled_out() {
+    let d = Daemon::start(&["--lock-stall-timeout", "1"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let host = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path("f"))
+        .unwrap();
+    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_len = 10;
+    let host_lock = |fl: &libc::flock| {
+        // SAFETY: plain fcntl on an fd we own with a live flock.
+        let r = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&host),
+                libc::F_OFD_SETLK,
+                fl,
+            )
+        };
+        assert_eq!(r, 0);
+    };
+    host_lock(&fl);
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    let (n, h) = open_f(&c);
+    let t = c.setlkw(1, n, h, B, wr(5, 5, 2)).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
+    fl.l_type = libc::F_UNLCK as i16;
+    host_lock(&fl);
+    assert_eq!(c.wait(t).unwrap().error, 0);
+    assert_eq!(stat(&d, "lock_stalled"), 0);
+}
