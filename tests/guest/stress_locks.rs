@@ -1,7 +1,8 @@
 //! stress-ng's POSIX, lockf and OFD lock stressors, two instances each on the share, two
 //! passes as root and one as a user (guest-tests/stress-locks.sh): a cycle of lock waits
-//! among them must end in EDEADLK, never hang them. vfsd's `--stats` say how many cycles
-//! it broke.
+//! among them must end in EDEADLK, and so must a killed child's wait for the lock of the
+//! parent that waits for it (after `--lock-stall-timeout`): no run may hang. vfsd's
+//! `--stats` say how many waits of each kind it ended.
 
 use crate::fixture::{daemon_under_test, TestDir};
 use crate::{record, run_on_share};
@@ -21,7 +22,7 @@ fn lock_stressors_finish_and_a_cycle_of_waits_ends_in_edeadlk() {
     let (_, run) = run_on_share(
         &dir,
         &args,
-        300,
+        900,
         |_| {},
         "/guest-tests/stress-locks.sh -t 4 -r 2",
     );
@@ -30,8 +31,8 @@ fn lock_stressors_finish_and_a_cycle_of_waits_ends_in_edeadlk() {
     if let Ok(text) = std::fs::read_to_string(&stats) {
         let v: serde_json::Value = serde_json::from_str(&text).expect("--stats JSON");
         eprintln!(
-            "{name}: vfsd --stats: lock_edeadlk {}, lock_enolck {}",
-            v["lock_edeadlk"], v["lock_enolck"]
+            "{name}: vfsd --stats: lock_edeadlk {}, lock_stalled {}, lock_enolck {}",
+            v["lock_edeadlk"], v["lock_stalled"], v["lock_enolck"]
         );
     }
 }
