@@ -310,6 +310,9 @@ struct Owners {
     waits: Waits,
     /// When each guest lock owner last asked anything of the table (the stall rule).
     active: Activity,
+    /// The entries of each guest lock owner id in `by_node`: activity is kept only for
+    /// ids with one, so what `active` holds is bounded as the entries are.
+    keys: HashMap<u64, usize>,
 }
 
 /// When each guest lock owner last sent a lock request (SETLK, SETLKW, GETLK) or a FLUSH,
@@ -369,6 +372,8 @@ struct WaitRecord {
 /// Hops the deadlock walk follows from a new wait (an owner waiting for an owner that
 /// waits for ...), as Linux's `MAX_DEADLK_ITERATIONS`; a longer cycle is not found.
 pub const DEADLOCK_DEPTH: usize = 10;
+/// Slots of the stall rule's table of guest callers (`FileLocks::note_caller`): 16 KiB.
+const CALLER_SLOTS: usize = 4096;
 /// Owners and ranges the walk may look at, in all: it runs under the table's mutex.
 /// Past it, no EDEADLK.
 pub const DEADLOCK_STEPS: usize = 4096;
@@ -406,6 +411,27 @@ impl Waits {
 }
 
 impl Owners {
+    /// Notes that guest lock owner `owner` asked something now, if it has an entry.
+    fn touch(&mut self, owner: u64, now: u64) {
+        if self.keys.contains_key(&owner) {
+            self.active.touch(owner, now);
+        }
+    }
+
+    /// Inserts `owner`'s entry for `node`, counted in `keys`.
+    fn insert(&mut self, node: u64, owner: u64, e: Entry) {
+        if self
+            .by_node
+            .entry(node)
+            .or_default()
+            .insert(owner, e)
+            .is_none()
+        {
+            *self.keys.entry(owner).or_default() += 1;
+            self.count += 1;
+        }
+    }
+
     fn get(&self, node: u64, owner: u64) -> Option<&Entry> {
         self.by_node.get(&node)?.get(&owner)
     }
@@ -493,6 +519,7 @@ impl Owners {
         range: Range,
         now: u64,
         budget: &mut usize,
+        caller_idle: &dyn Fn(u32) -> bool,
     ) -> bool {
         let Some(owners) = self.by_node.get(&node) else {
             return false;
@@ -520,7 +547,10 @@ impl Owners {
             if !conflicts {
                 continue;
             }
-            if !self.active.idle(k, now) || self.waits.by_owner.contains_key(&k) {
+            if !self.active.idle(k, now)
+                || self.waits.by_owner.contains_key(&k)
+                || !caller_idle(e.owner.pid.load(Ordering::Relaxed))
+            {
                 return false;
             }
             any = true;
@@ -535,6 +565,13 @@ impl Owners {
             self.by_node.remove(&node);
         }
         self.count -= 1;
+        if let Some(n) = self.keys.get_mut(&owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.keys.remove(&owner);
+                self.active.last.remove(&owner);
+            }
+        }
         Some(e.owner)
     }
 }
@@ -587,7 +624,11 @@ impl Flocks {
             typ,
             handle: Arc::downgrade(handle),
         };
-        self.held.entry(node).or_default().insert(fh, holder);
+        let m = self.held.entry(node).or_default();
+        // A grant that came after its handle's RELEASE left an entry of a handle gone:
+        // such entries go here, so a node keeps at most one besides its live handles'.
+        m.retain(|_, h| h.handle.strong_count() > 0);
+        m.insert(fh, holder);
     }
 
     fn remove(&mut self, node: u64, fh: u64) {
@@ -694,6 +735,14 @@ pub struct FileLocks {
     flocks: Mutex<Flocks>,
     /// `--lock-stall-timeout` in milliseconds; 0: the stall rule is off.
     stall_ms: u64,
+    /// The stall watchdog's period, and its ticks so far (it ticks only while waits
+    /// exist): the clock `callers` is kept in, which a request reads without a syscall.
+    tick_ms: u64,
+    ticks: AtomicU32,
+    /// The tick of the last request of each guest thread id, hashed into a fixed table
+    /// (empty while the stall rule is off): a holder whose pid sent anything (I/O on the
+    /// share included) is not stalled. Two ids in one slot only make a holder look busy.
+    callers: Box<[AtomicU32]>,
     /// What `now_ms` counts from.
     epoch: Instant,
     /// Wakes the stall watchdog when a wait begins (it sleeps while nothing waits).
@@ -779,6 +828,9 @@ impl FileLocks {
             owners: Mutex::new(Owners::default()),
             flocks: Default::default(),
             stall_ms: 0,
+            tick_ms: 0,
+            ticks: AtomicU32::new(0),
+            callers: Box::default(),
             epoch: Instant::now(),
             watchdog: Condvar::new(),
             watchdog_started: AtomicBool::new(false),
@@ -792,7 +844,35 @@ impl FileLocks {
     pub fn with_stall_timeout(mut self, t: Duration) -> Self {
         self.stall_ms = t.as_millis().min(u64::MAX as u128) as u64;
         self.owners.get_mut().unwrap().active.timeout_ms = self.stall_ms;
+        if self.stall_ms > 0 {
+            self.tick_ms = (self.stall_ms / 4).clamp(100, 1000);
+            self.callers = (0..CALLER_SLOTS).map(|_| AtomicU32::new(0)).collect();
+        }
         self
+    }
+
+    /// A request of guest thread `pid` came (any opcode): its slot takes the current
+    /// tick. One load, and a store only when the tick moved on.
+    pub fn note_caller(&self, pid: u32) {
+        if let Some(slot) = self.callers.get(pid as usize % CALLER_SLOTS) {
+            let t = self.ticks.load(Ordering::Relaxed);
+            if slot.load(Ordering::Relaxed) != t {
+                slot.store(t, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether guest pid `pid` has sent nothing for the stall timeout, as the watchdog's
+    /// ticks count it.
+    fn caller_idle(&self, pid: u32) -> bool {
+        let Some(slot) = self.callers.get(pid as usize % CALLER_SLOTS) else {
+            return true;
+        };
+        let quiet = self
+            .ticks
+            .load(Ordering::Relaxed)
+            .wrapping_sub(slot.load(Ordering::Relaxed));
+        u64::from(quiet) * self.tick_ms >= self.stall_ms
     }
 
     /// Milliseconds since this table was made: the stall rule's clock.
@@ -807,7 +887,7 @@ impl FileLocks {
             return;
         }
         let weak = Arc::downgrade(self);
-        let tick = Duration::from_millis((self.stall_ms / 4).clamp(100, 1000));
+        let tick = Duration::from_millis(self.tick_ms);
         let spawned = std::thread::Builder::new()
             .name("vfsd-lock-stall".into())
             .stack_size(256 * 1024)
@@ -849,7 +929,9 @@ impl FileLocks {
                 break;
             }
             *cursor = id;
-            if m.holders_stalled(k, node, range, now, &mut budget) {
+            if m.holders_stalled(k, node, range, now, &mut budget, &|pid| {
+                self.caller_idle(pid)
+            }) {
                 if let Some(w) = m.waits.get_mut(k, id) {
                     w.stalled = true;
                     hit.extend(w.stall.clone());
@@ -881,7 +963,7 @@ impl FileLocks {
     ) -> io::Result<Arc<Owner>> {
         let now = self.now_ms();
         let found = |m: &mut Owners| -> io::Result<Option<Arc<Owner>>> {
-            m.active.touch(key, now);
+            m.touch(key, now);
             let Some(e) = m.by_node.get_mut(&node).and_then(|o| o.get_mut(&key)) else {
                 return Ok(None);
             };
@@ -916,14 +998,15 @@ impl FileLocks {
             state: Mutex::new(OwnerState::default()),
             pid: AtomicU32::new(0),
         });
-        m.by_node.entry(node).or_default().insert(
+        m.insert(
+            node,
             key,
             Entry {
                 owner: o.clone(),
                 handles: vec![fh],
             },
         );
-        m.count += 1;
+        m.touch(key, now);
         self.counters.owners.store(m.count, Ordering::Relaxed);
         Ok(o)
     }
@@ -1063,7 +1146,7 @@ impl FileLocks {
         let now = self.now_ms();
         let mine = {
             let mut m = self.owners.lock().unwrap();
-            m.active.touch(owner, now);
+            m.touch(owner, now);
             m.get(node, owner).map(|e| e.owner.clone())
         };
         let fd = mine.as_ref().map_or(probe, |o| o.fd.as_raw_fd());
@@ -1120,7 +1203,7 @@ impl FileLocks {
                 // Unlocking what was never locked needs no host description.
                 let now = self.now_ms();
                 let mut m = self.owners.lock().unwrap();
-                m.active.touch(owner, now);
+                m.touch(owner, now);
                 match m.get(node, owner) {
                     Some(e) => e.owner.clone(),
                     None => return Ok(None),
@@ -1210,7 +1293,7 @@ impl FileLocks {
         let now = self.now_ms();
         let o = {
             let mut m = self.owners.lock().unwrap();
-            m.active.touch(owner, now);
+            m.touch(owner, now);
             match m.get(node, owner) {
                 None => return,
                 Some(e) if e.owner.state.lock().unwrap().waiting > 0 => {
@@ -1258,11 +1341,13 @@ impl FileLocks {
         self.flocks.lock().unwrap().held.remove(&node);
         let gone: Vec<Arc<Owner>> = {
             let mut m = self.owners.lock().unwrap();
-            let gone: Vec<Arc<Owner>> = match m.by_node.remove(&node) {
-                Some(owners) => owners.into_values().map(|e| e.owner).collect(),
-                None => Vec::new(),
-            };
-            m.count -= gone.len();
+            let keys: Vec<u64> = m
+                .by_node
+                .get(&node)
+                .map(|owners| owners.keys().copied().collect())
+                .unwrap_or_default();
+            let gone: Vec<Arc<Owner>> =
+                keys.into_iter().filter_map(|k| m.remove(node, k)).collect();
             self.counters.owners.store(m.count, Ordering::Relaxed);
             gone
         };
@@ -1281,6 +1366,8 @@ impl FileLocks {
             // The waits' records stay: each goes with its wait, which is cancelled.
             let all = std::mem::take(&mut m.by_node);
             m.count = 0;
+            m.keys.clear();
+            m.active.last.clear();
             self.counters.owners.store(0, Ordering::Relaxed);
             all.into_values()
                 .flat_map(|owners| owners.into_values().map(|e| e.owner))
@@ -1462,14 +1549,14 @@ impl FileLocks {
             }),
             pid: AtomicU32::new(rec.pid),
         });
-        m.by_node.entry(rec.node).or_default().insert(
+        m.insert(
+            rec.node,
             rec.owner,
             Entry {
                 owner: o,
                 handles: rec.handles.clone(),
             },
         );
-        m.count += 1;
         self.counters.owners.store(m.count, Ordering::Relaxed);
         Ok(())
     }
@@ -1741,6 +1828,7 @@ fn watchdog(table: Weak<FileLocks>, tick: Duration) {
         let Some(locks) = table.upgrade() else {
             return;
         };
+        locks.ticks.fetch_add(1, Ordering::Relaxed);
         let stalled = locks.stalled_waits(&mut cursor);
         drop(locks);
         // Outside the table's lock: each thread takes it as its wait ends.
@@ -1816,6 +1904,19 @@ mod tests {
     /// An owner from a migration state whose ranges would take its file past
     /// `--max-locks-per-file`, over all the file's owners, is refused before any of them
     /// is placed: the host's work to place n locks on one file grows as n².
+    #[test]
+    fn the_stall_rules_activity_is_kept_only_for_owners_in_the_table() {
+        let locks = FileLocks::new(true, true, 1000, 100, 16, false)
+            .with_stall_timeout(std::time::Duration::from_secs(86400));
+        // FLUSHes (and unlocks) of owners that never locked: a hostile guest's stream.
+        for owner in 0..100_000u64 {
+            locks.release_owner(owner % 7, owner);
+        }
+        let m = locks.owners.lock().unwrap();
+        assert_eq!(m.active.last.len(), 0);
+        assert!(m.keys.is_empty());
+    }
+
     #[test]
     fn an_owner_past_the_bound_per_file_is_refused_before_it_places_any() {
         let locks = FileLocks::new(true, true, 1000, 100, 16, false);

@@ -318,6 +318,12 @@ impl PassthroughFs {
         &self.cfg
     }
 
+    /// A request of guest thread `pid` came: a lock holder that sends requests is not
+    /// stalled (`--lock-stall-timeout`).
+    pub fn note_caller(&self, pid: u32) {
+        self.locks.note_caller(pid);
+    }
+
     /// A lock request refused at a bound outside the lock table (a ring's share of lock
     /// waits): counted with the table's own ENOLCKs.
     pub fn count_lock_refusal(&self) {

@@ -303,6 +303,8 @@ impl FuseServer {
             }
             Ok(req) => {
                 let op = req.hdr.opcode;
+                // For the lock stall rule: a lock holder that sends anything is busy.
+                self.fs.note_caller(req.hdr.pid);
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
                     nowait::with_open_wait(wait, || self.serve(mem, descs, &bufs, req, defer, wait))
                 }));

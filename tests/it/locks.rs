@@ -1156,6 +1156,34 @@ fn a_wait_for_a_holder_that_keeps_locking_goes_on() {
     assert_eq!(stat(&d, "lock_stalled"), 0);
 }
 
+/// A holder whose process keeps sending other requests (here GETATTRs as its pid, as
+/// its I/O on the share would come) is busy, not stalled, though it makes no lock call.
+#[test]
+fn a_wait_for_a_holder_busy_with_other_requests_goes_on() {
+    let d = Daemon::start(&["--lock-stall-timeout", "1"]);
+    std::fs::write(d.path("f"), b"x").unwrap();
+    let mut c = d.client();
+    c.timeout = Duration::from_secs(3);
+    let (n, h) = open_f(&c);
+    let holder = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 7,
+    };
+    c.setlk(n, h, A, wr(0, 9, 7)).unwrap();
+    let t = c.setlkw(1, n, h, B, wr(5, 5, 8)).unwrap();
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(200));
+        c.as_caller(holder, |c| c.getattr(n)).unwrap();
+    }
+    assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
+    assert_eq!(stat(&d, "lock_waiters"), 1);
+    c.setlk(n, h, A, un(0, 9)).unwrap();
+    assert_eq!(c.wait(t).unwrap().error, 0);
+    assert_eq!(stat(&d, "lock_stalled"), 0);
+}
+
 /// A holder outside the guest (a host process) never stalls a wait out, however long it
 /// holds the lock: that wait ends when the host lets go.
 #[test]
