@@ -152,6 +152,9 @@ struct Slot {
     answering: bool,
 }
 
+/// A connection waiting for its request head keeps its place for at least this long.
+const YOUNGEST_EVICTED: Duration = Duration::from_millis(200);
+
 /// What the connections' threads share.
 struct Endpoint {
     device: Arc<FsDevice>,
@@ -164,13 +167,15 @@ struct Endpoint {
 
 impl Endpoint {
     /// Serves `conn` on a thread of its own, in a free place or in that of the oldest
-    /// connection still waiting for its request head (shut down, so its thread lets it
-    /// go); with neither, `conn` is closed at once.
+    /// connection still waiting for its request head after `YOUNGEST_EVICTED` (shut down,
+    /// so its thread lets it go); with neither, `conn` is closed at once.
     fn take(self: Arc<Self>, conn: Box<dyn Conn>, id: u64) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         if conns.len() >= MAX_CONNECTIONS {
+            // Not one younger than `YOUNGEST_EVICTED`: a flood of connects must not push
+            // out a scraper in the moment between its connect and its request head.
             let waiting = (conns.iter())
-                .filter(|s| !s.answering)
+                .filter(|s| !s.answering && s.accepted.elapsed() >= YOUNGEST_EVICTED)
                 .min_by_key(|s| s.accepted);
             let Some(oldest) = waiting else {
                 debug!(

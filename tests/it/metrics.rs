@@ -344,8 +344,9 @@ fn idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape() {
     let _idle: Vec<_> = (0..20)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();
-    // Let the endpoint take them in first.
-    std::thread::sleep(Duration::from_millis(200));
+    // Let the endpoint take them in first, and let them age past the time a connection
+    // keeps its place.
+    std::thread::sleep(Duration::from_millis(400));
     for round in 0..3 {
         let t = Instant::now();
         let s = std::net::TcpStream::connect(&addr).unwrap();
@@ -358,6 +359,37 @@ fn idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape() {
             "scrape {round} beside 20 idle connections took {took:?}"
         );
     }
+}
+
+/// A flood of connects can't push out a scraper between its connect and its request:
+/// a connection waiting for its head keeps its place for 200 ms, and the newcomers past
+/// the 8 places are closed instead.
+#[test]
+fn a_flood_of_connects_does_not_push_out_a_scraper_that_just_connected() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start(&["--metrics", &addr]);
+    let c = d.client();
+    c.getattr(ROOT).unwrap();
+    let scraper = std::net::TcpStream::connect(&addr).unwrap();
+    scraper
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // The scraper's place first, then the flood.
+    std::thread::sleep(Duration::from_millis(20));
+    let _flood: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let m = parse(&exchange(
+        scraper,
+        b"GET /metrics HTTP/1.1\r\nHost: vfsd\r\n\r\n",
+    ));
+    assert_eq!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#), 1.0);
 }
 
 /// Each wrong `--metrics` ends start-up with one line and a non-zero exit: a port open
