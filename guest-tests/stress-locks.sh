@@ -4,8 +4,8 @@
 # root and as the unprivileged user fsgqa. A cycle of lock waits must end (EDEADLK from
 # the daemon, as the kernel gives it on a local file system), and so must a stressor's
 # own end, where the parent kills its child and waits for it while it still holds the
-# lock the child waits for: vfsd answers that wait EDEADLK once the holder has sent no
-# lock request for --lock-stall-timeout (30 s), and the child takes its SIGKILL. A wait
+# lock the child waits for: vfsd answers that wait EDEADLK once the holder has sent
+# nothing for --lock-stall-timeout (30 s by default), and the child takes its SIGKILL. A wait
 # the daemon never answers can't be killed in the guest (virtio-fs sends no
 # FUSE_INTERRUPT), so a stressor still running well past its deadline is reported as
 # hung and the script gives up on it.
