@@ -38,6 +38,49 @@ fn stat(d: &Daemon, key: &str) -> u64 {
     d.stats()[key].as_u64().unwrap()
 }
 
+/// A host program's OFD write lock on `len` bytes of a file from `start`, held until
+/// `release`.
+struct HostOfdLock {
+    file: std::fs::File,
+    start: i64,
+    len: i64,
+}
+
+impl HostOfdLock {
+    fn take(path: &std::path::Path, start: i64, len: i64) -> HostOfdLock {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let l = HostOfdLock { file, start, len };
+        l.set(libc::F_WRLCK);
+        l
+    }
+
+    fn release(&self) {
+        self.set(libc::F_UNLCK);
+    }
+
+    fn set(&self, typ: i32) {
+        // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = self.start;
+        fl.l_len = self.len;
+        // SAFETY: plain fcntl on an fd we own with a live flock.
+        let r = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                libc::F_OFD_SETLK,
+                &fl,
+            )
+        };
+        assert_eq!(r, 0, "the host's OFD lock");
+    }
+}
+
 #[test]
 fn byte_range_locks_conflict_across_owners_guests_and_host() {
     let (d1, d2) = two_guests(&[]);
@@ -880,29 +923,7 @@ fn a_three_owner_lock_cycle_gets_edeadlk_as_on_the_host() {
 fn a_wait_chain_ending_at_a_host_lock_is_no_deadlock() {
     let d = Daemon::start(&[]);
     std::fs::write(d.path("f"), vec![0u8; 4096]).unwrap();
-    let host = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(d.path("f"))
-        .unwrap();
-    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = 2;
-    fl.l_len = 1;
-    let host_lock = |fl: &libc::flock| {
-        // SAFETY: plain fcntl on an fd we own.
-        let r = unsafe {
-            libc::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(&host),
-                libc::F_OFD_SETLK,
-                fl,
-            )
-        };
-        assert_eq!(r, 0);
-    };
-    host_lock(&fl);
+    let host = HostOfdLock::take(&d.path("f"), 2, 1);
     let mut c = d.client();
     c.timeout = Duration::from_secs(3);
     let (n, h) = open_f(&c);
@@ -913,8 +934,7 @@ fn a_wait_chain_ending_at_a_host_lock_is_no_deadlock() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(c.poll_done(1).unwrap().is_empty(), "a wait ended early");
     assert_eq!(stat(&d, "lock_waiters"), 2);
-    fl.l_type = libc::F_UNLCK as i16;
-    host_lock(&fl);
+    host.release();
     assert_eq!(c.wait(tb).unwrap().error, 0);
     c.setlk(n, h, B, un(0, EOF)).unwrap();
     assert_eq!(c.wait(ta).unwrap().error, 0);
@@ -1190,36 +1210,14 @@ fn a_wait_for_a_holder_busy_with_other_requests_goes_on() {
 fn a_wait_for_a_host_holder_is_never_stalled_out() {
     let d = Daemon::start(&["--lock-stall-timeout", "1"]);
     std::fs::write(d.path("f"), b"x").unwrap();
-    let host = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(d.path("f"))
-        .unwrap();
-    // SAFETY: plain data, zeroed is valid; l_pid 0 as OFD locks require.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_len = 10;
-    let host_lock = |fl: &libc::flock| {
-        // SAFETY: plain fcntl on an fd we own with a live flock.
-        let r = unsafe {
-            libc::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(&host),
-                libc::F_OFD_SETLK,
-                fl,
-            )
-        };
-        assert_eq!(r, 0);
-    };
-    host_lock(&fl);
+    let host = HostOfdLock::take(&d.path("f"), 0, 10);
     let mut c = d.client();
     c.timeout = Duration::from_secs(3);
     let (n, h) = open_f(&c);
     let t = c.setlkw(1, n, h, B, wr(5, 5, 2)).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
-    fl.l_type = libc::F_UNLCK as i16;
-    host_lock(&fl);
+    host.release();
     assert_eq!(c.wait(t).unwrap().error, 0);
     assert_eq!(stat(&d, "lock_stalled"), 0);
 }
