@@ -282,16 +282,21 @@ fn a_stalling_or_oversized_scraper_is_cut_off_and_delays_no_request() {
     assert!(get(&m, r#"vfsd_requests_total{opcode="getattr"}"#) >= served as f64);
 }
 
-/// The loopback TCP form serves the same; a HEAD gets the head only.
-#[test]
-fn metrics_on_a_loopback_port() {
+/// A daemon serving its metrics on a free loopback port, and that port's address.
+fn daemon_with_loopback_metrics() -> (Daemon, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let d = Daemon::start(&["--metrics", &addr]);
+    (Daemon::start(&["--metrics", &addr]), addr)
+}
+
+/// The loopback TCP form serves the same; a HEAD gets the head only.
+#[test]
+fn metrics_on_a_loopback_port() {
+    let (d, addr) = daemon_with_loopback_metrics();
     // Kept: the daemon exits when its frontend goes.
     let c = d.client();
     c.getattr(ROOT).unwrap();
@@ -332,13 +337,7 @@ fn the_metrics_socket_is_owner_only_under_an_open_umask_with_no_chmod() {
 /// and one still waiting for its request gives way to a newer one.
 #[test]
 fn idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let d = Daemon::start(&["--metrics", &addr]);
+    let (d, addr) = daemon_with_loopback_metrics();
     let c = d.client();
     c.getattr(ROOT).unwrap();
     let _idle: Vec<_> = (0..20)
@@ -366,13 +365,7 @@ fn idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape() {
 /// the 8 places are closed instead.
 #[test]
 fn a_flood_of_connects_does_not_push_out_a_scraper_that_just_connected() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let d = Daemon::start(&["--metrics", &addr]);
+    let (d, addr) = daemon_with_loopback_metrics();
     let c = d.client();
     c.getattr(ROOT).unwrap();
     let scraper = std::net::TcpStream::connect(&addr).unwrap();
