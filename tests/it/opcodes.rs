@@ -753,6 +753,20 @@ fn bad_options_fail_with_one_clear_line() {
     }
 }
 
+/// vfsd started on `sock` (sharing `shared_dir`) exits 1 saying the path is in use, and
+/// leaves the live socket's name alone.
+fn assert_refused_as_in_use(sock: &std::path::Path, shared_dir: &std::path::Path) {
+    let (code, err) = run_vfsd(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        shared_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("in use"), "{err}");
+    assert!(sock.exists(), "the live socket's name was removed");
+}
+
 /// A socket bound at the path but not listening yet is another daemon starting, between
 /// its bind and its listen: the path is in use, not a stale socket to replace.
 #[test]
@@ -760,15 +774,7 @@ fn a_socket_path_bound_by_a_live_socket_is_in_use_before_it_listens() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s");
     let _bound = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
-    let (code, err) = run_vfsd(&[
-        "--socket-path",
-        sock.to_str().unwrap(),
-        "--shared-dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("in use"), "{err}");
-    assert!(sock.exists(), "the live socket's name was removed");
+    assert_refused_as_in_use(&sock, dir.path());
 }
 
 /// A live socket at a path with a space in it is in use: the check goes by the file, not
@@ -778,15 +784,7 @@ fn a_socket_path_with_a_space_bound_by_a_live_socket_is_in_use() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("vfsd sock");
     let _live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-    let (code, err) = run_vfsd(&[
-        "--socket-path",
-        sock.to_str().unwrap(),
-        "--shared-dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("in use"), "{err}");
-    assert!(sock.exists(), "the live socket's name was removed");
+    assert_refused_as_in_use(&sock, dir.path());
 }
 
 /// Runs `f` on a thread of its own that first moved into new namespaces (`flags`, for
@@ -837,14 +835,7 @@ fn a_socket_path_bound_from_another_network_namespace_is_in_use() {
     let _other = in_new_namespaces(libc::CLONE_NEWNET, move || {
         std::os::unix::net::UnixListener::bind(&at).unwrap()
     });
-    let (code, err) = run_vfsd(&[
-        "--socket-path",
-        sock.to_str().unwrap(),
-        "--shared-dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("in use"), "{err}");
+    assert_refused_as_in_use(&sock, dir.path());
 }
 
 /// A socket bound at the same path name in another mount namespace, over a tmpfs mounted
