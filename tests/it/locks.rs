@@ -1122,8 +1122,8 @@ fn a_flock_cycle_between_two_processes_gets_edeadlk() {
     assert_eq!(stat(&d, "lock_waiters"), 0);
 }
 
-/// A guest owner holding a lock that sends no lock request and no FLUSH for
-/// `--lock-stall-timeout` while another owner waits for it (a parent that SIGKILLs its
+/// A guest owner holding a lock whose process sends nothing for `--lock-stall-timeout`
+/// while another owner waits for it (a parent that SIGKILLs its
 /// child, blocked in a forwarded F_SETLKW for the parent's lock, and waits for it before
 /// closing the file): the wait gets EDEADLK, so the waiting process can take its signal.
 #[test]
@@ -1153,21 +1153,21 @@ fn a_wait_for_a_stalled_guest_holder_gets_edeadlk() {
     assert!(host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 10));
 }
 
-/// A holder that keeps making lock requests (here GETLK on another range) is not
-/// stalled: the wait goes on past `--lock-stall-timeout` and is granted on the unlock.
-#[test]
-fn a_wait_for_a_holder_that_keeps_locking_goes_on() {
+/// Owner A of guest pid `pid` holds bytes 0-9 under `--lock-stall-timeout 1` while B
+/// waits for byte 5, and for 3 s `busy` runs every 200 ms: the wait must go on, not
+/// stall out, and A's unlock grants it.
+fn a_busy_holders_waiter_goes_on(pid: u32, busy: impl Fn(&FuseClient, u64, u64)) {
     let d = Daemon::start(&["--lock-stall-timeout", "1"]);
     std::fs::write(d.path("f"), b"x").unwrap();
     let mut c = d.client();
     c.timeout = Duration::from_secs(3);
     let (n, h) = open_f(&c);
-    c.setlk(n, h, A, wr(0, 9, 1)).unwrap();
-    let t = c.setlkw(1, n, h, B, wr(5, 5, 2)).unwrap();
+    c.setlk(n, h, A, wr(0, 9, pid)).unwrap();
+    let t = c.setlkw(1, n, h, B, wr(5, 5, pid + 1)).unwrap();
     let began = Instant::now();
     while began.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(200));
-        c.getlk(n, h, A, rd(100, 100, 1)).unwrap();
+        busy(&c, n, h);
     }
     assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
     assert_eq!(stat(&d, "lock_waiters"), 1);
@@ -1176,32 +1176,27 @@ fn a_wait_for_a_holder_that_keeps_locking_goes_on() {
     assert_eq!(stat(&d, "lock_stalled"), 0);
 }
 
+/// A holder that keeps making lock requests (here GETLK on another range) is not
+/// stalled.
+#[test]
+fn a_wait_for_a_holder_that_keeps_locking_goes_on() {
+    a_busy_holders_waiter_goes_on(1, |c, n, h| {
+        c.getlk(n, h, A, rd(100, 100, 1)).unwrap();
+    });
+}
+
 /// A holder whose process keeps sending other requests (here GETATTRs as its pid, as
 /// its I/O on the share would come) is busy, not stalled, though it makes no lock call.
 #[test]
 fn a_wait_for_a_holder_busy_with_other_requests_goes_on() {
-    let d = Daemon::start(&["--lock-stall-timeout", "1"]);
-    std::fs::write(d.path("f"), b"x").unwrap();
-    let mut c = d.client();
-    c.timeout = Duration::from_secs(3);
-    let (n, h) = open_f(&c);
     let holder = Caller {
         uid: 0,
         gid: 0,
         pid: 7,
     };
-    c.setlk(n, h, A, wr(0, 9, 7)).unwrap();
-    let t = c.setlkw(1, n, h, B, wr(5, 5, 8)).unwrap();
-    let began = Instant::now();
-    while began.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(200));
+    a_busy_holders_waiter_goes_on(7, |c, n, _| {
         c.as_caller(holder, |c| c.getattr(n)).unwrap();
-    }
-    assert!(c.poll_done(1).unwrap().is_empty(), "the wait ended");
-    assert_eq!(stat(&d, "lock_waiters"), 1);
-    c.setlk(n, h, A, un(0, 9)).unwrap();
-    assert_eq!(c.wait(t).unwrap().error, 0);
-    assert_eq!(stat(&d, "lock_stalled"), 0);
+    });
 }
 
 /// A holder outside the guest (a host process) never stalls a wait out, however long it
