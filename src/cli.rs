@@ -117,6 +117,19 @@ pub struct Opt {
     #[arg(long, value_name = "FD")]
     pub fd: Option<i32>,
 
+    /// Serve the one vhost-user connection queued on this listening socket: how vfsd's
+    /// supervisor starts the process that serves (docs/upgrade.md)
+    #[arg(long, hide = true, value_name = "FD")]
+    pub serve_fd: Option<i32>,
+
+    /// The --metrics socket, already bound by the supervisor
+    #[arg(long, hide = true, value_name = "FD", requires = "serve_fd")]
+    pub metrics_fd: Option<i32>,
+
+    /// The --stats file, already opened by the supervisor
+    #[arg(long, hide = true, value_name = "FD", requires = "serve_fd")]
+    pub stats_fd: Option<i32>,
+
     /// Shared directory path
     #[arg(long, value_name = "DIR", required_unless_present_any = ["print_capabilities", "compat_options"])]
     pub shared_dir: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! Start-up and shutdown: checks the options, builds the layers, serves one frontend.
 
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +126,7 @@ fn socket_bound(path: &Path) -> Result<bool, String> {
 }
 
 /// Binds the socket path, refusing one a live socket is bound to.
-fn bind(path: &Path) -> Result<Listener, String> {
+fn bind(path: &Path) -> Result<UnixListener, String> {
     if socket_bound(path)? {
         return Err(format!(
             "socket path '{}' is in use by another process",
@@ -133,7 +134,8 @@ fn bind(path: &Path) -> Result<Listener, String> {
         ));
     }
     // A stale socket from an earlier run is replaced, as virtiofsd does.
-    Listener::new(path, true).map_err(|e| format!("cannot listen on '{}': {e}", path.display()))
+    let _ = std::fs::remove_file(path);
+    UnixListener::bind(path).map_err(|e| format!("cannot listen on '{}': {e}", path.display()))
 }
 
 /// `--socket-group`: the socket belongs to GROUP (a name or a number), which may connect.
@@ -243,8 +245,32 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     }
 }
 
+/// An fd vfsd's supervisor passed (`--serve-fd` and the like), checked to be open.
+fn inherited_fd(opt: &str, fd: i32) -> Result<OwnedFd, String> {
+    // SAFETY: F_GETFD only inspects the fd.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!("--{opt} {fd}: not an open file descriptor"));
+    }
+    // SAFETY: the supervisor passed this fd for this use alone; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain fcntl on an fd we own: no serving process's child inherits it.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    Ok(fd)
+}
+
 pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     use StartupError as E;
+    // The binary an upgrade starts: the file at the path vfsd was started from, as it is
+    // then (a package upgrade replaces the file).
+    let exe = std::env::current_exe().and_then(std::fs::canonicalize);
+    let serving = opt.serve_fd.is_some();
+    if serving {
+        // The supervisor answers for the socket and for every frontend after this one.
+        opt.keep_listening = false;
+        // SIGUSR2 is the supervisor's: one sent here by mistake changes nothing.
+        // SAFETY: setting a signal's disposition to ignored.
+        unsafe { libc::signal(libc::SIGUSR2, libc::SIG_IGN) };
+    }
     sandbox::reset_inherited_signals();
     sandbox::remember_early_signals();
     opt.apply_compat_options().map_err(E::Option)?;
@@ -279,9 +305,12 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     // Before the socket exists: a frontend that connects finds the limit in place.
     set_rlimit_nofile(opt.rlimit_nofile).map_err(E::Sandbox)?;
     // Opened now: the sandbox hides its path (and keeps no directory outside the share).
-    let stats_sink = (opt.stats.as_deref().map(StatsFile::create))
-        .transpose()
-        .map_err(E::Device)?;
+    let stats_sink = match (opt.stats_fd, opt.stats.as_deref()) {
+        (Some(fd), _) => Some(StatsFile::from_fd(
+            inherited_fd("stats-fd", fd).map_err(E::Device)?,
+        )),
+        (None, p) => p.map(StatsFile::create).transpose().map_err(E::Device)?,
+    };
 
     let metrics_addr = (opt.metrics.as_deref().map(crate::metrics::parse_addr))
         .transpose()
@@ -300,6 +329,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     // The sockets' names: removed if start-up fails before the sandbox takes them over.
     let mut socket_name: Option<SocketName> = None;
     let metrics = match &metrics_addr {
+        Some(_) if opt.metrics_fd.is_some() => {
+            let fd = inherited_fd("metrics-fd", opt.metrics_fd.unwrap_or(-1)).map_err(E::Socket)?;
+            Some(crate::metrics::MetricsListener::from_fd(fd).map_err(E::Socket)?)
+        }
         Some(addr) => {
             let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
             if let crate::metrics::MetricsAddr::Unix(p) = addr {
@@ -316,7 +349,14 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         e
     };
 
-    let mut listener = match (&opt.socket_path, opt.fd) {
+    if let Some(fd) = opt.serve_fd {
+        let fd = inherited_fd("serve-fd", fd).map_err(E::Socket)?;
+        let listener = Listener::from(UnixListener::from(fd));
+        return serve(
+            opt, shared_dir, modcaps, listener, metrics, stats_sink, syslog_fd,
+        );
+    }
+    let listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
             let l = bind(p).map_err(|e| abandon(&socket_name, E::Socket(e)))?;
             let named = match &mut socket_name {
@@ -337,13 +377,54 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
             }
             // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
             // --fd); nothing else in the process uses it, and the listener now owns it.
-            unsafe { Listener::from_raw_fd(fd) }
+            unsafe { UnixListener::from_raw_fd(fd) }
         }
         (None, None) => {
             let e = E::Option("one of --socket-path or --fd is required".into());
             return Err(abandon(&socket_name, e));
         }
     };
+    let exe = exe.map_err(|e| abandon(&socket_name, E::Option(format!("vfsd's own path: {e}"))))?;
+    let mut inherited: Vec<(&'static str, OwnedFd)> = Vec::new();
+    let dup = |fd: RawFd| {
+        // SAFETY: `fd` is open and ours for as long as this borrow; the dup is owned.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
+    };
+    if let Some(m) = &metrics {
+        let fd = dup(m.fd()).map_err(|e| abandon(&socket_name, E::Socket(e.to_string())))?;
+        inherited.push(("metrics-fd", fd));
+    }
+    if let Some(s) = &stats_sink {
+        let fd = dup(s.fd()).map_err(|e| abandon(&socket_name, E::Device(e.to_string())))?;
+        inherited.push(("stats-fd", fd));
+    }
+    drop(metrics);
+    drop(stats_sink);
+    // The supervisor logs through its own syslog socket (`syslog_fd`) too.
+    let sup = crate::supervisor::Supervisor {
+        exe,
+        args: std::env::args_os().skip(1).collect(),
+        listener,
+        inherited,
+        socket: socket_name,
+        keep_listening: opt.keep_listening,
+    };
+    crate::supervisor::run(sup).map_err(E::Device)
+}
+
+/// The serving process: confines itself and serves the one frontend its supervisor
+/// queued on `listener`.
+fn serve(
+    opt: Opt,
+    shared_dir: std::path::PathBuf,
+    modcaps: Vec<(bool, ::caps::Capability)>,
+    mut listener: Listener,
+    metrics: Option<crate::metrics::MetricsListener>,
+    stats_sink: Option<StatsFile>,
+    syslog_fd: Option<RawFd>,
+) -> Result<(), StartupError> {
+    use StartupError as E;
+    let socket_name: Option<SocketName> = None;
 
     // Confinement, before any thread exists (the namespace sandbox forks).
     let mut keep = vec![listener.as_raw_fd()];
@@ -378,10 +459,6 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     )
     .map_err(E::Sandbox)?;
     crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
-    if opt.keep_listening {
-        // From here on, in a fresh child per frontend.
-        sandbox::serve_each_frontend_in_a_child(&mut confined).map_err(E::Sandbox)?;
-    }
 
     let mut cfg = Config::new(confined.root.clone());
     cfg.runtime_dir = confined.runtime_dir.take().map(Arc::new);

@@ -20,5 +20,6 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod server;
 pub mod stats;
+pub mod supervisor;
 pub mod sys;
 pub mod syslog;

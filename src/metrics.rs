@@ -97,6 +97,31 @@ impl MetricsListener {
         }
     }
 
+    /// The listener the supervisor bound (`--metrics-fd`): a unix or a TCP socket, as its
+    /// address family says.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Self, String> {
+        use std::os::fd::AsRawFd;
+        let mut domain: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes an int into `domain`, whose size `len` gives.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_DOMAIN,
+                (&mut domain as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(format!("--metrics-fd: {}", std::io::Error::last_os_error()));
+        }
+        Ok(match domain {
+            libc::AF_UNIX => MetricsListener::Unix(UnixListener::from(fd)),
+            _ => MetricsListener::Tcp(TcpListener::from(fd)),
+        })
+    }
+
     pub fn fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         match self {

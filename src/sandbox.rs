@@ -487,23 +487,8 @@ fn exit_as(status: libc::c_int, socket: Option<SocketName>, what: &str) -> ! {
     std::process::exit(128 + sig);
 }
 
-/// Set by a termination signal to the `--keep-listening` parent: no next frontend.
-static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-extern "C" fn relay_and_note(sig: libc::c_int) {
-    if sig == libc::SIGTERM || sig == libc::SIGINT {
-        TERMINATING.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    relay_signal(sig);
-}
-
-/// The least time from one frontend's child's start to the next one's after a child was
-/// killed: a daemon killed on every start (before any frontend came) forks once a
-/// second, not in a busy loop.
-const RESPAWN_AFTER_KILL: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// `SIGKILL` for 9: the name of signal `sig`, or its number.
-fn signal_name(sig: libc::c_int) -> String {
+pub(crate) fn signal_name(sig: libc::c_int) -> String {
     let name = match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",
@@ -526,72 +511,6 @@ fn signal_name(sig: libc::c_int) -> String {
         _ => return format!("signal {sig}"),
     };
     name.to_string()
-}
-
-/// `--keep-listening`: forks a child per frontend. The child returns and serves one
-/// frontend from a clean state (every node, handle, fd and host lock of the one before
-/// went with its process); the parent, which never serves, waits for it and forks the
-/// next once it exited with status 0 (its frontend disconnected) or was killed by a
-/// signal (a crash a guest may have caused, the OOM killer): one guest's crash ends its
-/// own session only. A child that exited with an error (start-up failed), or a
-/// termination signal (relayed to the child), ends the parent too, with the child's
-/// status; the parent removes the socket's name then. Must run before any thread is
-/// started. One child at a time, so nothing adds up across frontends.
-pub fn serve_each_frontend_in_a_child(confined: &mut Confined) -> Result<(), String> {
-    let socket = confined.socket.take();
-    loop {
-        let blocked = block_relayed_signals();
-        // A termination signal during start-up (noted, not acted on) or between two
-        // frontends: no next one.
-        if early_signal().is_some() || TERMINATING.load(std::sync::atomic::Ordering::Relaxed) {
-            exit_as(0, socket, "");
-        }
-        let watch = ParentWatch::new()?;
-        // SAFETY: no other thread exists, so the child's copy of the process is consistent.
-        let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
-        if pid == 0 {
-            drop(socket);
-            watch.die_with_parent();
-            // The parent's relay would send a signal on to the previous child.
-            remember_early_signals();
-            EARLY_SIGNAL.store(0, std::sync::atomic::Ordering::Relaxed);
-            // The inherited fd names the parent's /proc/PID/fd: this process's own, found
-            // through the same proc mount (which the sandbox no longer shows by path).
-            confined.proc_self_fd = sys::openat(
-                confined.proc_self_fd.as_raw_fd(),
-                c"../../self/fd",
-                libc::O_PATH | libc::O_DIRECTORY,
-                0,
-            )
-            .map_err(|e| err("open this process's /proc/self/fd", e))?;
-            restore_signal_mask(&blocked);
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        let alive = watch.keep_in_parent();
-        CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
-        install_handler(&RELAYED, relay_and_note);
-        restore_signal_mask(&blocked);
-        let status = wait_status(pid);
-        drop(alive);
-        // Nothing to relay to until the next fork (the pid may be reused).
-        CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
-        // The loop's top decides, with the signals blocked, whether a termination signal
-        // came (one relayed to a child that had no handler yet killed it).
-        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-            log::info!("frontend gone (--keep-listening)");
-            continue;
-        }
-        if libc::WIFSIGNALED(status) {
-            log::error!(
-                "the daemon serving a frontend was killed by {}; listening for the next frontend",
-                signal_name(libc::WTERMSIG(status))
-            );
-            std::thread::sleep(RESPAWN_AFTER_KILL.saturating_sub(started.elapsed()));
-            continue;
-        }
-        exit_as(status, socket, "the daemon serving a frontend")
-    }
 }
 
 /// The listening sockets' names (the vhost-user socket's, and `--metrics`'s when it is a
@@ -682,6 +601,13 @@ impl StatsFile {
         Ok(StatsFile {
             file: std::sync::Mutex::new((file, 0)),
         })
+    }
+
+    /// The file the supervisor opened (`--stats-fd`).
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        StatsFile {
+            file: std::sync::Mutex::new((std::fs::File::from(fd), 0)),
+        }
     }
 
     pub fn fd(&self) -> RawFd {

@@ -470,6 +470,14 @@ impl PassthroughFs {
                     n.error = Some(why);
                 }
             }
+            // A file the host unlinked while the guest had it: its name finds nothing (or
+            // another file), so it moves as a nameless node, by its own fd.
+            if n.name.is_some() && runtime.is_some() && r.file_type == libc::S_IFREG {
+                let st = r.inode.path_fd().and_then(|fd| sys::fstat(&fd));
+                if st.is_ok_and(|st| st.st_nlink == 0) {
+                    n.name = None;
+                }
+            }
             if n.name.is_none() && n.path.is_none() && runtime.is_some() {
                 // Open but unlinked, say: only its own fd can move it.
                 if let Ok(fd) = r.inode.path_fd().and_then(|f| sys::dup(f.as_raw_fd())) {

@@ -9,12 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The signal that breaks a blocked lock call off.
-pub const WAKE_SIGNAL: libc::c_int = libc::SIGUSR2;
+/// The signal that breaks a blocked lock call off: a real-time one, which no operator
+/// sends by habit (SIGUSR2 asks vfsd's supervisor for an upgrade in place).
+fn wake_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 2
+}
 
 extern "C" fn wake(_: libc::c_int) {}
 
-/// Installs the no-op handler for `WAKE_SIGNAL`, without SA_RESTART so a blocked lock
+/// Installs the no-op handler for `wake_signal()`, without SA_RESTART so a blocked lock
 /// call returns EINTR.
 pub fn install_wake_handler() {
     // SAFETY: sigaction with a zeroed struct, an empty mask and an async-signal-safe
@@ -23,7 +26,7 @@ pub fn install_wake_handler() {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = wake as *const () as libc::sighandler_t;
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(WAKE_SIGNAL, &sa, std::ptr::null_mut());
+        libc::sigaction(wake_signal(), &sa, std::ptr::null_mut());
     }
 }
 
@@ -131,7 +134,7 @@ impl Blocker {
         if *working {
             // SAFETY: the thread is alive: it clears `working` under this lock before it
             // exits, and it can't do so while the lock is held here.
-            unsafe { libc::pthread_kill(thread, WAKE_SIGNAL) };
+            unsafe { libc::pthread_kill(thread, wake_signal()) };
         }
         *working
     }

@@ -75,7 +75,7 @@ impl Daemon {
         )
         .unwrap();
         let prog: BpfProgram = filter.try_into().unwrap();
-        Self::spawn(None, extra, move |cmd| {
+        Self::spawn(Path::new(vfsd_bin()), None, extra, move |cmd| {
             use std::os::unix::process::CommandExt;
             // SAFETY: the hook only makes three syscalls (umask, prctl, seccomp) on memory
             // built before the fork; it allocates nothing.
@@ -94,10 +94,20 @@ impl Daemon {
     }
 
     fn start_in(share: Option<PathBuf>, extra: &[&str]) -> Daemon {
-        Self::spawn(share, extra, |_| {})
+        Self::spawn(Path::new(vfsd_bin()), share, extra, |_| {})
     }
 
-    fn spawn(share: Option<PathBuf>, extra: &[&str], hook: impl FnOnce(&mut Command)) -> Daemon {
+    /// A daemon started from the binary at `bin` (a copy an upgrade can replace).
+    pub fn start_from(bin: &Path, extra: &[&str]) -> Daemon {
+        Self::spawn(bin, None, extra, |_| {})
+    }
+
+    fn spawn(
+        bin: &Path,
+        share: Option<PathBuf>,
+        extra: &[&str],
+        hook: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let share = share.unwrap_or_else(|| {
             let s = dir.path().join("share");
@@ -112,10 +122,10 @@ impl Daemon {
         let mut cmd = match words.next() {
             Some(tool) => {
                 let mut c = Command::new(tool);
-                c.args(words).arg(vfsd_bin());
+                c.args(words).arg(bin);
                 c
             }
-            None => Command::new(vfsd_bin()),
+            None => Command::new(bin),
         };
         hook(&mut cmd);
         let child = cmd
@@ -515,21 +525,30 @@ impl Drop for HostLease {
     }
 }
 
-/// The process actually serving for the daemon spawned as `pid`: itself, or its child in
-/// the namespace sandbox.
+/// The process actually serving for the daemon spawned as `pid`: the supervisor's
+/// child, or in the namespace sandbox that child's own child.
 pub fn serving_pid(pid: i32) -> i32 {
+    let first_child = |p: i32| -> Option<i32> {
+        let c = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
+        c.split_whitespace().next()?.parse().ok()
+    };
     let t = Instant::now();
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(c) = children.split_whitespace().next() {
-            return c.parse().unwrap();
+    let mut serving = loop {
+        if let Some(c) = first_child(pid) {
+            break c;
         }
-        if t.elapsed() > Duration::from_secs(2) {
-            return pid;
-        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "vfsd {pid} started no serving process"
+        );
         std::thread::sleep(Duration::from_millis(20));
+    };
+    // The sandbox's fork comes a moment after the serving process starts.
+    std::thread::sleep(Duration::from_millis(100));
+    while let Some(c) = first_child(serving) {
+        serving = c;
     }
+    serving
 }
 
 /// A bind mount, undone when dropped.

@@ -37,5 +37,6 @@ mod ring_reset;
 mod sandbox;
 mod seccomp;
 mod translate;
+mod upgrade;
 mod virtiofsd_compat;
 mod xattrmap;

@@ -103,7 +103,7 @@ fn modcaps_adjusts_the_capability_set() {
     require_root("needs root");
     let d = Daemon::start(&["--sandbox", "none", "--modcaps", "-mknod:-setfcap"]);
     let c = d.client();
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", serving_pid(&d))).unwrap();
     let cap = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
     let eff = u64::from_str_radix(cap.split_whitespace().nth(1).unwrap(), 16).unwrap();
     assert_eq!(eff & (1 << 27), 0, "CAP_MKNOD dropped");

@@ -1,0 +1,656 @@
+//! The process the VMM starts: it holds the frontend's vhost-user connection and nothing a
+//! guest can reach, and runs the serving process (a fresh `vfsd --serve-fd`) behind it.
+//!
+//! It relays the frontend's control messages to the serving process over a private
+//! socket, byte for byte, and records the set-up among them (`record`). The data path
+//! (guest memory, the rings' eventfds) goes to the serving process directly, as the fds
+//! the frontend sent. On SIGUSR2 it hands the connection over to the binary now at its
+//! own path (`upgrade`): the old process stops its rings and saves the device state, as
+//! for a migration, straight into the new one, which takes the open files and locks over
+//! through the lock handover; the supervisor then sets the new one's rings up at the
+//! indices where the old one stopped. The frontend sees no new connection and no message.
+
+mod record;
+mod wire;
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use log::{error, info, warn};
+
+use crate::sandbox::SocketName;
+use record::Record;
+use wire::{code, Msg};
+
+/// How long the supervisor waits for a serving process to answer during a handover, and
+/// for one that lost its frontend to exit.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// The least time between two starts of a serving process after one was killed: a
+/// daemon killed on every start starts once a second, not in a busy loop.
+const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
+/// SET_DEVICE_STATE_FD's directions and the phase it is used in.
+const SAVE: u32 = 0;
+const LOAD: u32 = 1;
+const STOPPED: u32 = 0;
+
+/// What the supervisor starts with, all set up by `daemon::run` before any sandbox.
+pub struct Supervisor {
+    /// The binary to start: vfsd's own path, resolved at start-up, so an upgrade starts
+    /// whatever file is there now.
+    pub exe: PathBuf,
+    /// vfsd's arguments as given; the serving process gets them too.
+    pub args: Vec<OsString>,
+    pub listener: UnixListener,
+    /// Sockets and files the serving process uses but must not open again (a second
+    /// bind of the metrics socket would find it in use): option name and fd.
+    pub inherited: Vec<(&'static str, OwnedFd)>,
+    pub socket: Option<SocketName>,
+    pub keep_listening: bool,
+}
+
+struct Child {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    /// The supervisor's end of the serving process's vhost-user connection.
+    conn: UnixStream,
+}
+
+/// How a frontend's session ended.
+enum Ended {
+    /// The frontend closed its connection.
+    FrontendGone,
+    /// The serving process died; its wait status.
+    ChildDied(libc::c_int),
+    /// A termination signal, relayed to the serving process, which then exited.
+    Terminated(libc::c_int),
+}
+
+/// The supervisor's own state while it serves.
+struct State {
+    sup: Supervisor,
+    sigfd: OwnedFd,
+    record: Record,
+    reply_ack: bool,
+    /// The frontend's requests the serving process will answer, oldest first: their codes
+    /// and vring indices.
+    awaited: std::collections::VecDeque<(u32, u32)>,
+    terminating: bool,
+}
+
+/// Runs the supervisor; returns only on a start-up error (otherwise it exits).
+pub fn run(sup: Supervisor) -> Result<(), String> {
+    let sigfd = signal_fd()?;
+    let mut st = State {
+        sup,
+        sigfd,
+        record: Record::default(),
+        reply_ack: false,
+        awaited: Default::default(),
+        terminating: crate::sandbox::early_signal().is_some(),
+    };
+    if st.terminating {
+        st.exit(0);
+    }
+    let mut child = st
+        .spawn()
+        .map_err(|e| format!("cannot start the serving process: {e}"))?;
+    loop {
+        match st.wait_for_frontend(&mut child) {
+            Some(frontend) => {
+                let ended = st.serve(&frontend, &mut child);
+                drop(frontend);
+                st.record = Record::default();
+                st.awaited.clear();
+                st.reply_ack = false;
+                let status = match ended {
+                    Ended::FrontendGone => {
+                        // The serving process exits once its connection closes.
+                        let Child { pid, conn, .. } = child;
+                        drop(conn);
+                        let s = reap_within(pid, ANSWER_WAIT);
+                        log::debug!("frontend gone");
+                        s
+                    }
+                    Ended::ChildDied(s) => {
+                        log_death(s);
+                        s
+                    }
+                    Ended::Terminated(s) => st.exit(exit_code(s)),
+                };
+                if !st.sup.keep_listening || st.terminating {
+                    st.exit(exit_code(status));
+                }
+                if libc::WIFSIGNALED(status) {
+                    std::thread::sleep(RESPAWN_AFTER_KILL);
+                }
+                child = match st.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        error!("cannot start the serving process: {e}");
+                        st.exit(1)
+                    }
+                };
+            }
+            None => {
+                // The serving process ended before a frontend came: a start-up error it
+                // reported itself, or a termination signal.
+                let status = reap_within(child.pid, ANSWER_WAIT);
+                if !libc::WIFEXITED(status) {
+                    log_death(status);
+                }
+                st.exit(exit_code(status));
+            }
+        }
+    }
+}
+
+impl State {
+    /// Waits for the next frontend while the serving process starts up. `None`: the
+    /// serving process exited meanwhile.
+    fn wait_for_frontend(&mut self, child: &mut Child) -> Option<UnixStream> {
+        loop {
+            let fds = [
+                self.sup.listener.as_raw_fd(),
+                child.pidfd.as_raw_fd(),
+                self.sigfd.as_raw_fd(),
+            ];
+            let ready = poll(&fds, None);
+            if ready[1] {
+                return None;
+            }
+            if ready[2] {
+                for sig in read_signals(&self.sigfd) {
+                    if sig == libc::SIGUSR2 {
+                        self.replace_idle(child);
+                    } else {
+                        self.relay(sig, child);
+                    }
+                }
+                continue;
+            }
+            if ready[0] {
+                match self.sup.listener.accept() {
+                    Ok((s, _)) => return Some(s),
+                    Err(e) => warn!("accepting a frontend: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Relays the session between `frontend` and the serving process until one ends.
+    fn serve(&mut self, frontend: &UnixStream, child: &mut Child) -> Ended {
+        log::debug!("frontend connected");
+        loop {
+            let fds = [
+                frontend.as_raw_fd(),
+                child.conn.as_raw_fd(),
+                child.pidfd.as_raw_fd(),
+                self.sigfd.as_raw_fd(),
+            ];
+            let ready = poll(&fds, None);
+            if ready[3] {
+                for sig in read_signals(&self.sigfd) {
+                    if sig == libc::SIGUSR2 {
+                        self.upgrade(frontend, child);
+                        // A second signal during the handover is not a second request.
+                        let later = read_signals(&self.sigfd);
+                        for s in later.into_iter().filter(|&s| s != libc::SIGUSR2) {
+                            self.relay(s, child);
+                        }
+                    } else {
+                        self.relay(sig, child);
+                    }
+                }
+                continue;
+            }
+            if ready[1] {
+                match wire::recv(&child.conn) {
+                    Ok(Some(m)) => {
+                        self.answered(&m);
+                        if wire::send(frontend, &m).is_err() {
+                            return Ended::FrontendGone;
+                        }
+                        continue;
+                    }
+                    _ => return self.child_gone(child),
+                }
+            }
+            if ready[2] {
+                return self.child_gone(child);
+            }
+            if ready[0] {
+                let m = match wire::recv(frontend) {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return Ended::FrontendGone,
+                    Err(e) => {
+                        warn!("frontend: {e}; closing its connection");
+                        return Ended::FrontendGone;
+                    }
+                };
+                if let Err(e) = self.record.note(&m) {
+                    warn!("recording the frontend's {}: {e}", m.code);
+                }
+                if m.code == code::SET_PROTOCOL_FEATURES {
+                    self.reply_ack = m.u64_at(0).unwrap_or(0) & wire::PROTOCOL_REPLY_ACK != 0;
+                }
+                if m.expects_reply(self.reply_ack) {
+                    let vring = wire::vring_index(&m).unwrap_or(0) as u32;
+                    self.awaited.push_back((m.code, vring));
+                }
+                if wire::send(&child.conn, &m).is_err() {
+                    return self.child_gone(child);
+                }
+            }
+        }
+    }
+
+    /// Notes an answer the frontend gets: a stopped ring's base.
+    fn answered(&mut self, m: &Msg) {
+        if !m.is_reply() {
+            return;
+        }
+        if let Some((c, vring)) = self.awaited.pop_front() {
+            if c == code::GET_VRING_BASE && m.code == c {
+                if let Some(base) = m.u32_at(1) {
+                    self.record.stopped_at(vring, base);
+                }
+            }
+        }
+    }
+
+    fn child_gone(&mut self, child: &mut Child) -> Ended {
+        let status = reap_within(child.pid, ANSWER_WAIT);
+        if self.terminating {
+            return Ended::Terminated(status);
+        }
+        Ended::ChildDied(status)
+    }
+
+    fn relay(&mut self, sig: libc::c_int, child: &Child) {
+        if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) {
+            self.terminating = true;
+        }
+        if sig != libc::SIGCHLD {
+            // SAFETY: kill of our own child, which we have not reaped yet.
+            unsafe { libc::kill(child.pid, sig) };
+        }
+    }
+
+    /// Removes the sockets' names and exits.
+    fn exit(&self, code: i32) -> ! {
+        if let Some(s) = &self.sup.socket {
+            s.remove();
+        }
+        std::process::exit(code)
+    }
+
+    /// Starts a serving process from the binary now at `exe`, its vhost-user connection
+    /// already queued on a listener only it holds.
+    fn spawn(&self) -> io::Result<Child> {
+        let (listener, conn) = private_pair()?;
+        let mut cmd = std::process::Command::new(&self.sup.exe);
+        cmd.args(&self.sup.args);
+        cmd.arg(format!("--serve-fd={}", listener.as_raw_fd()));
+        let mut pass = vec![listener.as_raw_fd()];
+        for (opt, fd) in &self.sup.inherited {
+            cmd.arg(format!("--{opt}={}", fd.as_raw_fd()));
+            pass.push(fd.as_raw_fd());
+        }
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl on fds this
+        // process holds, sigprocmask and prctl.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &fd in &pass {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                // SIGUSR2 is the supervisor's (`pkill -USR2 vfsd` reaches every vfsd
+                // process); ignored from the start, and across exec.
+                libc::signal(libc::SIGUSR2, libc::SIG_IGN);
+                // The serving process never outlives its supervisor.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            })
+        };
+        let child = cmd.spawn()?;
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: pidfd_open of our own child, not yet reaped.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if pidfd < 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: kill and reap our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap_within(pid, ANSWER_WAIT);
+            return Err(e);
+        }
+        Ok(Child {
+            pid,
+            // SAFETY: pidfd_open returned a new fd that nothing else owns.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
+            conn,
+        })
+    }
+
+    /// SIGUSR2 before any frontend: the serving process is replaced by one of the binary
+    /// now at the path; no state to hand over.
+    fn replace_idle(&mut self, child: &mut Child) {
+        match self.spawn() {
+            Ok(new) => {
+                let old = std::mem::replace(child, new);
+                // SAFETY: kill of our own child, not yet reaped.
+                unsafe { libc::kill(old.pid, libc::SIGKILL) };
+                reap_within(old.pid, ANSWER_WAIT);
+                info!("upgrade: {} now serves", self.sup.exe.display());
+            }
+            Err(e) => error!("upgrade refused: cannot start the new binary: {e}"),
+        }
+    }
+
+    /// SIGUSR2 with a frontend connected: hands the session over to a serving process
+    /// of the binary now at the path, or leaves the old one serving.
+    fn upgrade(&mut self, frontend: &UnixStream, child: &mut Child) {
+        let started = Instant::now();
+        match self.hand_over(frontend, child) {
+            Ok(new) => {
+                let old = std::mem::replace(child, new);
+                let Child { pid, conn, .. } = old;
+                // The old process exits once its connection closes; its files and locks
+                // are shared with the new one, which keeps them.
+                drop(conn);
+                reap_within(pid, ANSWER_WAIT);
+                info!(
+                    "upgrade: {} now serves (pause {} ms)",
+                    self.sup.exe.display(),
+                    started.elapsed().as_millis()
+                );
+            }
+            Err(e) => error!("upgrade refused: {e}; the running binary goes on serving"),
+        }
+    }
+
+    fn hand_over(&mut self, frontend: &UnixStream, old: &mut Child) -> Result<Child, String> {
+        if let Some(why) = self.record.busy() {
+            return Err(why.into());
+        }
+        if !crate::passthrough::RuntimeDir::path().is_some_and(|p| p.is_dir()) {
+            return Err(
+                "no runtime directory for the lock handover ($XDG_RUNTIME_DIR/vfsd or /run/vfsd)"
+                    .into(),
+            );
+        }
+        // The frontend waits for nothing from the old process any more.
+        let deadline = Instant::now() + ANSWER_WAIT;
+        while !self.awaited.is_empty() {
+            let m = recv_by(&old.conn, deadline).map_err(|e| format!("serving process: {e}"))?;
+            self.answered(&m);
+            wire::send(frontend, &m).map_err(|e| format!("frontend: {e}"))?;
+        }
+        let rings = self.record.started();
+        for &i in &rings {
+            let m = Msg::request(code::GET_VRING_BASE, wire::vring_state(i, 0), Vec::new());
+            let r = ask(&old.conn, &m).map_err(|e| format!("stopping ring {i}: {e}"))?;
+            let base = r.u32_at(1).ok_or("a short GET_VRING_BASE answer")?;
+            self.record.stopped_at(i, base);
+        }
+        match self.start_new(old, &rings) {
+            Ok(new) => Ok(new),
+            Err(e) => {
+                self.restart_rings(&old.conn, &rings)
+                    .map_err(|r| format!("{e}; and the old process could not go on: {r}"))?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sets the rings `rings` going again, from where they stopped.
+    fn restart_rings(&mut self, conn: &UnixStream, rings: &[u32]) -> Result<(), String> {
+        self.record.restart(rings);
+        replay(conn, self.record.replay_vrings())?;
+        for k in self.record.kicks() {
+            // SAFETY: an eventfd write of 8 bytes from a valid buffer.
+            unsafe { libc::write(k.as_raw_fd(), (&1u64 as *const u64).cast(), 8) };
+        }
+        Ok(())
+    }
+
+    /// A new serving process with the old one's device state, its rings going.
+    fn start_new(&mut self, old: &Child, rings: &[u32]) -> Result<Child, String> {
+        let new = self
+            .spawn()
+            .map_err(|e| format!("cannot start the new binary: {e}"))?;
+        let kill = |new: &Child, e: String| {
+            // SAFETY: kill of our own child, not yet reaped.
+            unsafe { libc::kill(new.pid, libc::SIGKILL) };
+            reap_within(new.pid, ANSWER_WAIT);
+            e
+        };
+        let r = (|| {
+            replay(&new.conn, self.record.replay_device())
+                .map_err(|e| format!("new process: {e}"))?;
+            let (r, w) = crate::sys::pipe().map_err(|e| e.to_string())?;
+            transfer(&old.conn, SAVE, w).map_err(|e| format!("saving the state: {e}"))?;
+            transfer(&new.conn, LOAD, r).map_err(|e| format!("loading the state: {e}"))?;
+            check(&new.conn).map_err(|e| format!("the new binary refused the state: {e}"))?;
+            check(&old.conn).map_err(|e| format!("saving the state: {e}"))?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            return Err(kill(&new, e));
+        }
+        if let Err(e) = self.restart_rings(&new.conn, rings) {
+            return Err(kill(&new, format!("new process: {e}")));
+        }
+        Ok(new)
+    }
+}
+
+/// A listening socket for a serving process, and the supervisor's connection to it,
+/// made in a directory only this user can enter, whose name is gone before the serving
+/// process starts: nobody else can ever connect to it.
+fn private_pair() -> io::Result<(UnixListener, UnixStream)> {
+    let template = std::env::temp_dir().join("vfsd-XXXXXX");
+    let mut raw = std::ffi::CString::new(template.into_os_string().into_encoded_bytes())
+        .map_err(io::Error::other)?
+        .into_bytes_with_nul();
+    // SAFETY: mkdtemp rewrites the XXXXXX of a NUL-terminated buffer we own.
+    if unsafe { libc::mkdtemp(raw.as_mut_ptr().cast()) }.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    raw.pop();
+    // SAFETY: mkdtemp left valid path bytes (the template's, with letters for the Xs).
+    let dir = PathBuf::from(unsafe { OsString::from_encoded_bytes_unchecked(raw) });
+    let path = dir.join("s");
+    let pair = UnixListener::bind(&path).and_then(|l| Ok((UnixStream::connect(&path)?, l)));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(&dir);
+    let (c, l) = pair?;
+    Ok((l, c))
+}
+
+/// Blocks the signals the supervisor acts on and gives a signalfd for them.
+fn signal_fd() -> Result<OwnedFd, String> {
+    // SAFETY: sigset_t is plain data set up by sigemptyset/sigaddset; sigprocmask and
+    // signalfd take valid pointers; the supervisor has no other thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGCHLD,
+        ] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if fd < 0 {
+            return Err(format!("signalfd: {}", io::Error::last_os_error()));
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// The signals that came, in order.
+fn read_signals(fd: &OwnedFd) -> Vec<libc::c_int> {
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: signalfd_siginfo is plain data; read into it from our signalfd.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reads at most `size` bytes into `info`.
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                &mut info as *mut _ as *mut libc::c_void,
+                size,
+            )
+        };
+        if n != size as isize {
+            return out;
+        }
+        out.push(info.ssi_signo as libc::c_int);
+    }
+}
+
+/// Which of `fds` are readable (or hung up), waiting at most `timeout`.
+fn poll(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    // SAFETY: `p` is a valid array of pollfds of the length given.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return vec![false; fds.len()];
+    }
+    p.iter().map(|p| p.revents != 0).collect()
+}
+
+/// The next message from the serving process, by `deadline`.
+fn recv_by(conn: &UnixStream, deadline: Instant) -> io::Result<Msg> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !poll(&[conn.as_raw_fd()], Some(left))[0] {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"));
+    }
+    wire::recv(conn)?.ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited"))
+}
+
+/// Sends a request that is always answered and waits for the answer.
+fn ask(conn: &UnixStream, m: &Msg) -> io::Result<Msg> {
+    wire::send(conn, m)?;
+    let r = recv_by(conn, Instant::now() + ANSWER_WAIT)?;
+    if !r.is_reply() || r.code != m.code {
+        return Err(io::Error::other(format!(
+            "answer {} to request {}",
+            r.code, m.code
+        )));
+    }
+    Ok(r)
+}
+
+/// Waits until the serving process has handled everything sent before: its requests
+/// are handled in order, and GET_FEATURES is always answered.
+fn probe(conn: &UnixStream) -> Result<(), String> {
+    ask(
+        conn,
+        &Msg::request(code::GET_FEATURES, Vec::new(), Vec::new()),
+    )
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// Sends recorded requests, taking the answers of those that get one, and waits until
+/// all are handled.
+fn replay(conn: &UnixStream, msgs: io::Result<Vec<Msg>>) -> Result<(), String> {
+    for m in msgs.map_err(|e| e.to_string())? {
+        if m.expects_reply(false) {
+            ask(conn, &m).map_err(|e| e.to_string())?;
+        } else {
+            wire::send(conn, &m).map_err(|e| e.to_string())?;
+        }
+    }
+    probe(conn)
+}
+
+/// SET_DEVICE_STATE_FD with `pipe`, for a stopped device.
+fn transfer(conn: &UnixStream, direction: u32, pipe: OwnedFd) -> Result<(), String> {
+    let mut body = direction.to_le_bytes().to_vec();
+    body.extend_from_slice(&STOPPED.to_le_bytes());
+    let r = ask(
+        conn,
+        &Msg::request(code::SET_DEVICE_STATE_FD, body, vec![pipe]),
+    )
+    .map_err(|e| e.to_string())?;
+    match r.u64_at(0) {
+        Some(v) if v & 0xff == 0 => Ok(()),
+        _ => Err("refused".into()),
+    }
+}
+
+fn check(conn: &UnixStream) -> Result<(), String> {
+    let m = Msg::request(code::CHECK_DEVICE_STATE, Vec::new(), Vec::new());
+    // A load with many nodes to find takes longer than a plain answer.
+    wire::send(conn, &m).map_err(|e| e.to_string())?;
+    let r = recv_by(conn, Instant::now() + 6 * ANSWER_WAIT).map_err(|e| e.to_string())?;
+    match r.u64_at(0) {
+        Some(0) => Ok(()),
+        _ => Err("the transfer failed (its log says why)".into()),
+    }
+}
+
+/// Waits for `pid` up to `wait`, then kills it; its wait status.
+fn reap_within(pid: libc::pid_t, wait: Duration) -> libc::c_int {
+    let deadline = Instant::now() + wait;
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)) {
+            return status;
+        }
+        if Instant::now() > deadline {
+            warn!("the serving process {pid} did not exit; killing it");
+            // SAFETY: kill of our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: as above, now blocking: SIGKILL can't be ignored.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The exit code that tells a wait `status`: the child's own, or 128 + its signal.
+fn exit_code(status: libc::c_int) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+fn log_death(status: libc::c_int) {
+    if libc::WIFSIGNALED(status) {
+        error!(
+            "the daemon serving a frontend was killed by {}",
+            crate::sandbox::signal_name(libc::WTERMSIG(status))
+        );
+    }
+}
