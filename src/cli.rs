@@ -122,6 +122,10 @@ pub struct Opt {
     #[arg(long, hide = true, value_name = "FD")]
     pub serve_fd: Option<i32>,
 
+    /// The supervisor's own state, carried across its exec of a new binary
+    #[arg(long, hide = true, value_name = "FD")]
+    pub supervisor_state_fd: Option<i32>,
+
     /// The --metrics socket, already bound by the supervisor
     #[arg(long, hide = true, value_name = "FD", requires = "serve_fd")]
     pub metrics_fd: Option<i32>,

@@ -9,6 +9,13 @@ fn main() {
         );
         return;
     }
+    if let Some(fd) = opt.supervisor_state_fd {
+        // A supervisor that just ran its own upgrade: it goes on where it was.
+        vfsd::daemon::init_logging(&opt);
+        let e = vfsd::supervisor::resume(fd);
+        eprintln!("vfsd: {e}");
+        std::process::exit(1);
+    }
     if let Err(e) = vfsd::daemon::run(opt) {
         eprintln!("vfsd: {e}");
         std::process::exit(1);

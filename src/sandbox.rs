@@ -558,6 +558,30 @@ impl SocketName {
         Ok((st.st.st_dev, st.st.st_ino))
     }
 
+    /// The names as fds by number, names and identities, for the supervisor's state
+    /// across its exec.
+    pub fn export(&self) -> Vec<(RawFd, Vec<u8>, (u64, u64))> {
+        (self.names.iter())
+            .map(|(dir, name, id)| (dir.as_raw_fd(), name.as_bytes().to_vec(), *id))
+            .collect()
+    }
+
+    /// The names `export` gave, in the process its exec became.
+    ///
+    /// # Safety
+    /// Each fd must be open and owned by nothing else in this process.
+    pub unsafe fn import(names: Vec<(RawFd, Vec<u8>, (u64, u64))>) -> Self {
+        SocketName {
+            names: (names.into_iter())
+                .filter_map(|(fd, name, id)| {
+                    let name = CString::new(name).ok()?;
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                    Some((std::os::fd::FromRawFd::from_raw_fd(fd), name, id))
+                })
+                .collect(),
+        }
+    }
+
     pub fn dir_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
         self.names.iter().map(|(dir, _, _)| dir.as_raw_fd())
     }

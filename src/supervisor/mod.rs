@@ -16,6 +16,7 @@ mod wire;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -85,7 +86,7 @@ struct State {
 /// Runs the supervisor; returns only on a start-up error (otherwise it exits).
 pub fn run(sup: Supervisor) -> Result<(), String> {
     let sigfd = signal_fd()?;
-    let mut st = State {
+    let st = State {
         sup,
         sigfd,
         record: Record::default(),
@@ -96,60 +97,160 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
     if st.terminating {
         st.exit(0);
     }
-    let mut child = st
+    let child = st
         .spawn()
         .map_err(|e| format!("cannot start the serving process: {e}"))?;
-    loop {
-        match st.wait_for_frontend(&mut child) {
-            Some(frontend) => {
-                let ended = st.serve(&frontend, &mut child);
-                drop(frontend);
-                st.record = Record::default();
-                st.awaited.clear();
-                st.reply_ack = false;
-                let status = match ended {
-                    Ended::FrontendGone => {
-                        // The serving process exits once its connection closes.
-                        let Child { pid, conn, .. } = child;
-                        drop(conn);
-                        let s = reap_within(pid, ANSWER_WAIT);
-                        log::debug!("frontend gone");
-                        s
-                    }
-                    Ended::ChildDied(s) => {
-                        log_death(s);
-                        s
-                    }
-                    Ended::Terminated(s) => st.exit(exit_code(s)),
-                };
-                if !st.sup.keep_listening || st.terminating {
-                    st.exit(exit_code(status));
-                }
-                if libc::WIFSIGNALED(status) {
-                    std::thread::sleep(RESPAWN_AFTER_KILL);
-                }
-                child = match st.spawn() {
-                    Ok(c) => c,
-                    Err(e) => {
-                        error!("cannot start the serving process: {e}");
-                        st.exit(1)
-                    }
-                };
-            }
-            None => {
+    st.main_loop(child, None)
+}
+
+/// Goes on as the supervisor whose state `fd` holds (`State::reexec`); returns only if
+/// that state can't be read.
+pub fn resume(fd: RawFd) -> String {
+    // SAFETY: the fd is the memfd the previous image of this process left open for it.
+    let file = std::fs::File::from(unsafe { wire::adopt(fd) });
+    let (image, record): (Image, Record) = match read_image(file) {
+        Ok(i) => i,
+        Err(e) => return format!("cannot read the supervisor's state: {e}"),
+    };
+    if image.version != IMAGE_VERSION {
+        return format!(
+            "the supervisor's state is version {}, this binary reads {IMAGE_VERSION}",
+            image.version
+        );
+    }
+    let sigfd = match signal_fd() {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    // SAFETY (each adopt and import below): the previous image of this process left these
+    // fds open for it and holds them nowhere else.
+    let known = |n: &str| -> Option<&'static str> {
+        ["metrics-fd", "stats-fd"].into_iter().find(|k| *k == n)
+    };
+    let sup = Supervisor {
+        exe: PathBuf::from(OsString::from_vec(image.exe)),
+        args: image.args.into_iter().map(OsString::from_vec).collect(),
+        listener: UnixListener::from(unsafe { wire::adopt(image.listener) }),
+        inherited: (image.inherited.into_iter())
+            .filter_map(|(n, fd)| Some((known(&n)?, unsafe { wire::adopt(fd) })))
+            .collect(),
+        socket: (!image.socket.is_empty()).then(|| unsafe { SocketName::import(image.socket) }),
+        keep_listening: image.keep_listening,
+    };
+    let frontend = image
+        .frontend
+        .map(|fd| UnixStream::from(unsafe { wire::adopt(fd) }));
+    let conn = UnixStream::from(unsafe { wire::adopt(image.child_conn) });
+    let pidfd = match open_pidfd(image.child) {
+        Ok(p) => p,
+        Err(e) => return format!("the serving process {}: {e}", image.child),
+    };
+    let st = State {
+        sup,
+        sigfd,
+        record,
+        reply_ack: image.reply_ack,
+        awaited: image.awaited.into(),
+        terminating: image.terminating,
+    };
+    info!("supervisor: now running {}", st.sup.exe.display());
+    let child = Child {
+        pid: image.child,
+        pidfd,
+        conn,
+    };
+    st.main_loop(child, frontend)
+}
+
+/// The supervisor's state across its exec of a new binary.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Image {
+    version: u32,
+    exe: Vec<u8>,
+    args: Vec<Vec<u8>>,
+    listener: RawFd,
+    inherited: Vec<(String, RawFd)>,
+    socket: Vec<(RawFd, Vec<u8>, (u64, u64))>,
+    keep_listening: bool,
+    frontend: Option<RawFd>,
+    child: libc::pid_t,
+    child_conn: RawFd,
+    reply_ack: bool,
+    awaited: Vec<(u32, u32)>,
+    terminating: bool,
+}
+
+/// Bumped when `Image` changes: a binary refuses an image it can't read before it acts.
+const IMAGE_VERSION: u32 = 1;
+/// The most a supervisor's image can take: far over what the record's bounds allow.
+const MAX_IMAGE: u64 = 64 << 20;
+
+fn read_image(file: std::fs::File) -> Result<(Image, Record), String> {
+    use std::io::{Read, Seek};
+    let mut file = file;
+    file.rewind().map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    (&mut file)
+        .take(MAX_IMAGE)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    postcard::from_bytes(&buf).map_err(|e| e.to_string())
+}
+
+impl State {
+    /// Serves frontends, one after another, through `child`; `frontend` is one already
+    /// connected. Never returns: the supervisor exits from here.
+    fn main_loop(mut self, mut child: Child, mut frontend: Option<UnixStream>) -> ! {
+        loop {
+            let next = match frontend.take() {
+                Some(f) => Some(f),
+                None => self.wait_for_frontend(&mut child),
+            };
+            let Some(frontend) = next else {
                 // The serving process ended before a frontend came: a start-up error it
                 // reported itself, or a termination signal.
                 let status = reap_within(child.pid, ANSWER_WAIT);
                 if !libc::WIFEXITED(status) {
                     log_death(status);
                 }
-                st.exit(exit_code(status));
+                self.exit(exit_code(status));
+            };
+            let ended = self.serve(&frontend, &mut child);
+            drop(frontend);
+            self.record = Record::default();
+            self.awaited.clear();
+            self.reply_ack = false;
+            let status = match ended {
+                Ended::FrontendGone => {
+                    // The serving process exits once its connection closes.
+                    let Child { pid, conn, .. } = child;
+                    drop(conn);
+                    let s = reap_within(pid, ANSWER_WAIT);
+                    log::debug!("frontend gone");
+                    s
+                }
+                Ended::ChildDied(s) => {
+                    log_death(s);
+                    s
+                }
+                Ended::Terminated(s) => self.exit(exit_code(s)),
+            };
+            if !self.sup.keep_listening || self.terminating {
+                self.exit(exit_code(status));
             }
+            if libc::WIFSIGNALED(status) {
+                std::thread::sleep(RESPAWN_AFTER_KILL);
+            }
+            child = match self.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    error!("cannot start the serving process: {e}");
+                    self.exit(1)
+                }
+            };
         }
     }
-}
 
-impl State {
     /// Waits for the next frontend while the serving process starts up. `None`: the
     /// serving process exited meanwhile.
     fn wait_for_frontend(&mut self, child: &mut Child) -> Option<UnixStream> {
@@ -197,11 +298,6 @@ impl State {
                 for sig in read_signals(&self.sigfd) {
                     if sig == libc::SIGUSR2 {
                         self.upgrade(frontend, child);
-                        // A second signal during the handover is not a second request.
-                        let later = read_signals(&self.sigfd);
-                        for s in later.into_iter().filter(|&s| s != libc::SIGUSR2) {
-                            self.relay(s, child);
-                        }
                     } else {
                         self.relay(sig, child);
                     }
@@ -323,21 +419,91 @@ impl State {
         };
         let child = cmd.spawn()?;
         let pid = child.id() as libc::pid_t;
-        // SAFETY: pidfd_open of our own child, not yet reaped.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if pidfd < 0 {
-            let e = io::Error::last_os_error();
+        let pidfd = open_pidfd(pid).inspect_err(|_| {
             // SAFETY: kill and reap our own child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             reap_within(pid, ANSWER_WAIT);
-            return Err(e);
+        })?;
+        Ok(Child { pid, pidfd, conn })
+    }
+
+    /// Runs the binary at `exe` as this supervisor, with its state: after an upgrade
+    /// every vfsd process runs the new binary, and the VMM's pid stays. Returns only if
+    /// the exec failed; this supervisor then goes on.
+    fn reexec(&self, frontend: Option<&UnixStream>, child: &Child) {
+        let image = Image {
+            version: IMAGE_VERSION,
+            exe: self.sup.exe.clone().into_os_string().into_vec(),
+            args: self.sup.args.iter().map(|a| a.clone().into_vec()).collect(),
+            listener: wire::inheritable(self.sup.listener.as_raw_fd()),
+            inherited: (self.sup.inherited.iter())
+                .map(|(n, fd)| (n.to_string(), wire::inheritable(fd.as_raw_fd())))
+                .collect(),
+            socket: (self.sup.socket.iter())
+                .flat_map(|s| s.export())
+                .map(|(fd, n, id)| (wire::inheritable(fd), n, id))
+                .collect(),
+            keep_listening: self.sup.keep_listening,
+            frontend: frontend.map(|f| wire::inheritable(f.as_raw_fd())),
+            child: child.pid,
+            child_conn: wire::inheritable(child.conn.as_raw_fd()),
+            reply_ack: self.reply_ack,
+            awaited: self.awaited.iter().copied().collect(),
+            terminating: self.terminating,
+        };
+        // The record's fds are made inheritable as it is written.
+        let r = postcard::to_stdvec(&(&image, &self.record))
+            .map_err(io::Error::other)
+            .and_then(|bytes| {
+                // SAFETY: memfd_create with a NUL-terminated name; the fd is ours.
+                let fd = unsafe { libc::memfd_create(c"vfsd-supervisor".as_ptr(), 0) };
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: memfd_create returned a new fd nothing else owns.
+                let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+                std::io::Write::write_all(&mut f, &bytes)?;
+                Ok(f)
+            });
+        let e = match r {
+            Ok(f) => {
+                let mut cmd = std::process::Command::new(&self.sup.exe);
+                cmd.args(&self.sup.args)
+                    .arg(format!("--supervisor-state-fd={}", f.as_raw_fd()));
+                // Not Command::exec, which would unblock the signals the signalfd takes:
+                // one sent during the exec must wait for the new image.
+                exec_keeping_signals(&cmd)
+            }
+            Err(e) => e,
+        };
+        error!(
+            "supervisor: cannot run {}: {e}; this one goes on",
+            self.sup.exe.display()
+        );
+        for fd in self.inheritable_fds(frontend, child) {
+            // SAFETY: plain fcntl on fds this process holds.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
-        Ok(Child {
-            pid,
-            // SAFETY: pidfd_open returned a new fd that nothing else owns.
-            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
-            conn,
-        })
+    }
+
+    /// Every fd `reexec` made inheritable, to close on exec again.
+    fn inheritable_fds(&self, frontend: Option<&UnixStream>, child: &Child) -> Vec<RawFd> {
+        let mut v = vec![self.sup.listener.as_raw_fd(), child.conn.as_raw_fd()];
+        v.extend(frontend.map(|f| f.as_raw_fd()));
+        v.extend(self.sup.inherited.iter().map(|(_, f)| f.as_raw_fd()));
+        v.extend(self.sup.socket.iter().flat_map(|s| s.dir_fds()));
+        v.extend(self.record.fds());
+        v
+    }
+
+    /// A second SIGUSR2 during a handover is not a second request: dropped; other
+    /// signals that came meanwhile are relayed.
+    fn drop_second_requests(&mut self, child: &Child) {
+        for s in read_signals(&self.sigfd) {
+            if s != libc::SIGUSR2 {
+                self.relay(s, child);
+            }
+        }
     }
 
     /// SIGUSR2 before any frontend: the serving process is replaced by one of the binary
@@ -350,6 +516,8 @@ impl State {
                 unsafe { libc::kill(old.pid, libc::SIGKILL) };
                 reap_within(old.pid, ANSWER_WAIT);
                 info!("upgrade: {} now serves", self.sup.exe.display());
+                self.drop_second_requests(child);
+                self.reexec(None, child);
             }
             Err(e) => error!("upgrade refused: cannot start the new binary: {e}"),
         }
@@ -372,8 +540,13 @@ impl State {
                     self.sup.exe.display(),
                     started.elapsed().as_millis()
                 );
+                self.drop_second_requests(child);
+                self.reexec(Some(frontend), child);
             }
-            Err(e) => error!("upgrade refused: {e}; the running binary goes on serving"),
+            Err(e) => {
+                error!("upgrade refused: {e}; the running binary goes on serving");
+                self.drop_second_requests(child);
+            }
         }
     }
 
@@ -451,6 +624,40 @@ impl State {
         }
         Ok(new)
     }
+}
+
+fn open_pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open of our own child, not yet reaped.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// execv of `cmd`'s program and arguments, keeping the signal mask (and so the pending
+/// signals) as it is. Returns only on failure.
+fn exec_keeping_signals(cmd: &std::process::Command) -> io::Error {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |s: &std::ffi::OsStr| CString::new(s.as_bytes()).map_err(io::Error::other);
+    let prog = match c(cmd.get_program()) {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    let mut argv = vec![prog.clone()];
+    for a in cmd.get_args() {
+        match c(a) {
+            Ok(a) => argv.push(a),
+            Err(e) => return e,
+        }
+    }
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings that outlive the call, in a NULL-terminated array.
+    unsafe { libc::execv(prog.as_ptr(), ptrs.as_ptr()) };
+    io::Error::last_os_error()
 }
 
 /// A listening socket for a serving process, and the supervisor's connection to it,

@@ -15,7 +15,7 @@ const MAX_REGIONS: usize = 512;
 /// VHOST_F_LOG_ALL: the frontend logs dirty pages, that is, it migrates.
 const LOG_ALL: u64 = 1 << 26;
 
-#[derive(Default)]
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 struct Vring {
     num: Option<Msg>,
     addr: Option<Msg>,
@@ -30,7 +30,7 @@ struct Vring {
     started: bool,
 }
 
-#[derive(Default)]
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     get_features: bool,
     features: Option<Msg>,
@@ -150,6 +150,26 @@ impl Record {
                 v.started = v.kick.as_ref().is_some_and(|k| !k.fds.is_empty());
             }
         }
+    }
+
+    /// Every fd the record holds.
+    pub fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let vrings = self
+            .vrings
+            .iter()
+            .flat_map(|v| [&v.num, &v.addr, &v.kick, &v.call, &v.err, &v.enable]);
+        let device = [
+            &self.features,
+            &self.protocol_features,
+            &self.backend_req,
+            &self.mem_table,
+        ];
+        (device.into_iter().chain(vrings))
+            .flatten()
+            .chain(self.regions.iter())
+            .flat_map(|m| m.fds.iter().map(|f| f.as_raw_fd()))
+            .collect()
     }
 
     /// The kick fds of the started rings, to kick after a handover: a kick the old

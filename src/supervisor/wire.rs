@@ -58,6 +58,62 @@ pub struct Msg {
     pub fds: Vec<OwnedFd>,
 }
 
+/// A message as the supervisor's state carries it across its own exec: its fds by number,
+/// kept open through the exec (`inheritable`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MsgImage {
+    code: u32,
+    flags: u32,
+    body: Vec<u8>,
+    fds: Vec<RawFd>,
+}
+
+/// Lets `fd` survive the supervisor's exec of itself.
+pub fn inheritable(fd: RawFd) -> RawFd {
+    // SAFETY: plain fcntl on an fd the caller holds.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    fd
+}
+
+/// Takes over an fd that came across the exec, closed on the next one.
+///
+/// # Safety
+/// `fd` must be open and owned by nothing else in this process.
+pub unsafe fn adopt(fd: RawFd) -> OwnedFd {
+    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    OwnedFd::from_raw_fd(fd)
+}
+
+impl serde::Serialize for Msg {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        MsgImage {
+            code: self.code,
+            flags: self.flags,
+            body: self.body.clone(),
+            fds: self
+                .fds
+                .iter()
+                .map(|f| inheritable(f.as_raw_fd()))
+                .collect(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Msg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let i = MsgImage::deserialize(d)?;
+        Ok(Msg {
+            code: i.code,
+            flags: i.flags,
+            body: i.body,
+            // SAFETY: the state comes from this supervisor's image of itself before its
+            // exec, which kept these fds open for it and holds them nowhere else.
+            fds: i.fds.into_iter().map(|f| unsafe { adopt(f) }).collect(),
+        })
+    }
+}
+
 impl Msg {
     /// A request of the supervisor's own, with no ack asked for.
     pub fn request(code: u32, body: Vec<u8>, fds: Vec<OwnedFd>) -> Msg {

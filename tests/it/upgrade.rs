@@ -133,10 +133,12 @@ fn an_upgrade_keeps_the_connection_nodes_handles_locks_and_unlinked_files() {
     stop.store(true, Ordering::Relaxed);
     let n = writer.join().unwrap();
 
-    // The binary that serves now is the file now at the path.
+    // The binary that serves now is the file now at the path, and the supervisor, with
+    // the pid the VMM knows, runs it too.
     let exe = std::fs::metadata(format!("/proc/{new}/exe")).unwrap().ino();
     assert_eq!(exe, std::fs::metadata(&bin.path).unwrap().ino());
     assert_ne!(exe, old_exe);
+    wait_for_supervisor_to_run(d.pid(), exe);
     // The same connection and nodes: every write is there, in order.
     let data = std::fs::read(d.path("f")).unwrap();
     for i in 0..n {
@@ -154,6 +156,37 @@ fn an_upgrade_keeps_the_connection_nodes_handles_locks_and_unlinked_files() {
     // New names work too.
     std::fs::write(d.path("after"), b"x").unwrap();
     c.lookup(ROOT, "after").unwrap();
+
+    // The supervisor that the upgrade started upgrades again: it kept what the
+    // frontend had set up.
+    c.setlk(f.nodeid, fh, OWNER, Lock::range(0, 9, libc::F_WRLCK, 1))
+        .unwrap();
+    bin.upgrade_to_a_rebuilt_vfsd();
+    sigusr2(d.pid());
+    let third = wait_for_handover(d.pid(), new);
+    let exe = std::fs::metadata(format!("/proc/{third}/exe"))
+        .unwrap()
+        .ino();
+    assert_eq!(exe, std::fs::metadata(&bin.path).unwrap().ino());
+    wait_for_supervisor_to_run(d.pid(), exe);
+    assert_eq!(c.read(f.nodeid, fh, 0, 14).unwrap(), b"written before");
+    assert!(!host_ofd_lock(&d.path("f"), libc::F_WRLCK, 0, 10));
+}
+
+/// Waits until the process `pid` runs the file of inode `ino`.
+fn wait_for_supervisor_to_run(pid: i32, ino: u64) {
+    let t = Instant::now();
+    while std::fs::metadata(format!("/proc/{pid}/exe"))
+        .map(|m| m.ino())
+        .ok()
+        != Some(ino)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the supervisor {pid} never ran the new binary"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -216,9 +249,10 @@ fn a_second_sigusr2_during_a_handover_starts_no_second_one() {
     let c = d.client();
     let old = served_by(d.pid()).unwrap();
     let starts = bin.path.with_extension("starts");
-    // Each start of the new binary adds a line, and the first one takes a while.
+    // Each start of the new binary adds a line with its arguments (the supervisor runs
+    // it too, after the handover), and the first one takes a while.
     bin.replace_with_script(&format!(
-        "echo started >> {s}; [ $(wc -l < {s}) = 1 ] && sleep 1",
+        "echo \"$@\" >> {s}; [ $(wc -l < {s}) = 1 ] && sleep 1",
         s = starts.display()
     ));
     sigusr2(d.pid());
@@ -226,7 +260,9 @@ fn a_second_sigusr2_during_a_handover_starts_no_second_one() {
     sigusr2(d.pid());
     let new = wait_for_handover(d.pid(), old);
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(std::fs::read_to_string(&starts).unwrap().lines().count(), 1);
+    let log = std::fs::read_to_string(&starts).unwrap();
+    let serving = log.lines().filter(|l| l.contains("--serve-fd")).count();
+    assert_eq!(serving, 1, "serving processes started: {log}");
     assert_eq!(served_by(d.pid()), Some(new));
     c.getattr(ROOT).unwrap();
 }
