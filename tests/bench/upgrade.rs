@@ -206,5 +206,5 @@ fn main() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("results.jsonl"), lines).unwrap();
     eprintln!("upgrade: wrote {}", out.join("results.jsonl").display());
-    report::write_page(&fixture::repo());
+    report::write_page(fixture::repo());
 }
