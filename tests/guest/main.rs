@@ -30,6 +30,7 @@ mod stale_entry;
 mod stress_locks;
 #[cfg(any(feature = "gluster-tests", feature = "ceph-tests"))]
 mod two_mounts;
+mod upgrade;
 mod xfstests;
 
 use std::path::PathBuf;
