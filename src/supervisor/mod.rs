@@ -560,24 +560,49 @@ impl State {
                     .into(),
             );
         }
+        // The new process starts and takes the device's set-up while the old one still
+        // serves: its start-up is no part of the pause.
+        let new = self
+            .spawn()
+            .map_err(|e| format!("cannot start the new binary: {e}"))?;
+        if let Err(e) = replay(&new.conn, self.record.replay_device()) {
+            return Err(kill(new, format!("new process: {e}")));
+        }
         // The frontend waits for nothing from the old process any more.
         let deadline = Instant::now() + ANSWER_WAIT;
         while !self.awaited.is_empty() {
-            let m = recv_by(&old.conn, deadline).map_err(|e| format!("serving process: {e}"))?;
+            let m = match recv_by(&old.conn, deadline) {
+                Ok(m) => m,
+                Err(e) => return Err(kill(new, format!("serving process: {e}"))),
+            };
             self.answered(&m);
-            wire::send(frontend, &m).map_err(|e| format!("frontend: {e}"))?;
+            if let Err(e) = wire::send(frontend, &m) {
+                return Err(kill(new, format!("frontend: {e}")));
+            }
         }
         let rings = self.record.started();
+        let mut stopped = Vec::new();
+        let mut r = Ok(());
         for &i in &rings {
             let m = Msg::request(code::GET_VRING_BASE, wire::vring_state(i, 0), Vec::new());
-            let r = ask(&old.conn, &m).map_err(|e| format!("stopping ring {i}: {e}"))?;
-            let base = r.u32_at(1).ok_or("a short GET_VRING_BASE answer")?;
-            self.record.stopped_at(i, base);
+            match ask(&old.conn, &m).map(|r| r.u32_at(1)) {
+                Ok(Some(base)) => {
+                    self.record.stopped_at(i, base);
+                    stopped.push(i);
+                }
+                Ok(None) => r = Err("a short GET_VRING_BASE answer".to_string()),
+                Err(e) => r = Err(format!("stopping ring {i}: {e}")),
+            }
+            if r.is_err() {
+                break;
+            }
         }
-        match self.start_new(old, &rings) {
-            Ok(new) => Ok(new),
+        let r = r.and_then(|()| self.move_state(old, &new, &rings));
+        match r {
+            Ok(()) => Ok(new),
             Err(e) => {
-                self.restart_rings(&old.conn, &rings)
+                let e = kill(new, e);
+                self.restart_rings(&old.conn, &stopped)
                     .map_err(|r| format!("{e}; and the old process could not go on: {r}"))?;
                 Err(e)
             }
@@ -595,35 +620,24 @@ impl State {
         Ok(())
     }
 
-    /// A new serving process with the old one's device state, its rings going.
-    fn start_new(&mut self, old: &Child, rings: &[u32]) -> Result<Child, String> {
-        let new = self
-            .spawn()
-            .map_err(|e| format!("cannot start the new binary: {e}"))?;
-        let kill = |new: &Child, e: String| {
-            // SAFETY: kill of our own child, not yet reaped.
-            unsafe { libc::kill(new.pid, libc::SIGKILL) };
-            reap_within(new.pid, ANSWER_WAIT);
-            e
-        };
-        let r = (|| {
-            replay(&new.conn, self.record.replay_device())
-                .map_err(|e| format!("new process: {e}"))?;
-            let (r, w) = crate::sys::pipe().map_err(|e| e.to_string())?;
-            transfer(&old.conn, SAVE, w).map_err(|e| format!("saving the state: {e}"))?;
-            transfer(&new.conn, LOAD, r).map_err(|e| format!("loading the state: {e}"))?;
-            check(&new.conn).map_err(|e| format!("the new binary refused the state: {e}"))?;
-            check(&old.conn).map_err(|e| format!("saving the state: {e}"))?;
-            Ok(())
-        })();
-        if let Err(e) = r {
-            return Err(kill(&new, e));
-        }
-        if let Err(e) = self.restart_rings(&new.conn, rings) {
-            return Err(kill(&new, format!("new process: {e}")));
-        }
-        Ok(new)
+    /// The old process's device state into the new one, and the new one's rings going.
+    fn move_state(&mut self, old: &Child, new: &Child, rings: &[u32]) -> Result<(), String> {
+        let (r, w) = crate::sys::pipe().map_err(|e| e.to_string())?;
+        transfer(&old.conn, SAVE, w).map_err(|e| format!("saving the state: {e}"))?;
+        transfer(&new.conn, LOAD, r).map_err(|e| format!("loading the state: {e}"))?;
+        check(&new.conn).map_err(|e| format!("the new binary refused the state: {e}"))?;
+        check(&old.conn).map_err(|e| format!("saving the state: {e}"))?;
+        self.restart_rings(&new.conn, rings)
+            .map_err(|e| format!("new process: {e}"))
     }
+}
+
+/// Kills and reaps a serving process that will not serve; gives back `e`.
+fn kill(child: Child, e: String) -> String {
+    // SAFETY: kill of our own child, not yet reaped.
+    unsafe { libc::kill(child.pid, libc::SIGKILL) };
+    reap_within(child.pid, ANSWER_WAIT);
+    e
 }
 
 fn open_pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
