@@ -30,6 +30,9 @@ use wire::{code, Msg};
 /// How long the supervisor waits for a serving process to answer during a handover, and
 /// for one that lost its frontend to exit.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// How long the rest of a message may take once its first bytes came: both peers write
+/// whole messages, so a longer wait is a peer that stopped half-way.
+const PART_WAIT: Duration = Duration::from_secs(2);
 /// The least time between two starts of a serving process after one was killed: a
 /// daemon killed on every start starts once a second, not in a busy loop.
 const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
@@ -79,7 +82,11 @@ struct State {
     /// The frontend's requests the serving process will answer, oldest first: their codes
     /// and vring indices.
     awaited: std::collections::VecDeque<(u32, u32)>,
+    /// Messages from the serving process nobody asked for were dropped this session.
+    dropped: bool,
     terminating: bool,
+    /// When a serving process that did not exit on a termination signal is killed.
+    kill_at: Option<Instant>,
 }
 
 /// Runs the supervisor; returns only on a start-up error (otherwise it exits).
@@ -91,8 +98,14 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         record: Record::default(),
         reply_ack: false,
         awaited: Default::default(),
+        dropped: false,
         terminating: crate::sandbox::early_signal().is_some(),
+        kill_at: None,
     };
+    // Processes a serving process leaves behind (the sandbox's, one a guest took over
+    // that ignores its parent's death) become the supervisor's, which ends them.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     if st.terminating {
         st.exit(0);
     }
@@ -106,6 +119,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
                 drop(frontend);
                 st.record = Record::default();
                 st.awaited.clear();
+                st.dropped = false;
                 st.reply_ack = false;
                 let status = match ended {
                     Ended::FrontendGone => {
@@ -125,6 +139,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
                 if !st.sup.keep_listening || st.terminating {
                     st.exit(exit_code(status));
                 }
+                kill_strays(None);
                 if libc::WIFSIGNALED(status) {
                     std::thread::sleep(RESPAWN_AFTER_KILL);
                 }
@@ -159,7 +174,8 @@ impl State {
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
             ];
-            let ready = poll(&fds, None);
+            let ready = poll(&fds, self.until_kill());
+            self.kill_if_due(child);
             if ready[1] {
                 return None;
             }
@@ -174,8 +190,13 @@ impl State {
                 continue;
             }
             if ready[0] {
-                match self.sup.listener.accept() {
-                    Ok((s, _)) => return Some(s),
+                let accepted = self.sup.listener.accept().and_then(|(s, _)| {
+                    s.set_read_timeout(Some(PART_WAIT))?;
+                    s.set_write_timeout(Some(ANSWER_WAIT))?;
+                    Ok(s)
+                });
+                match accepted {
+                    Ok(s) => return Some(s),
                     Err(e) => warn!("accepting a frontend: {e}"),
                 }
             }
@@ -192,7 +213,8 @@ impl State {
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
             ];
-            let ready = poll(&fds, None);
+            let ready = poll(&fds, self.until_kill());
+            self.kill_if_due(child);
             if ready[3] {
                 for sig in read_signals(&self.sigfd) {
                     if sig == libc::SIGUSR2 {
@@ -211,13 +233,18 @@ impl State {
             if ready[1] {
                 match wire::recv(&child.conn) {
                     Ok(Some(m)) => {
-                        self.answered(&m);
-                        if wire::send(frontend, &m).is_err() {
+                        if self.answered(&m) && wire::send(frontend, &m).is_err() {
                             return Ended::FrontendGone;
                         }
                         continue;
                     }
-                    _ => return self.child_gone(child),
+                    Ok(None) => return self.child_gone(child),
+                    Err(e) => {
+                        error!("the serving process sent a broken message ({e}); stopping it");
+                        // SAFETY: kill of our own child, not yet reaped.
+                        unsafe { libc::kill(child.pid, libc::SIGKILL) };
+                        return self.child_gone(child);
+                    }
                 }
             }
             if ready[2] {
@@ -249,17 +276,47 @@ impl State {
         }
     }
 
-    /// Notes an answer the frontend gets: a stopped ring's base.
-    fn answered(&mut self, m: &Msg) {
-        if !m.is_reply() {
-            return;
-        }
+    /// Whether `m`, from the serving process, answers a request the frontend waits for,
+    /// and so goes on to it; notes a stopped ring's base. Anything else is dropped: what
+    /// the supervisor writes to the frontend is bounded by what the frontend asked, so a
+    /// serving process can't fill the frontend's socket and block the supervisor.
+    fn answered(&mut self, m: &Msg) -> bool {
+        let at = (m.is_reply())
+            .then(|| self.awaited.iter().position(|&(c, _)| c == m.code))
+            .flatten();
+        let Some(at) = at else {
+            if !std::mem::replace(&mut self.dropped, true) {
+                warn!(
+                    "the serving process sent a message nobody asked for (request {}); dropped",
+                    m.code
+                );
+            }
+            return false;
+        };
+        // Answers come in order: the requests before this one got none.
+        self.awaited.drain(..at);
         if let Some((c, vring)) = self.awaited.pop_front() {
-            if c == code::GET_VRING_BASE && m.code == c {
+            if c == code::GET_VRING_BASE {
                 if let Some(base) = m.u32_at(1) {
                     self.record.stopped_at(vring, base);
                 }
             }
+        }
+        true
+    }
+
+    /// How long until a serving process that ignored a termination signal is killed.
+    fn until_kill(&self) -> Option<Duration> {
+        self.kill_at
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    fn kill_if_due(&mut self, child: &Child) {
+        if self.kill_at.is_some_and(|t| Instant::now() >= t) {
+            self.kill_at = None;
+            warn!("the serving process did not exit on a termination signal; killing it");
+            // SAFETY: kill of our own child, not yet reaped.
+            unsafe { libc::kill(child.pid, libc::SIGKILL) };
         }
     }
 
@@ -274,6 +331,7 @@ impl State {
     fn relay(&mut self, sig: libc::c_int, child: &Child) {
         if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) {
             self.terminating = true;
+            self.kill_at.get_or_insert(Instant::now() + ANSWER_WAIT);
         }
         if sig != libc::SIGCHLD {
             // SAFETY: kill of our own child, which we have not reaped yet.
@@ -283,6 +341,7 @@ impl State {
 
     /// Removes the sockets' names and exits.
     fn exit(&self, code: i32) -> ! {
+        kill_strays(None);
         if let Some(s) = &self.sup.socket {
             s.remove();
         }
@@ -293,6 +352,8 @@ impl State {
     /// already queued on a listener only it holds.
     fn spawn(&self) -> io::Result<Child> {
         let (listener, conn) = private_pair()?;
+        conn.set_read_timeout(Some(PART_WAIT))?;
+        conn.set_write_timeout(Some(ANSWER_WAIT))?;
         let mut cmd = std::process::Command::new(&self.sup.exe);
         cmd.args(&self.sup.args);
         cmd.arg(format!("--serve-fd={}", listener.as_raw_fd()));
@@ -349,6 +410,7 @@ impl State {
                 // SAFETY: kill of our own child, not yet reaped.
                 unsafe { libc::kill(old.pid, libc::SIGKILL) };
                 reap_within(old.pid, ANSWER_WAIT);
+                kill_strays(Some(child.pid));
                 info!("upgrade: {} now serves", self.sup.exe.display());
             }
             Err(e) => error!("upgrade refused: cannot start the new binary: {e}"),
@@ -367,6 +429,7 @@ impl State {
                 // are shared with the new one, which keeps them.
                 drop(conn);
                 reap_within(pid, ANSWER_WAIT);
+                kill_strays(Some(child.pid));
                 info!(
                     "upgrade: {} now serves (pause {} ms)",
                     self.sup.exe.display(),
@@ -391,8 +454,9 @@ impl State {
         let deadline = Instant::now() + ANSWER_WAIT;
         while !self.awaited.is_empty() {
             let m = recv_by(&old.conn, deadline).map_err(|e| format!("serving process: {e}"))?;
-            self.answered(&m);
-            wire::send(frontend, &m).map_err(|e| format!("frontend: {e}"))?;
+            if self.answered(&m) {
+                wire::send(frontend, &m).map_err(|e| format!("frontend: {e}"))?;
+            }
         }
         let rings = self.record.started();
         for &i in &rings {
@@ -634,6 +698,23 @@ fn reap_within(pid: libc::pid_t, wait: Duration) -> libc::c_int {
             return status;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills and reaps every child but `keep`: processes a serving process left behind.
+fn kill_strays(keep: Option<libc::pid_t>) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let Ok(list) = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) else {
+        return;
+    };
+    for pid in list.split_whitespace().filter_map(|p| p.parse().ok()) {
+        if Some(pid) != keep {
+            warn!("process {pid}, left behind by a serving process, is killed");
+            // SAFETY: kill and reap a child of ours (a subreaper's orphan).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap_within(pid, ANSWER_WAIT);
+        }
     }
 }
 
