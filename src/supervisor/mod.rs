@@ -78,7 +78,11 @@ struct State {
     sup: Supervisor,
     sigfd: OwnedFd,
     record: Record,
-    reply_ack: bool,
+    /// The frontend acked REPLY_ACK, and asked for the features: vhost-user-backend
+    /// acks only then (it offers VHOST_USER_F_PROTOCOL_FEATURES in GET_FEATURES's
+    /// answer, and vfsd always does).
+    acked_reply_ack: bool,
+    asked_features: bool,
     /// The frontend's requests the serving process will answer, oldest first: their codes
     /// and vring indices.
     awaited: std::collections::VecDeque<(u32, u32)>,
@@ -96,7 +100,8 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         sup,
         sigfd,
         record: Record::default(),
-        reply_ack: false,
+        acked_reply_ack: false,
+        asked_features: false,
         awaited: Default::default(),
         dropped: false,
         terminating: crate::sandbox::early_signal().is_some(),
@@ -120,7 +125,8 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
                 st.record = Record::default();
                 st.awaited.clear();
                 st.dropped = false;
-                st.reply_ack = false;
+                st.acked_reply_ack = false;
+                st.asked_features = false;
                 let status = match ended {
                     Ended::FrontendGone => {
                         // The serving process exits once its connection closes.
@@ -263,12 +269,13 @@ impl State {
                     warn!("recording the frontend's {}: {e}", m.code);
                 }
                 if m.code == code::SET_PROTOCOL_FEATURES {
-                    self.reply_ack = m.u64_at(0).unwrap_or(0) & wire::PROTOCOL_REPLY_ACK != 0;
+                    self.acked_reply_ack = m.u64_at(0).unwrap_or(0) & wire::PROTOCOL_REPLY_ACK != 0;
                 }
-                if m.expects_reply(self.reply_ack) {
+                if m.expects_reply(self.acked_reply_ack && self.asked_features) {
                     let vring = wire::vring_index(&m).unwrap_or(0) as u32;
                     self.awaited.push_back((m.code, vring));
                 }
+                self.asked_features |= m.code == code::GET_FEATURES;
                 if wire::send(&child.conn, &m).is_err() {
                     return self.child_gone(child);
                 }

@@ -11,12 +11,16 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::Daemon;
+use crate::common::{require_root, Daemon};
 use crate::upgrade::{served_by, sigusr2, wait_for_handover, Binary};
 
 const GET_FEATURES: u32 = 1;
 const VERSION: u32 = 0x1;
 const REPLY: u32 = 0x4;
+const NEED_REPLY: u32 = 0x8;
+const SET_OWNER: u32 = 3;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const PROTOCOL_REPLY_ACK: u64 = 1 << 3;
 
 fn header(code: u32, flags: u32, size: u32) -> Vec<u8> {
     let mut h = code.to_le_bytes().to_vec();
@@ -241,4 +245,27 @@ fn half_a_message_from_the_frontend_does_not_stop_the_supervisor() {
         d.wait_exit(Duration::from_secs(8)).is_some(),
         "the supervisor still waits for the rest of the frontend's message"
     );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_ack_the_serving_process_does_not_owe_does_not_hold_up_an_upgrade() {
+    require_root("the lock handover's runtime directory is /run/vfsd");
+    let bin = Binary::new();
+    let d = Daemon::start_from(&bin.path, &[]);
+    let mut f = UnixStream::connect(&d.sock).unwrap();
+    // REPLY_ACK acked before any GET_FEATURES: vhost-user-backend acks nothing yet, so
+    // the frontend waits for no answer to SET_OWNER.
+    let mut m = header(SET_PROTOCOL_FEATURES, VERSION, 8);
+    m.extend_from_slice(&PROTOCOL_REPLY_ACK.to_le_bytes());
+    m.extend(header(SET_OWNER, VERSION | NEED_REPLY, 0));
+    f.write_all(&m).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let old = served_by(d.pid()).unwrap();
+    bin.upgrade_to_a_rebuilt_vfsd();
+    let t = Instant::now();
+    sigusr2(d.pid());
+    wait_for_handover(d.pid(), old);
+    // Waiting for the ack that never comes takes 10 s, and then refuses the upgrade.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }

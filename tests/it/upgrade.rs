@@ -36,7 +36,7 @@ impl Binary {
         std::fs::rename(&tmp, &self.path).unwrap();
     }
 
-    fn upgrade_to_a_rebuilt_vfsd(&self) {
+    pub(crate) fn upgrade_to_a_rebuilt_vfsd(&self) {
         self.replace_with(&std::fs::read(vfsd_bin()).unwrap());
     }
 
