@@ -31,6 +31,9 @@ use wire::{code, Msg};
 /// How long the supervisor waits for a serving process to answer during a handover, and
 /// for one that lost its frontend to exit.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// How long the rest of a message may take once its first bytes came: both peers write
+/// whole messages, so a longer wait is a peer that stopped half-way.
+const PART_WAIT: Duration = Duration::from_secs(2);
 /// The least time between two starts of a serving process after one was killed: a
 /// daemon killed on every start starts once a second, not in a busy loop.
 const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
@@ -76,11 +79,19 @@ struct State {
     sup: Supervisor,
     sigfd: OwnedFd,
     record: Record,
-    reply_ack: bool,
+    /// The frontend acked REPLY_ACK, and asked for the features: vhost-user-backend
+    /// acks only then (it offers VHOST_USER_F_PROTOCOL_FEATURES in GET_FEATURES's
+    /// answer, and vfsd always does).
+    acked_reply_ack: bool,
+    asked_features: bool,
     /// The frontend's requests the serving process will answer, oldest first: their codes
     /// and vring indices.
     awaited: std::collections::VecDeque<(u32, u32)>,
+    /// Messages from the serving process nobody asked for were dropped this session.
+    dropped: bool,
     terminating: bool,
+    /// When a serving process that did not exit on a termination signal is killed.
+    kill_at: Option<Instant>,
 }
 
 /// Runs the supervisor; returns only on a start-up error (otherwise it exits).
@@ -90,10 +101,17 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         sup,
         sigfd,
         record: Record::default(),
-        reply_ack: false,
+        acked_reply_ack: false,
+        asked_features: false,
         awaited: Default::default(),
+        dropped: false,
         terminating: crate::sandbox::early_signal().is_some(),
+        kill_at: None,
     };
+    // Processes a serving process leaves behind (the sandbox's, one a guest took over
+    // that ignores its parent's death) become the supervisor's, which ends them.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     if st.terminating {
         st.exit(0);
     }
@@ -149,10 +167,18 @@ pub fn resume(fd: RawFd) -> String {
         sup,
         sigfd,
         record,
-        reply_ack: image.reply_ack,
+        acked_reply_ack: image.acked_reply_ack,
+        asked_features: image.asked_features,
         awaited: image.awaited.into(),
+        dropped: false,
         terminating: image.terminating,
+        // A termination signal relayed before the exec: the serving process has as long
+        // again to exit.
+        kill_at: image.terminating.then(|| Instant::now() + ANSWER_WAIT),
     };
+    // As in `run` (exec keeps it; set again in case an older image did not).
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     info!("supervisor: now running {}", st.sup.exe.display());
     let child = Child {
         pid: image.child,
@@ -175,7 +201,8 @@ struct Image {
     frontend: Option<RawFd>,
     child: libc::pid_t,
     child_conn: RawFd,
-    reply_ack: bool,
+    acked_reply_ack: bool,
+    asked_features: bool,
     awaited: Vec<(u32, u32)>,
     terminating: bool,
 }
@@ -219,7 +246,9 @@ impl State {
             drop(frontend);
             self.record = Record::default();
             self.awaited.clear();
-            self.reply_ack = false;
+            self.dropped = false;
+            self.acked_reply_ack = false;
+            self.asked_features = false;
             let status = match ended {
                 Ended::FrontendGone => {
                     // The serving process exits once its connection closes.
@@ -238,6 +267,7 @@ impl State {
             if !self.sup.keep_listening || self.terminating {
                 self.exit(exit_code(status));
             }
+            kill_strays(None);
             if libc::WIFSIGNALED(status) {
                 std::thread::sleep(RESPAWN_AFTER_KILL);
             }
@@ -260,7 +290,8 @@ impl State {
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
             ];
-            let ready = poll(&fds, None);
+            let ready = poll(&fds, self.until_kill());
+            self.kill_if_due(child);
             if ready[1] {
                 return None;
             }
@@ -275,8 +306,13 @@ impl State {
                 continue;
             }
             if ready[0] {
-                match self.sup.listener.accept() {
-                    Ok((s, _)) => return Some(s),
+                let accepted = self.sup.listener.accept().and_then(|(s, _)| {
+                    s.set_read_timeout(Some(PART_WAIT))?;
+                    s.set_write_timeout(Some(ANSWER_WAIT))?;
+                    Ok(s)
+                });
+                match accepted {
+                    Ok(s) => return Some(s),
                     Err(e) => warn!("accepting a frontend: {e}"),
                 }
             }
@@ -293,7 +329,8 @@ impl State {
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
             ];
-            let ready = poll(&fds, None);
+            let ready = poll(&fds, self.until_kill());
+            self.kill_if_due(child);
             if ready[3] {
                 for sig in read_signals(&self.sigfd) {
                     if sig == libc::SIGUSR2 {
@@ -307,13 +344,18 @@ impl State {
             if ready[1] {
                 match wire::recv(&child.conn) {
                     Ok(Some(m)) => {
-                        self.answered(&m);
-                        if wire::send(frontend, &m).is_err() {
+                        if self.answered(&m) && wire::send(frontend, &m).is_err() {
                             return Ended::FrontendGone;
                         }
                         continue;
                     }
-                    _ => return self.child_gone(child),
+                    Ok(None) => return self.child_gone(child),
+                    Err(e) => {
+                        error!("the serving process sent a broken message ({e}); stopping it");
+                        // SAFETY: kill of our own child, not yet reaped.
+                        unsafe { libc::kill(child.pid, libc::SIGKILL) };
+                        return self.child_gone(child);
+                    }
                 }
             }
             if ready[2] {
@@ -332,12 +374,13 @@ impl State {
                     warn!("recording the frontend's {}: {e}", m.code);
                 }
                 if m.code == code::SET_PROTOCOL_FEATURES {
-                    self.reply_ack = m.u64_at(0).unwrap_or(0) & wire::PROTOCOL_REPLY_ACK != 0;
+                    self.acked_reply_ack = m.u64_at(0).unwrap_or(0) & wire::PROTOCOL_REPLY_ACK != 0;
                 }
-                if m.expects_reply(self.reply_ack) {
+                if m.expects_reply(self.acked_reply_ack && self.asked_features) {
                     let vring = wire::vring_index(&m).unwrap_or(0) as u32;
                     self.awaited.push_back((m.code, vring));
                 }
+                self.asked_features |= m.code == code::GET_FEATURES;
                 if wire::send(&child.conn, &m).is_err() {
                     return self.child_gone(child);
                 }
@@ -345,17 +388,47 @@ impl State {
         }
     }
 
-    /// Notes an answer the frontend gets: a stopped ring's base.
-    fn answered(&mut self, m: &Msg) {
-        if !m.is_reply() {
-            return;
-        }
+    /// Whether `m`, from the serving process, answers a request the frontend waits for,
+    /// and so goes on to it; notes a stopped ring's base. Anything else is dropped: what
+    /// the supervisor writes to the frontend is bounded by what the frontend asked, so a
+    /// serving process can't fill the frontend's socket and block the supervisor.
+    fn answered(&mut self, m: &Msg) -> bool {
+        let at = (m.is_reply())
+            .then(|| self.awaited.iter().position(|&(c, _)| c == m.code))
+            .flatten();
+        let Some(at) = at else {
+            if !std::mem::replace(&mut self.dropped, true) {
+                warn!(
+                    "the serving process sent a message nobody asked for (request {}); dropped",
+                    m.code
+                );
+            }
+            return false;
+        };
+        // Answers come in order: the requests before this one got none.
+        self.awaited.drain(..at);
         if let Some((c, vring)) = self.awaited.pop_front() {
-            if c == code::GET_VRING_BASE && m.code == c {
+            if c == code::GET_VRING_BASE {
                 if let Some(base) = m.u32_at(1) {
                     self.record.stopped_at(vring, base);
                 }
             }
+        }
+        true
+    }
+
+    /// How long until a serving process that ignored a termination signal is killed.
+    fn until_kill(&self) -> Option<Duration> {
+        self.kill_at
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    fn kill_if_due(&mut self, child: &Child) {
+        if self.kill_at.is_some_and(|t| Instant::now() >= t) {
+            self.kill_at = None;
+            warn!("the serving process did not exit on a termination signal; killing it");
+            // SAFETY: kill of our own child, not yet reaped.
+            unsafe { libc::kill(child.pid, libc::SIGKILL) };
         }
     }
 
@@ -370,6 +443,7 @@ impl State {
     fn relay(&mut self, sig: libc::c_int, child: &Child) {
         if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) {
             self.terminating = true;
+            self.kill_at.get_or_insert(Instant::now() + ANSWER_WAIT);
         }
         if sig != libc::SIGCHLD {
             // SAFETY: kill of our own child, which we have not reaped yet.
@@ -379,6 +453,7 @@ impl State {
 
     /// Removes the sockets' names and exits.
     fn exit(&self, code: i32) -> ! {
+        kill_strays(None);
         if let Some(s) = &self.sup.socket {
             s.remove();
         }
@@ -389,6 +464,8 @@ impl State {
     /// already queued on a listener only it holds.
     fn spawn(&self) -> io::Result<Child> {
         let (listener, conn) = private_pair()?;
+        conn.set_read_timeout(Some(PART_WAIT))?;
+        conn.set_write_timeout(Some(ANSWER_WAIT))?;
         let mut cmd = std::process::Command::new(&self.sup.exe);
         cmd.args(&self.sup.args);
         cmd.arg(format!("--serve-fd={}", listener.as_raw_fd()));
@@ -417,7 +494,18 @@ impl State {
                 Ok(())
             })
         };
-        let child = cmd.spawn()?;
+        // A file just written may be open for writing a moment longer (in a child of the
+        // writer that has not exec'd yet): ETXTBSY, tried again for up to a second.
+        let mut tries = 0;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r?,
+            }
+        };
         let pid = child.id() as libc::pid_t;
         let pidfd = open_pidfd(pid).inspect_err(|_| {
             // SAFETY: kill and reap our own child.
@@ -447,7 +535,8 @@ impl State {
             frontend: frontend.map(|f| wire::inheritable(f.as_raw_fd())),
             child: child.pid,
             child_conn: wire::inheritable(child.conn.as_raw_fd()),
-            reply_ack: self.reply_ack,
+            acked_reply_ack: self.acked_reply_ack,
+            asked_features: self.asked_features,
             awaited: self.awaited.iter().copied().collect(),
             terminating: self.terminating,
         };
@@ -515,6 +604,7 @@ impl State {
                 // SAFETY: kill of our own child, not yet reaped.
                 unsafe { libc::kill(old.pid, libc::SIGKILL) };
                 reap_within(old.pid, ANSWER_WAIT);
+                kill_strays(Some(child.pid));
                 info!("upgrade: {} now serves", self.sup.exe.display());
                 self.drop_second_requests(child);
                 self.reexec(None, child);
@@ -535,6 +625,7 @@ impl State {
                 // are shared with the new one, which keeps them.
                 drop(conn);
                 reap_within(pid, ANSWER_WAIT);
+                kill_strays(Some(child.pid));
                 info!(
                     "upgrade: {} now serves (pause {} ms)",
                     self.sup.exe.display(),
@@ -575,9 +666,10 @@ impl State {
                 Ok(m) => m,
                 Err(e) => return Err(kill(new, format!("serving process: {e}"))),
             };
-            self.answered(&m);
-            if let Err(e) = wire::send(frontend, &m) {
-                return Err(kill(new, format!("frontend: {e}")));
+            if self.answered(&m) {
+                if let Err(e) = wire::send(frontend, &m) {
+                    return Err(kill(new, format!("frontend: {e}")));
+                }
             }
         }
         let rings = self.record.started();
@@ -855,6 +947,23 @@ fn reap_within(pid: libc::pid_t, wait: Duration) -> libc::c_int {
             return status;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills and reaps every child but `keep`: processes a serving process left behind.
+fn kill_strays(keep: Option<libc::pid_t>) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let Ok(list) = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) else {
+        return;
+    };
+    for pid in list.split_whitespace().filter_map(|p| p.parse().ok()) {
+        if Some(pid) != keep {
+            warn!("process {pid}, left behind by a serving process, is killed");
+            // SAFETY: kill and reap a child of ours (a subreaper's orphan).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap_within(pid, ANSWER_WAIT);
+        }
     }
 }
 

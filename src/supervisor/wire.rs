@@ -199,8 +199,15 @@ pub fn recv(s: &UnixStream) -> io::Result<Option<Msg>> {
         return Ok(None);
     }
     let mut s_read = s;
+    // The socket's read timeout ends a wait for the rest of a message.
+    let cut = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            io::Error::new(io::ErrorKind::TimedOut, "a message stopped half-way")
+        }
+        _ => e,
+    };
     if n < HDR_LEN {
-        s_read.read_exact(&mut hdr[n..])?;
+        s_read.read_exact(&mut hdr[n..]).map_err(cut)?;
     }
     let word = |i: usize| u32::from_le_bytes(hdr[i * 4..i * 4 + 4].try_into().unwrap());
     let (code, flags, size) = (word(0), word(1), word(2) as usize);
@@ -211,7 +218,7 @@ pub fn recv(s: &UnixStream) -> io::Result<Option<Msg>> {
         ));
     }
     let mut body = vec![0u8; size];
-    s_read.read_exact(&mut body)?;
+    s_read.read_exact(&mut body).map_err(cut)?;
     Ok(Some(Msg {
         code,
         flags,

@@ -196,8 +196,11 @@ fn main() {
         p.sort_by(f64::total_cmp);
         let (median, max) = (p[p.len() / 2], p[p.len() - 1]);
         println!("| {n} | {rounds} | {median:.1} | {max:.1} |");
+        // Other work on the host stretches the pause: the load is saved beside it.
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load = load.split_whitespace().next().unwrap_or("?").to_string();
         lines += &serde_json::json!({
-            "commit": commit, "date": date, "nodes": n, "rounds": rounds,
+            "commit": commit, "date": date, "nodes": n, "rounds": rounds, "load": load,
             "median_ms": median, "max_ms": max, "pauses_ms": p,
         })
         .to_string();

@@ -128,8 +128,7 @@ impl Daemon {
             None => Command::new(bin),
         };
         hook(&mut cmd);
-        let child = cmd
-            .arg("--socket-path")
+        cmd.arg("--socket-path")
             .arg(&sock)
             .arg("--shared-dir")
             .arg(&share)
@@ -147,9 +146,19 @@ impl Daemon {
                     .unwrap_or_default()
                     .split_whitespace(),
             )
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn vfsd");
+            .stdin(Stdio::null());
+        // A copy of the binary another test thread just wrote may still be open for
+        // writing in a child that thread forked and has not exec'd yet (ETXTBSY).
+        let mut tries = 0;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r.expect("spawn vfsd"),
+            }
+        };
         let d = Daemon {
             child: Some(child),
             dir,

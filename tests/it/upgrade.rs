@@ -15,13 +15,13 @@ const OWNER: u64 = 0x5157;
 
 /// A copy of vfsd in a directory of its own, which the test replaces as a package
 /// upgrade would: a new file renamed over the old name.
-struct Binary {
+pub(crate) struct Binary {
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 impl Binary {
-    fn new() -> Binary {
+    pub(crate) fn new() -> Binary {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vfsd");
         std::fs::copy(vfsd_bin(), &path).unwrap();
@@ -29,14 +29,14 @@ impl Binary {
     }
 
     /// Puts `contents` (with mode 0755) at the path, as a new file.
-    fn replace_with(&self, contents: &[u8]) {
+    pub(crate) fn replace_with(&self, contents: &[u8]) {
         let tmp = self.path.with_extension("new");
         std::fs::write(&tmp, contents).unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&tmp, &self.path).unwrap();
     }
 
-    fn upgrade_to_a_rebuilt_vfsd(&self) {
+    pub(crate) fn upgrade_to_a_rebuilt_vfsd(&self) {
         self.replace_with(&std::fs::read(vfsd_bin()).unwrap());
     }
 
@@ -52,14 +52,14 @@ impl Binary {
 }
 
 /// The supervisor's child: the process it started to serve.
-fn served_by(supervisor: i32) -> Option<i32> {
+pub(crate) fn served_by(supervisor: i32) -> Option<i32> {
     let c =
         std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children")).ok()?;
     c.split_whitespace().next()?.parse().ok()
 }
 
 /// Waits until the supervisor serves through a process other than `old`.
-fn wait_for_handover(supervisor: i32, old: i32) -> i32 {
+pub(crate) fn wait_for_handover(supervisor: i32, old: i32) -> i32 {
     let t = Instant::now();
     loop {
         if let Some(p) = served_by(supervisor).filter(|&p| p != old) {
@@ -75,7 +75,7 @@ fn wait_for_handover(supervisor: i32, old: i32) -> i32 {
     }
 }
 
-fn sigusr2(pid: i32) {
+pub(crate) fn sigusr2(pid: i32) {
     // SAFETY: kill with a valid signal number.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
 }

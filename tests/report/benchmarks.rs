@@ -929,11 +929,18 @@ fn upgrade_section(lines: &[Line]) -> String {
                 text(x, "rounds"),
                 ms("median_ms"),
                 ms("max_ms"),
+                text(x, "load"),
             ]
         })
         .collect();
     md += &table(
-        &["files known", "rounds", "median pause", "max pause"],
+        &[
+            "files known",
+            "rounds",
+            "median pause",
+            "max pause",
+            "host load (1 min)",
+        ],
         &rows,
     );
     md
