@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::data::{fsx_on_a_share, pjdfstest_on_a_share};
+use crate::data::check_pjdfstest;
 use crate::fixture::{daemon_under_test, Guest, Share, TestDir};
 use crate::record;
 
@@ -89,19 +89,40 @@ fn no_open_makes_and_reads_files_without_open_release_or_flush_messages() {
     assert_eq!(read(r), [40, 40, 40, 39], "{r:?}");
 }
 
+/// pjdfstest on one share and then fsx on another, both under `--no-open` (fsx also with
+/// `--cache always`), in one boot.
 #[test]
 #[ignore = "needs QEMU and root"]
-fn pjdfstest_passes_under_no_open() {
-    pjdfstest_on_a_share("pjdfstest_passes_under_no_open", &["--no-open"]);
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn fsx_matches_its_model_under_no_open() {
-    fsx_on_a_share(
-        "fsx_matches_its_model_under_no_open",
-        &["--no-open", "--cache=always"],
-        900,
-        "-N 15000 -D 5000",
-    );
+fn pjdfstest_and_fsx_pass_under_no_open() {
+    let name = "pjdfstest_and_fsx_pass_under_no_open";
+    let dir = TestDir::new(name);
+    let (d0, d1) = (dir.dir("share0"), dir.dir("share1"));
+    let run = Guest::new(&dir)
+        .timeout(Duration::from_secs(1500))
+        .share(Share::new(
+            &d0,
+            "share0",
+            daemon_under_test(),
+            &["--no-open"],
+        ))
+        .share(Share::new(
+            &d1,
+            "share1",
+            daemon_under_test(),
+            &["--no-open", "--cache=always"],
+        ))
+        .run(
+            "rc=0; /guest-tests/pjdfstest.sh || rc=1; \
+             /guest-tests/fsx.sh -d /mnt/share1 -N 15000 -D 5000 || rc=1; exit $rc",
+        );
+    // Passes only if fsx passed too: the guest's status covers both.
+    check_pjdfstest(name, &run, 1);
+    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+    for kind in ["buffered", "direct"] {
+        assert!(
+            !run.lines(&format!("fsx: PASS {kind} ")).is_empty(),
+            "no passing fsx {kind} run\n{}",
+            run.tail()
+        );
+    }
 }
