@@ -15,7 +15,8 @@ fi
 # The tests that need root are #[ignore = "needs root"] (or "needs QEMU and root"):
 # another user sees them as ignored, root (as CI runs) runs them too.
 SUMMARY=${VFSD_GUEST_LOGS:-target/guest-tests}/summary.txt
-rm -f "$SUMMARY"
+TIMES=${VFSD_GUEST_LOGS:-target/guest-tests}/times.txt
+rm -f "$SUMMARY" "$TIMES"
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 # Every test binary runs even when an earlier one fails (--no-fail-fast); the exit status
@@ -41,6 +42,13 @@ elif [ "$have_qemu" = 1 ]; then
     if [ -s "$SUMMARY" ]; then
         echo "== what the guests reported"
         cat "$SUMMARY"
+    fi
+    if [ -s "$TIMES" ]; then
+        echo "== guest-seconds and wall seconds per test, longest first"
+        # The total sorts first.
+        awk '{ g[$3] += $1; w[$3] += $2; t += $1 }
+             END { for (n in g) printf "%7.1f %7.1f %s\n", g[n], w[n], n; printf "%7.1f guest-seconds in all\n", t }' \
+            "$TIMES" | sort -rn
     fi
 else
     echo "== cargo test (unit and vhost-user integration tests; the guest tests need qemu-system-x86: scripts/setup.sh)"

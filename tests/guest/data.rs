@@ -1,8 +1,12 @@
 //! Data and metadata checkers from the file-system world, in the guest: fio with
-//! `verify=crc32c`, pjdfstest (POSIX semantics, as root and as other users) and fsx
-//! (random buffered and O_DIRECT operations checked against a model).
+//! `verify=crc32c`, pjdfstest (POSIX semantics, as root and as other users), fsx
+//! (random buffered and O_DIRECT operations checked against a model) and the CI list of
+//! xfstests (run by `crate::xfstests`). They are the longest guest tests, and libtest
+//! starts tests in name order: from here they start first, and the two guest slots end
+//! close together.
 
-use crate::fixture::{Run, TestDir};
+use crate::fixture::{daemon_under_test, repo, Run, TestDir};
+use crate::xfstests::{read_list, run_list, ListRun};
 use crate::{record, run_on_share};
 
 /// Seconds per time-based fio job (`VFSD_FIO_RUNTIME`, default 8).
@@ -61,6 +65,22 @@ pub(crate) fn fsx_on_a_share(name: &str, args: &[&str], timeout_secs: u64, fsx_a
     let (_, run) = run_on_share(&dir, args, timeout_secs, |_| {}, &cmd);
     run.assert_success();
     record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+}
+
+/// guest-tests/xfstests-ci.list, strictly: every test passes, none is "not run".
+#[test]
+#[ignore = "needs QEMU and root"]
+fn the_ci_xfstests_list_passes_whole() {
+    let name = "the_ci_xfstests_list_passes_whole";
+    let dir = TestDir::new(name);
+    let tests = read_list(&repo().join("guest-tests/xfstests-ci.list"));
+    // --posix-acl: the list has ACL tests, which are "not run" without it.
+    let mut how = ListRun::new(daemon_under_test(), &["--posix-acl"], dir.dir("results"));
+    how.strict = true;
+    how.source = "guest-tests/xfstests-ci.list".into();
+    let summary = run_list(&dir, &how, &tests);
+    summary.record(name, &["passed "]);
+    summary.assert_ok();
 }
 
 /// Records pjdfstest's summary lines and checks its run: it passed, its summary ("P

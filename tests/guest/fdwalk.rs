@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::fixture::{daemon_under_test, DaemonKind, Guest, TestDir};
+use crate::fixture::{daemon_under_test, DaemonKind, Guest, Share, TestDir};
 use crate::record;
 
 fn make_tree(share: &Path) {
@@ -24,66 +24,58 @@ fn make_tree(share: &Path) {
     std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o777)).unwrap();
 }
 
-fn fdwalk(name: &str, daemon: DaemonKind, handles: Option<&str>, label: &str) {
-    let dir = TestDir::new(name);
-    let mut args = vec!["--rlimit-nofile=1024".to_string()];
-    if let Some(h) = handles {
-        args.push(format!("--inode-file-handles={h}"));
+/// The shares' daemons and labels: a daemon in each file-handle mode, and a rootless one
+/// (vfsd only: virtiofsd has no `--uid-map` of this form).
+fn shares() -> Vec<(DaemonKind, Option<&'static str>, String)> {
+    let mut out: Vec<_> = ["never", "prefer", "mandatory"]
+        .map(|h| (daemon_under_test(), Some(h), format!("handles={h}")))
+        .into_iter()
+        .collect();
+    if daemon_under_test().is_vfsd() {
+        let rootless = DaemonKind::Rootless { uid: 65534 };
+        out.push((rootless, None, "rootless".to_string()));
+    } else {
+        eprintln!("rootless: vfsd only (virtiofsd has no --uid-map of this form)");
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (guest, share) = Guest::new(&dir)
-        .timeout(Duration::from_secs(600))
-        .with_share(daemon, &args);
-    make_tree(&share);
-    let run = guest.run(&format!("/guest-tests/fdwalk.sh {label}"));
+    out
+}
+
+/// One boot, a share per daemon of `shares()`, each with its own host-made tree, walked
+/// one after the other.
+#[test]
+#[ignore = "needs QEMU and root"]
+fn a_6000_file_tree_at_1024_fds_in_each_file_handle_mode_and_served_rootless() {
+    let name = "a_6000_file_tree_at_1024_fds";
+    let dir = TestDir::new(name);
+    let mut guest = Guest::new(&dir).timeout(Duration::from_secs(900));
+    let mut cmd = String::from("rc=0");
+    let shares = shares();
+    for (i, (daemon, handles, _)) in shares.iter().enumerate() {
+        let d = dir.dir(&format!("share{i}"));
+        make_tree(&d);
+        let mut args = vec!["--rlimit-nofile=1024".to_string()];
+        if let Some(h) = handles {
+            args.push(format!("--inode-file-handles={h}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        guest = guest.share(Share::new(&d, &format!("share{i}"), daemon.clone(), &args));
+    }
+    for (i, (_, _, label)) in shares.iter().enumerate() {
+        cmd.push_str(&format!(
+            "; VFSD_SHARE=/mnt/share{i} /guest-tests/fdwalk.sh {label} || rc=1"
+        ));
+    }
+    cmd.push_str("; exit $rc");
+    let run = guest.run(&cmd);
     run.assert_success();
     record(name, &run, &["fdwalk: #"]);
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn a_6000_file_tree_at_1024_fds_without_file_handles() {
-    fdwalk(
-        "a_6000_file_tree_at_1024_fds_without_file_handles",
-        daemon_under_test(),
-        Some("never"),
-        "handles=never",
-    );
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn a_6000_file_tree_at_1024_fds_with_file_handles_preferred() {
-    fdwalk(
-        "a_6000_file_tree_at_1024_fds_with_file_handles_preferred",
-        daemon_under_test(),
-        Some("prefer"),
-        "handles=prefer",
-    );
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn a_6000_file_tree_at_1024_fds_with_mandatory_file_handles() {
-    fdwalk(
-        "a_6000_file_tree_at_1024_fds_with_mandatory_file_handles",
-        daemon_under_test(),
-        Some("mandatory"),
-        "handles=mandatory",
-    );
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn a_6000_file_tree_at_1024_fds_served_rootless() {
-    if !daemon_under_test().is_vfsd() {
-        eprintln!("rootless: vfsd only (virtiofsd has no --uid-map of this form)");
-        return;
+    // Each share's walk printed its summary, with no failure.
+    for (_, _, label) in &shares {
+        let want = format!(" checks passed, 0 failed ({label})");
+        assert!(
+            run.lines("fdwalk: ").iter().any(|l| l.ends_with(&want)),
+            "no fdwalk summary for {label}\n{}",
+            run.tail()
+        );
     }
-    fdwalk(
-        "a_6000_file_tree_at_1024_fds_served_rootless",
-        DaemonKind::Rootless { uid: 65534 },
-        None,
-        "rootless",
-    );
 }

@@ -716,8 +716,10 @@ fn libvirt_legacy_lock_off_keeps_the_guests_flock_and_posix_lock_off_the_host() 
 /// wrapper with `separate-options` and once without: the argv must hold each of
 /// `separate` or `legacy` (`{share}` stands for the share), the daemon must start and the
 /// guest mount the share. With `guest_root` the guest's root is that host uid and gid.
+/// `tag` names the test's domains: tests that run at once need names of their own.
 fn argv_both_forms(
     name: &str,
+    tag: &str,
     inner: &str,
     extra: &str,
     separate: &[&str],
@@ -733,7 +735,7 @@ fn argv_both_forms(
         ),
         ("legacy", &["migrate-precopy"][..], legacy),
     ] {
-        let s = Setup::new(&format!("{name}-{form}"), &format!("argv-{form}"));
+        let s = Setup::new(&format!("{name}-{form}"), &format!("{tag}-{form}"));
         if let Some(id) = guest_root {
             chown(&s.lv, Some(id), Some(id)).unwrap();
         }
@@ -768,6 +770,7 @@ fn argv_both_forms(
 fn libvirt_argv_with_cache_thread_pool_openfiles_and_idmap_starts_the_daemon_in_both_forms() {
     argv_both_forms(
         "libvirt_argv_with_cache_thread_pool_openfiles_and_idmap_starts_the_daemon_in_both_forms",
+        "argv-pool",
         "<cache mode='none'/><thread_pool size='3'/><openfiles max='4096'/>",
         "<idmap><uid start='0' target='100000' count='65536'/>\
          <gid start='0' target='100000' count='65536'/></idmap>",
@@ -796,6 +799,7 @@ fn libvirt_argv_with_cache_thread_pool_openfiles_and_idmap_starts_the_daemon_in_
 fn libvirt_argv_with_cache_always_and_the_chroot_sandbox_starts_the_daemon_in_both_forms() {
     argv_both_forms(
         "libvirt_argv_with_cache_always_and_the_chroot_sandbox_starts_the_daemon_in_both_forms",
+        "argv-chroot",
         "<cache mode='always'/><sandbox mode='chroot'/>",
         "",
         &[

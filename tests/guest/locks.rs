@@ -4,10 +4,11 @@
 //! process's flock and POSIX lock holding both guests off until it lets go. Under
 //! `--cache never` (a FORGET follows each close) and `auto`, the default (RELEASE alone
 //! ends an open file's OFD locks). The guests and the host meet through marker files in
-//! the share's `sync/`. Full mode adds counters both guests increment under flock, under
-//! fcntl and without locks, and the host's kill -9 of guest A's QEMU while A holds locks
-//! guest B waits for. And 1,024 waiters of one guest user on one request queue, which
-//! must leave the queue serving other requests.
+//! the share's `sync/`. Full mode, the one run under `never`, adds to the quick mode's
+//! steps counters both guests increment under flock, under fcntl and without locks, and
+//! the host's kill -9 of guest A's QEMU while A holds locks guest B waits for. And 1,024
+//! waiters of one guest user on one request queue, which must leave the queue serving
+//! other requests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -199,15 +200,6 @@ pub(crate) fn two_guests_and_the_host(name: &str, cache: &str, mode: &str, root:
 
 #[test]
 #[ignore = "needs QEMU and root"]
-fn locks_between_two_guests_and_the_host_under_cache_never() {
-    locks_between_two_guests_and_the_host(
-        "locks_between_two_guests_and_the_host_under_cache_never",
-        "never",
-    );
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
 fn locks_between_two_guests_and_the_host_under_cache_auto() {
     locks_between_two_guests_and_the_host(
         "locks_between_two_guests_and_the_host_under_cache_auto",
@@ -215,11 +207,13 @@ fn locks_between_two_guests_and_the_host_under_cache_auto() {
     );
 }
 
+/// The full mode: the quick mode's steps, then the counters (2N under flock and fcntl)
+/// and the kill -9 of A, whose locks go to B.
 #[test]
 #[ignore = "needs QEMU and root"]
-fn lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest() {
+fn locks_between_two_guests_and_the_host_under_cache_never_counters_and_a_killed_guests_locks() {
     two_guests_and_the_host(
-        "lock_counters_reach_two_n_and_a_killed_guests_locks_go_to_the_other_guest",
+        "locks_between_two_guests_and_the_host_under_cache_never_counters",
         "never",
         "full",
         None,

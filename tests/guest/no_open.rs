@@ -3,44 +3,16 @@
 //! or FLUSH; without forwarded POSIX locks opens say FOPEN_NOFLUSH; and the file system
 //! still behaves as pjdfstest and fsx expect.
 
-use crate::data::{fsx_on_a_share, pjdfstest_on_a_share};
-use crate::fixture::TestDir;
-use crate::{record, run_on_share};
+use std::time::Duration;
 
-/// Makes 40 files and reads them, then counts in the guest kernel
-/// (`fuse:fuse_request_send`) the FUSE requests per opcode of making 40 more ("requests
-/// create: CREATE=n ...") and of reading the first 40 again ("requests read: OPEN=n
-/// ..."), and checks what was read.
-const COUNT: &str = r#"
-set -e
-d=$VFSD_SHARE
-for i in $(seq 1 40); do echo "file $i" > $d/f$i; done
-cat $d/f1 > /dev/null
-t=/sys/kernel/tracing
-mount -t tracefs nodev $t 2>/dev/null || true
-echo 65536 > $t/buffer_size_kb
-traced() {  # traced WHAT OPS COMMAND...: prints "requests WHAT: OP=n ..."
-    what=$1 ops=$2; shift 2
-    echo > $t/trace
-    echo 1 > $t/events/fuse/fuse_request_send/enable
-    "$@"
-    echo 0 > $t/events/fuse/fuse_request_send/enable
-    line="requests $what:"
-    for op in $ops; do
-        line="$line $op=$(grep -c "(FUSE_$op)" $t/trace || true)"
-    done
-    echo "$line"
-    if grep -q "LOST" $t/trace; then echo "requests: LOST EVENTS"; fi
-}
-make() { for i in $(seq 1 40); do echo "new $i" > $d/n$i; done; }
-read_all() { for i in $(seq 1 40); do cat $d/f$i > /dev/null; done; }
-traced create "CREATE MKNOD OPEN RELEASE FLUSH" make
-traced read "OPEN RELEASE FLUSH READ" read_all
-for i in $(seq 1 40); do
-    grep -qx "file $i" $d/f$i && grep -qx "new $i" $d/n$i || { echo "requests: $i read wrong"; exit 1; }
-done
-echo "requests: read back"
-"#;
+use crate::data::check_pjdfstest;
+use crate::fixture::{daemon_under_test, Guest, Share, TestDir};
+use crate::record;
+
+/// guest-tests/request-counts.sh: on each share, the requests of making 40 files
+/// ("requests TAG create: CREATE=n ...") and of reading 40 ("requests TAG read: OPEN=n
+/// ..."), as the guest kernel counts them on that share's connection.
+const COUNT: &str = "/guest-tests/request-counts.sh";
 
 fn counts(line: &str) -> Vec<(String, u64)> {
     line.split_whitespace()
@@ -49,20 +21,39 @@ fn counts(line: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The create and read counts of `COUNT` on a share served with `args`.
-fn count(name: &str, args: &[&str]) -> [Vec<(String, u64)>; 2] {
+/// The create and read counts of `COUNT` on each share, one boot with a share per entry of
+/// `shares` (each its daemon's arguments).
+fn count(name: &str, shares: &[&[&str]]) -> Vec<[Vec<(String, u64)>; 2]> {
     let dir = TestDir::new(name);
-    let (_, run) = run_on_share(&dir, args, 300, |_| {}, COUNT);
+    let mut guest = Guest::new(&dir).timeout(Duration::from_secs(300));
+    for (i, args) in shares.iter().enumerate() {
+        let d = dir.dir(&format!("share{i}"));
+        guest = guest.share(Share::new(
+            &d,
+            &format!("share{i}"),
+            daemon_under_test(),
+            args,
+        ));
+    }
+    let run = guest.run(COUNT);
     run.assert_success();
     record(name, &run, &["requests"]);
     assert!(run.lines("requests: LOST").is_empty(), "{}", run.tail());
-    ["requests create:", "requests read:"].map(|p| {
-        counts(
-            &run.lines(p)
-                .pop()
-                .unwrap_or_else(|| panic!("no request counts\n{}", run.tail())),
-        )
-    })
+    (0..shares.len())
+        .map(|i| {
+            [
+                format!("requests share{i} create:"),
+                format!("requests share{i} read:"),
+            ]
+            .map(|p| {
+                counts(
+                    &run.lines(&p)
+                        .pop()
+                        .unwrap_or_else(|| panic!("no request counts ({p})\n{}", run.tail())),
+                )
+            })
+        })
+        .collect()
 }
 
 fn get(c: &[(String, u64)], op: &str) -> u64 {
@@ -74,43 +65,64 @@ fn get(c: &[(String, u64)], op: &str) -> u64 {
 fn no_open_makes_and_reads_files_without_open_release_or_flush_messages() {
     let made = |c: &[(String, u64)]| ["CREATE", "MKNOD", "OPEN", "RELEASE"].map(|op| get(c, op));
     let read = |c: &[(String, u64)]| ["OPEN", "RELEASE", "FLUSH", "READ"].map(|op| get(c, op));
-    // The share is on the host's ext4, where a close does nothing a FLUSH must carry.
-    let [c, r] = count(
+    // The shares are on the host's ext4, where a close does nothing a FLUSH must carry.
+    let counted = count(
         "no_open_makes_and_reads_files_without_open_release_or_flush",
-        &["--no-open", "--cache=always"],
+        &[
+            &["--no-open", "--cache=always"],
+            &["--no-posix-lock", "--cache=always"],
+            &["--cache=always"],
+        ],
     );
-    assert_eq!((made(&c), get(&c, "FLUSH")), ([0, 40, 0, 0], 0), "{c:?}");
-    assert_eq!(read(&r), [0, 0, 0, 39], "{r:?}");
+    // --no-open: MKNOD alone, no OPEN, RELEASE or FLUSH.
+    let [c, r] = &counted[0];
+    assert_eq!((made(c), get(c, "FLUSH")), ([0, 40, 0, 0], 0), "{c:?}");
+    assert_eq!(read(r), [0, 0, 0, 39], "{r:?}");
     // Without forwarded POSIX locks, opens say FOPEN_NOFLUSH.
-    let [c, r] = count(
-        "without_posix_locks_files_are_made_and_read_without_flush",
-        &["--no-posix-lock", "--cache=always"],
-    );
-    assert_eq!((made(&c), get(&c, "FLUSH")), ([40, 0, 0, 40], 0), "{c:?}");
-    assert_eq!(read(&r), [40, 40, 0, 39], "{r:?}");
+    let [c, r] = &counted[1];
+    assert_eq!((made(c), get(c, "FLUSH")), ([40, 0, 0, 40], 0), "{c:?}");
+    assert_eq!(read(r), [40, 40, 0, 39], "{r:?}");
     // The defaults: a CREATE or OPEN, a RELEASE and a FLUSH per close.
-    let [c, r] = count(
-        "default_files_are_made_and_read_with_open_flush_and_release",
-        &["--cache=always"],
-    );
-    assert_eq!(made(&c), [40, 0, 0, 40], "{c:?}");
-    assert!(get(&c, "FLUSH") >= 40, "{c:?}");
-    assert_eq!(read(&r), [40, 40, 40, 39], "{r:?}");
+    let [c, r] = &counted[2];
+    assert_eq!(made(c), [40, 0, 0, 40], "{c:?}");
+    assert!(get(c, "FLUSH") >= 40, "{c:?}");
+    assert_eq!(read(r), [40, 40, 40, 39], "{r:?}");
 }
 
+/// pjdfstest on one share and then fsx on another, both under `--no-open` (fsx also with
+/// `--cache always`), in one boot.
 #[test]
 #[ignore = "needs QEMU and root"]
-fn pjdfstest_passes_under_no_open() {
-    pjdfstest_on_a_share("pjdfstest_passes_under_no_open", &["--no-open"]);
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn fsx_matches_its_model_under_no_open() {
-    fsx_on_a_share(
-        "fsx_matches_its_model_under_no_open",
-        &["--no-open", "--cache=always"],
-        900,
-        "-N 15000 -D 5000",
-    );
+fn pjdfstest_and_fsx_pass_under_no_open() {
+    let name = "pjdfstest_and_fsx_pass_under_no_open";
+    let dir = TestDir::new(name);
+    let (d0, d1) = (dir.dir("share0"), dir.dir("share1"));
+    let run = Guest::new(&dir)
+        .timeout(Duration::from_secs(1500))
+        .share(Share::new(
+            &d0,
+            "share0",
+            daemon_under_test(),
+            &["--no-open"],
+        ))
+        .share(Share::new(
+            &d1,
+            "share1",
+            daemon_under_test(),
+            &["--no-open", "--cache=always"],
+        ))
+        .run(
+            "rc=0; /guest-tests/pjdfstest.sh || rc=1; \
+             /guest-tests/fsx.sh -d /mnt/share1 -N 15000 -D 5000 || rc=1; exit $rc",
+        );
+    // Passes only if fsx passed too: the guest's status covers both.
+    check_pjdfstest(name, &run, 1);
+    record(name, &run, &["fsx: PASS", "fsx: FAIL", "fsx: SKIP"]);
+    for kind in ["buffered", "direct"] {
+        assert!(
+            !run.lines(&format!("fsx: PASS {kind} ")).is_empty(),
+            "no passing fsx {kind} run\n{}",
+            run.tail()
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! xfstests (fstests, the pinned tree built by scripts/build-xfstests.sh) in a guest on
 //! the host's userland. The CI list, `guest-tests/xfstests-ci.list`, must pass whole (a
-//! test that does not run fails too); `VFSD_XFSTESTS_LIST` runs any other list (see
-//! `any_xfstests_list_named_in_the_environment`). The guest gets four shares: the host's
+//! test that does not run fails too; `data::the_ci_xfstests_list_passes_whole`, among the
+//! other checkers so that this long test starts early); `VFSD_XFSTESTS_LIST` runs any
+//! other list (see `any_xfstests_list_named_in_the_environment`). The guest gets four shares: the host's
 //! root alone (read-only, `--cache always`; the guest builds an overlay root on it with
 //! the fstests tree, /etc and /var writable and its kernel's modules), `test` and
 //! `scratch` (TEST_DEV and SCRATCH_DEV, FSTYP=virtiofs, mounted by fstests) and
@@ -763,21 +764,6 @@ fn env_number(name: &str) -> Option<u64> {
             .parse()
             .unwrap_or_else(|_| panic!("{name}={v}: a number"))
     })
-}
-
-#[test]
-#[ignore = "needs QEMU and root"]
-fn the_ci_xfstests_list_passes_whole() {
-    let name = "the_ci_xfstests_list_passes_whole";
-    let dir = TestDir::new(name);
-    let tests = read_list(&repo().join("guest-tests/xfstests-ci.list"));
-    // --posix-acl: the list has ACL tests, which are "not run" without it.
-    let mut how = ListRun::new(daemon_under_test(), &["--posix-acl"], dir.dir("results"));
-    how.strict = true;
-    how.source = "guest-tests/xfstests-ci.list".into();
-    let summary = run_list(&dir, &how, &tests);
-    summary.record(name, &["passed "]);
-    summary.assert_ok();
 }
 
 /// `VFSD_XFSTESTS_LIST` runs any list: `quick`, `quick -dangerous`, `generic/001
