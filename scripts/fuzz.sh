@@ -67,11 +67,14 @@ fi
 echo "== fuzz filesystem: ${VFSD_FUZZ_TMP:-${TMPDIR:-/tmp} (unbounded: FALLOCATE lengths capped)}"
 
 mkdir -p fuzz/logs
+# FUZZ_TARGET_DIR: where the instrumented builds go (fuzz/target by default).
+tdir=()
+[ -n "${FUZZ_TARGET_DIR:-}" ] && tdir=(--target-dir "$FUZZ_TARGET_DIR")
 status=0
 summary=()
 for t in $TARGETS; do
     echo "== building $t"
-    if ! cargo fuzz build -a "$t" >"fuzz/logs/$t.build.log" 2>&1; then
+    if ! cargo fuzz build -a "${tdir[@]}" "$t" >"fuzz/logs/$t.build.log" 2>&1; then
         tail -30 "fuzz/logs/$t.build.log"
         echo "build of $t failed" >&2
         exit 1
@@ -88,7 +91,7 @@ for t in $TARGETS; do
     # Inputs kept from earlier finds (fuzz/regressions/TARGET) are run first, every time.
     kept=()
     [ -d "fuzz/regressions/$t" ] && kept=("fuzz/regressions/$t")
-    cmd=(cargo fuzz run -a "$t" "$corpus" "${kept[@]}" --
+    cmd=(cargo fuzz run -a "${tdir[@]}" "$t" "$corpus" "${kept[@]}" --
         -max_total_time="$BUDGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         ${FUZZ_ARGS:-})
     echo "   ${cmd[*]}"
