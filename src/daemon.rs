@@ -261,8 +261,10 @@ fn inherited_fd(opt: &str, fd: i32) -> Result<OwnedFd, String> {
 pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     use StartupError as E;
     // The binary an upgrade starts: the file at the path vfsd was started from, as it is
-    // then (a package upgrade replaces the file).
-    let exe = std::env::current_exe().and_then(std::fs::canonicalize);
+    // then (a package upgrade replaces the file). The kernel gives it resolved; resolving
+    // it again would need search access to every directory above it, which a daemon
+    // started as another user may lack.
+    let exe = std::env::current_exe();
     let serving = opt.serve_fd.is_some();
     if serving {
         // The supervisor answers for the socket and for every frontend after this one.
