@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin vfsd --example run-vm
-exec target/release/examples/run-vm "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/examples/run-vm" "$@"

@@ -38,10 +38,6 @@ fn usage(why: &str) -> ! {
     std::process::exit(if why.is_empty() { 0 } else { 2 })
 }
 
-fn vfsd_bin() -> PathBuf {
-    fixture::repo().join("target/release/vfsd")
-}
-
 fn children(pid: i32) -> Option<i32> {
     let c = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
     c.split_whitespace().next()?.parse().ok()
@@ -57,7 +53,7 @@ fn measure(nodes: usize, rounds: usize) -> Vec<f64> {
     let share = dir.path().join("share");
     let bin = dir.path().join("vfsd");
     std::fs::create_dir(&share).unwrap();
-    std::fs::copy(vfsd_bin(), &bin).unwrap();
+    std::fs::copy(fixture::vfsd_bin(), &bin).unwrap();
     eprintln!("upgrade: {nodes} files");
     let mut names = Vec::with_capacity(nodes);
     for i in 0..nodes {
@@ -109,7 +105,7 @@ fn measure(nodes: usize, rounds: usize) -> Vec<f64> {
     for round in 0..rounds {
         let old = children(sup).unwrap();
         let tmp = dir.path().join("vfsd.new");
-        std::fs::copy(vfsd_bin(), &tmp).unwrap();
+        std::fs::copy(fixture::vfsd_bin(), &tmp).unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&tmp, &bin).unwrap();
         let new_ino = ino(bin.to_str().unwrap()).unwrap();
