@@ -72,6 +72,7 @@ use std::time::{Duration, Instant};
 use super::handle::Handle;
 use super::wake::{cancel_all, Blocker, Finish};
 use super::PassthroughFs;
+use crate::recovery::record::{OwnerSlot, OwnerState as RecordedOwner, Record};
 use crate::sys::{cvt, errno};
 
 /// `OFFSET_MAX`: a FUSE lock ending here runs to the end of the file.
@@ -272,6 +273,8 @@ pub struct Plan {
 pub struct Owner {
     /// The node it locks (for the count per file).
     node: u64,
+    /// Its slot in the crash record (`recovery`): dropped before `fd` closes.
+    slot: Option<OwnerSlot>,
     /// Its own host open file description, carrying its OFD locks.
     fd: OwnedFd,
     state: Mutex<OwnerState>,
@@ -749,6 +752,9 @@ pub struct FileLocks {
     watchdog: Condvar,
     watchdog_started: AtomicBool,
     pub counters: LockCounters,
+    /// Where owners are recorded for the serving process that takes over should this
+    /// one die (`recovery`).
+    record: Option<Arc<Record>>,
 }
 
 /// What a SETLKW that must wait leaves for its waiter thread. It holds one of the
@@ -835,7 +841,24 @@ impl FileLocks {
             watchdog: Condvar::new(),
             watchdog_started: AtomicBool::new(false),
             counters: LockCounters::default(),
+            record: None,
         }
+    }
+
+    /// Records lock owners in `record` (`recovery`): their descriptions then outlive this
+    /// process, and the next one takes them over with their locks.
+    pub fn with_record(mut self, record: Option<Arc<Record>>) -> Self {
+        self.record = record;
+        self
+    }
+
+    fn record_owner(&self, node: u64, owner: u64, pid: u32, fd: &OwnedFd) -> Option<OwnerSlot> {
+        self.record.as_ref()?.new_owner(&RecordedOwner {
+            owner,
+            node,
+            pid,
+            fd: fd.as_raw_fd(),
+        })
     }
 
     /// Turns the stall rule on (`--lock-stall-timeout`; zero leaves it off): a POSIX or
@@ -994,6 +1017,7 @@ impl FileLocks {
         }
         let o = Arc::new(Owner {
             node,
+            slot: self.record_owner(node, key, 0, &fd),
             fd,
             state: Mutex::new(OwnerState::default()),
             pid: AtomicU32::new(0),
@@ -1216,6 +1240,9 @@ impl FileLocks {
                 continue;
             }
             o.pid.store(pid, Ordering::Relaxed);
+            if let Some(slot) = &o.slot {
+                slot.set_pid(pid);
+            }
             let new = st.ranges.plan(r);
             let reserved = match self.reserve(node, st.ranges.len(), new.len_after) {
                 Ok(n) => n,
@@ -1542,6 +1569,7 @@ impl FileLocks {
         self.count(rec.node, ranges.len());
         let o = Arc::new(Owner {
             node: rec.node,
+            slot: self.record_owner(rec.node, rec.owner, rec.pid, &fd),
             fd,
             state: Mutex::new(OwnerState {
                 ranges,

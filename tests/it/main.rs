@@ -36,6 +36,7 @@ mod read_path;
 mod ring_reset;
 mod sandbox;
 mod seccomp;
+mod smoke_takeover;
 mod supervisor;
 mod translate;
 mod upgrade;
