@@ -807,8 +807,12 @@ impl FuseServer {
                 Err(e) => Outcome::Reply(Err(e)),
             };
         }
+        // A wait's reply is one header written at the first writable buffer: a chain
+        // whose first buffer can't take one is refused now, with an errno in whatever
+        // room it has. SETLKW takes a reply; leaving it unanswered would leave the
+        // guest's caller waiting for good.
         let Some(at) = reply_address(bufs) else {
-            return Outcome::NoReply { malformed: true };
+            return Outcome::Malformed(errno(libc::EINVAL));
         };
         match self.setlkw(hdr, args, at, defer) {
             Ok(true) => Outcome::Deferred,
@@ -1285,5 +1289,62 @@ mod tests {
         assert_eq!(out_header(&mem, 0x8000).unique, 9);
         assert_eq!(bytes_at(&mem, 0x8000 + HDR as u64, 15), b"the file's data");
         assert_eq!(bytes_at(&mem, 0x9000, HDR + 15), vec![0; HDR + 15]);
+    }
+
+    /// A SETLKW whose first writable buffer has no room for the header its wait would
+    /// write there (a zero-length descriptor in front, or a short one) is answered EINVAL
+    /// in the room after it, not left without a reply.
+    #[test]
+    fn a_setlkw_whose_first_writable_buffer_is_too_small_gets_einval() {
+        use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(
+            crate::passthrough::PassthroughFs::new(crate::passthrough::Config::new(dir.path()))
+                .unwrap(),
+        );
+        let server = FuseServer::new(fs);
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let args = LkIn {
+            fh: 1,
+            owner: 1,
+            lk: FileLock {
+                start: 0,
+                end: u64::MAX,
+                type_: libc::F_WRLCK as u32,
+                pid: 1,
+            },
+            ..Default::default()
+        };
+        let hdr = InHeader {
+            len: (size_of::<InHeader>() + size_of::<LkIn>()) as u32,
+            opcode: Opcode::Setlkw as u32,
+            unique: 9,
+            nodeid: 1,
+            ..Default::default()
+        };
+        let mut req = hdr.as_slice().to_vec();
+        req.extend_from_slice(args.as_slice());
+        mem.write_slice(&req, GuestAddress(0x4000)).unwrap();
+        for first in [0, HDR as u32 - 1] {
+            mem.write_slice(&[0; 64], GuestAddress(0x8000)).unwrap();
+            mem.write_slice(&[0; 64], GuestAddress(0x9000)).unwrap();
+            let descs = [
+                (0x4000, req.len() as u32, R),
+                (0x8000, first, W),
+                (0x9000, 64, W),
+            ];
+            let popped = Popped::new(&mem, chain::mock_chain(&mem, &descs));
+            let mut defer = || -> Option<Box<dyn Deferred>> { None };
+            let len = server.handle(&mem, popped, &mut defer);
+            assert_eq!(
+                len,
+                Some(HDR as u32),
+                "first writable buffer of {first} bytes"
+            );
+            let mut got = bytes_at(&mem, 0x8000, first as usize);
+            got.extend(bytes_at(&mem, 0x9000, HDR - first as usize));
+            let h: OutHeader = request::decode(&got).unwrap();
+            assert_eq!((h.len as usize, h.error, h.unique), (HDR, -libc::EINVAL, 9));
+        }
     }
 }
