@@ -40,7 +40,7 @@ const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
 /// A serving process that dies is replaced at most this many times within `CRASH_WINDOW`:
 /// one that dies at once every time ends the frontend's connection, as without a
 /// supervisor, rather than loop.
-const CRASH_LOOP: usize = 5;
+const CRASH_LOOP: usize = 10;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// The crash test hook's variable (`recovery`): a replacement process never inherits it.
 const CRASH_HOOK_VAR: &str = "VFSD_TEST_CRASH";
