@@ -687,20 +687,15 @@ impl FsDevice {
             q.set_next_used(t.next_used);
             let first = t.next_avail.wrapping_sub(t.heads.len() as u16);
             let tickets = vring.popped(first, t.heads.len());
-            vring.record_popped(
-                size,
-                t.next_avail,
-                t.next_avail,
-                t.next_used,
-                t.heads.iter().copied(),
-            );
+            vring.record_popped_again(size, t.next_avail, t.next_used, t.heads.iter().copied());
             (t, q.desc_table(), size, tickets)
         };
         info!(
-            "queue {queue}: taken over at avail {} used {}, {} request(s) the dead process held",
+            "queue {queue}: taken over at avail {} used {}, {} request(s) the dead process held, {} of them in flight at the death before too",
             taken.next_avail,
             taken.next_used,
-            taken.heads.len()
+            taken.heads.len(),
+            taken.twice.len()
         );
         if taken.heads.is_empty() {
             return;
@@ -717,8 +712,9 @@ impl FsDevice {
         for (chain, t) in chains.into_iter().zip(tickets) {
             let head = chain.head_index();
             let popped = Popped::new(&with, chain);
+            let twice = taken.twice.contains(&head);
             let mut later = || Later::boxed(vring, t, head, queue as u16);
-            if let Some(len) = self.server.serve_again(&with, popped, &mut later) {
+            if let Some(len) = self.server.serve_again(&with, popped, twice, &mut later) {
                 done.push((t, head, len));
             }
         }

@@ -24,6 +24,9 @@ pub struct TakenOver {
     pub next_used: u16,
     /// Heads to serve again.
     pub heads: Vec<u16>,
+    /// Those of them a process already died serving again: answered EIO, not run a
+    /// third time.
+    pub twice: Vec<u16>,
 }
 
 /// What the dead process's record `st` says of a ring of `size` entries, set against
@@ -55,10 +58,17 @@ pub fn take_over(
             }
         }
     }
+    let twice = st
+        .again
+        .iter()
+        .copied()
+        .filter(|h| heads.contains(h))
+        .collect();
     TakenOver {
         next_avail: st.next_avail,
         next_used: used,
         heads: heads.into_iter().collect(),
+        twice,
     }
 }
 
@@ -128,7 +138,18 @@ mod tests {
             next_used,
             completing,
             heads: heads.to_vec(),
+            again: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_head_a_process_died_serving_again_is_not_run_a_third_time() {
+        let mut s = st(&[3, 5, 7], 10, 7, Some(5));
+        s.again = vec![5, 7];
+        // 5 went on the used ring before the death: answered, not poisoned.
+        let t = take_over(&s, 16, 8, 10, |_| None);
+        assert_eq!(t.heads, vec![3, 7]);
+        assert_eq!(t.twice, vec![7]);
     }
 
     #[test]

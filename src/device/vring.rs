@@ -184,14 +184,38 @@ impl TrackedVring {
         next_used: u16,
         heads: impl Iterator<Item = u16>,
     ) {
-        let Some((rec, q)) = self.track.record.get() else {
-            return;
-        };
+        if let Some((rec, q)) = self.record_running(size, before, next_used) {
+            rec.popped(q, heads, after);
+        }
+    }
+
+    /// `record_popped` for heads a dead process held, served again here (`recover`).
+    pub fn record_popped_again(
+        &self,
+        size: u16,
+        next_avail: u16,
+        next_used: u16,
+        heads: impl Iterator<Item = u16>,
+    ) {
+        if let Some((rec, q)) = self.record_running(size, next_avail, next_used) {
+            rec.popped_again(q, heads, next_avail);
+        }
+    }
+
+    /// The record and this ring's index in it, the ring's record started afresh if this
+    /// generation has not been recorded yet.
+    fn record_running(
+        &self,
+        size: u16,
+        next_avail: u16,
+        next_used: u16,
+    ) -> Option<(&Record, usize)> {
+        let (rec, q) = self.track.record.get()?;
         let generation = self.track.generation.load(Ordering::Acquire);
         if self.track.recorded.swap(generation, Ordering::AcqRel) != generation {
-            rec.ring_started(*q, size, before, next_used);
+            rec.ring_started(*q, size, next_avail, next_used);
         }
-        rec.popped(*q, heads, after);
+        Some((rec, *q))
     }
 
     /// How many more requests a pop may take from a ring of `size` entries. A guest can't

@@ -41,6 +41,10 @@ pub const MAX_OWNERS: usize = 1 << 20;
 pub const MAX_NAME: usize = 255;
 pub const MAX_HANDLE_BYTES: usize = 128;
 
+/// A head's mark in a ring's part: popped, or popped again after a death.
+const POPPED: u8 = 1;
+const AGAIN: u8 = 2;
+
 const HEADER: usize = 4096;
 const RING: usize = 64 + MAX_RING_SIZE;
 const NODE: usize = 512;
@@ -318,11 +322,21 @@ impl Record {
     /// heads are marked before the index moves: a death between the two leaves heads
     /// marked that the avail ring still offers, which the reader drops (`RingState`).
     pub fn popped(&self, q: usize, heads: impl Iterator<Item = u16>, next_avail: u16) {
+        self.mark(q, heads, next_avail, POPPED);
+    }
+
+    /// Heads a dead process held, now served again: should this process die too, the
+    /// next one answers them EIO rather than run them a third time.
+    pub fn popped_again(&self, q: usize, heads: impl Iterator<Item = u16>, next_avail: u16) {
+        self.mark(q, heads, next_avail, AGAIN);
+    }
+
+    fn mark(&self, q: usize, heads: impl Iterator<Item = u16>, next_avail: u16, how: u8) {
         let Some(r) = self.ring(q) else { return };
         for h in heads {
             if usize::from(h) < MAX_RING_SIZE {
                 self.u8(r + ring::HEADS + usize::from(h))
-                    .store(1, Ordering::Release);
+                    .store(how, Ordering::Release);
             }
         }
         self.u32(r + ring::NEXT_AVAIL)
@@ -358,8 +372,13 @@ impl Record {
         }
         let size = self.u32(r + ring::SIZE).load(Ordering::Acquire) as usize;
         let size = size.min(MAX_RING_SIZE);
+        let mark = |h: usize| self.u8(r + ring::HEADS + h).load(Ordering::Acquire);
         let heads = (0..size)
-            .filter(|&h| self.u8(r + ring::HEADS + h).load(Ordering::Acquire) != 0)
+            .filter(|&h| mark(h) != 0)
+            .map(|h| h as u16)
+            .collect();
+        let again = (0..size)
+            .filter(|&h| mark(h) == AGAIN)
             .map(|h| h as u16)
             .collect();
         let completing = self.u32(r + ring::COMPLETING).load(Ordering::Acquire);
@@ -368,6 +387,7 @@ impl Record {
             next_used: self.u32(r + ring::NEXT_USED).load(Ordering::Acquire) as u16,
             completing: completing.checked_sub(1).map(|h| h as u16),
             heads,
+            again,
         })
     }
 
@@ -611,6 +631,8 @@ pub struct RingState {
     pub completing: Option<u16>,
     /// Heads popped and not answered.
     pub heads: Vec<u16>,
+    /// Those of them that were being served again after an earlier death.
+    pub again: Vec<u16>,
 }
 
 /// A node's slot: its lookup count lives here; freed when the node goes.
@@ -758,6 +780,7 @@ mod tests {
                 next_used: 11,
                 completing: Some(4),
                 heads: vec![4, 200],
+                again: vec![],
             })
         );
         assert_eq!(other.ring_state(0), None);

@@ -365,11 +365,14 @@ impl FuseServer {
     /// (`device::recover`): again where running it twice comes to the same as once,
     /// answered EIO where it may have acted already and a second run would differ (the
     /// table in docs/design.md). A FORGET, BATCH_FORGET or INTERRUPT is not run again (it
-    /// has no reply): a count it lowered is at worst left higher, never lower.
+    /// has no reply): a count it lowered is at worst left higher, never lower. `twice`:
+    /// a serving process already died serving it again, so it is answered EIO: a request
+    /// that kills every process that serves it must not kill them all.
     pub fn serve_again<M>(
         &self,
         mem: &GuestMem,
         mut popped: Popped<M>,
+        twice: bool,
         defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
     ) -> Option<u32>
     where
@@ -380,7 +383,17 @@ impl FuseServer {
             match copy {
                 Ok(req) if !descs.overlong() => {
                     let args = &req.bytes[request::HDR_LEN.min(req.bytes.len())..];
-                    let v = self.again(req.hdr.opcode, req.hdr.nodeid, args);
+                    let v = match self.again(req.hdr.opcode, req.hdr.nodeid, args) {
+                        Again::Nothing => Again::Nothing,
+                        _ if twice => {
+                            warn!(
+                                "request {} (opcode {}) was in flight at two deaths in a row; answered EIO",
+                                req.hdr.unique, req.hdr.opcode
+                            );
+                            Again::Eio
+                        }
+                        v => v,
+                    };
                     match v {
                         Again::Run => None,
                         Again::Eio => Some(answer_errno(
@@ -910,7 +923,9 @@ fn reply_address(bufs: &[(GuestAddress, u32)]) -> Option<GuestAddress> {
 /// A test build's way to make the serving process die at a chosen request (cargo feature
 /// `crash-hook`, never in a release of vfsd): `VFSD_TEST_CRASH=popped:OPCODE[:N]` dies
 /// before serving the Nth request of that opcode (default the first), `served:...` after
-/// the file system acted and before its reply goes on the used ring. The death is an
+/// the file system acted and before its reply goes on the used ring; with a last `:every`
+/// the supervisor passes the variable on to the processes that replace a dead one (else
+/// they never get it). The death is an
 /// abort, a real one even for a pid namespace's init, which ignores signals it sends
 /// itself.
 #[cfg(feature = "crash-hook")]
@@ -935,7 +950,10 @@ mod crash_hook {
                 _ => return None,
             };
             let op = it.next()?.parse().ok()?;
-            let nth = it.next().map_or(Some(1), |n| n.parse().ok())?;
+            let nth = match it.next() {
+                None | Some("every") => 1,
+                Some(n) => n.parse().ok()?,
+            };
             Some((when, op, nth))
         })
     }

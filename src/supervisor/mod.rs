@@ -651,7 +651,10 @@ impl State {
             cmd.arg(format!("--recover-fd={}", r.as_raw_fd()));
             pass.push(r.as_raw_fd());
         }
-        if recover.is_some() || !self.crashes.is_empty() {
+        // A test hook armed with `:every` goes on to every replacement, as a request
+        // that kills each process serving it would.
+        let every = std::env::var(CRASH_HOOK_VAR).is_ok_and(|v| v.ends_with(":every"));
+        if (recover.is_some() || !self.crashes.is_empty()) && !every {
             cmd.env_remove(CRASH_HOOK_VAR);
         }
         for (opt, fd) in &self.sup.inherited {
