@@ -200,10 +200,9 @@ mod tests {
         let rec = crate::recovery::record::create().unwrap();
         let file = tempfile::tempfile().unwrap();
         let open_fd = file.as_raw_fd();
-        let closed_fd = {
-            let f = tempfile::tempfile().unwrap();
-            f.as_raw_fd()
-        };
+        // Above any fd limit: never open (a number just closed could be reused by
+        // another test's thread meanwhile).
+        let closed_fd = i32::MAX - 1;
         let rec_fd = rec.as_raw_fd();
         let t = std::thread::spawn(move || serve(&keeper_end, rec_fd, 9));
         let c = Client::new(client_end).unwrap();
