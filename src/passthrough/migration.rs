@@ -848,7 +848,12 @@ impl PassthroughFs {
         // Level by level from the root: a node's parent (earlier in the state) is found
         // first, and the nodes of one level are found in parallel, since finding a file
         // again (an openat, a statx, a file handle) is most of a large load's time.
-        for level in levels(&state.nodes) {
+        // A batch at a time: every file found holds an fd until it is installed, and the
+        // node fd cache gives fds back only as nodes come in.
+        let batches = levels(&state.nodes)
+            .into_iter()
+            .flat_map(|l| l.chunks(FIND_BATCH).map(<[_]>::to_vec).collect::<Vec<_>>());
+        for level in batches {
             let fds: Vec<Option<OwnedFd>> = level
                 .iter()
                 .map(|n| passed.remove(&Item::Node(n.id)))
@@ -908,6 +913,12 @@ impl PassthroughFs {
             )));
         }
         report.waiting_locks = waits.len();
+        // The record carries the counters on, so a process taking over from this one
+        // never hands out a number the guest may still hold.
+        if let Some(r) = &self.cfg.crash_record {
+            r.note_next_node(state.next_node);
+            r.note_next_handle(state.next_handle);
+        }
         for w in waits {
             w.spawn();
         }
@@ -1296,6 +1307,10 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
     sys::statx(fd.as_raw_fd(), sys::EMPTY, flags)
         .is_ok_and(|st| st.st.st_dev == inode.key.dev && st.st.st_ino == inode.key.ino)
 }
+
+/// Nodes found again at once in a load (`PassthroughFs::restore`): a few times the
+/// cores, far below any fd limit.
+const FIND_BATCH: usize = 2048;
 
 /// A node's file found again: its fd, what statx says of it, and its parent and name.
 type Found = (OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>);

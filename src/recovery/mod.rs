@@ -77,11 +77,22 @@ pub fn collect(channel: UnixStream) -> io::Result<Inherited> {
     let numbers: Vec<RawFd> = wanted.iter().map(|&(_, fd)| fd).collect();
     let fds = keeper.fetch(&numbers)?;
     keeper.done();
-    let kept: HashMap<Item, OwnedFd> = wanted
+    let mut kept: HashMap<Item, OwnedFd> = wanted
         .into_iter()
         .zip(fds)
         .filter_map(|((item, _), fd)| Some((item, fd?)))
         .collect();
+    // A node's fd must be the file the record says (a hostile record could name any fd
+    // of the dead process's table): one that is not is closed, and the node is found
+    // again by its handle or name instead.
+    for n in &nodes {
+        let ours = kept.get(&Item::Node(n.id)).is_some_and(|fd| {
+            crate::sys::fstat(fd).is_ok_and(|st| st.st_dev == n.dev && st.st_ino == n.ino)
+        });
+        if !ours {
+            kept.remove(&Item::Node(n.id));
+        }
+    }
     // An owner's ranges are what its description holds now, as the host tells.
     let owners = owners
         .into_iter()
