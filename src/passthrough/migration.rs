@@ -472,7 +472,11 @@ impl PassthroughFs {
             }
             // A file the host unlinked while the guest had it: its name finds nothing (or
             // another file), so it moves as a nameless node, by its own fd.
-            if n.name.is_some() && runtime.is_some() && r.file_type == libc::S_IFREG {
+            if n.name.is_some()
+                && runtime.is_some()
+                && r.file_type == libc::S_IFREG
+                && !still_named(&r.inode, &r.name)
+            {
                 let st = r.inode.path_fd().and_then(|fd| sys::fstat(&fd));
                 if st.is_ok_and(|st| st.st_nlink == 0) {
                     n.name = None;
@@ -1306,6 +1310,21 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
     let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
     sys::statx(fd.as_raw_fd(), sys::EMPTY, flags)
         .is_ok_and(|st| st.st.st_dev == inode.key.dev && st.st.st_ino == inode.key.ino)
+}
+
+/// Whether `inode`'s file is still at `name` (its parent's id and its name there), told
+/// by a statx of the name in the parent's fd, if the parent holds one: no file opened,
+/// where opening each of 100,000 files (most of them no longer holding an fd) is most of
+/// a save's time. False: not known, and the caller looks closer.
+fn still_named(inode: &Arc<Inode>, name: &Option<(u64, CString)>) -> bool {
+    let (Some(parent), Some((_, name))) = (inode.parent(), name) else {
+        return false;
+    };
+    let Some(dir) = parent.held_fd() else {
+        return false;
+    };
+    sys::statx(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| super::inode::InodeKey::of(&st) == inode.key && st.st.st_nlink > 0)
 }
 
 /// Nodes found again at once in a load (`PassthroughFs::restore`): a few times the

@@ -591,6 +591,10 @@ impl State {
             // SAFETY: an eventfd write of 8 bytes from a valid buffer.
             unsafe { libc::write(k.as_raw_fd(), (&1u64 as *const u64).cast(), 8) };
         }
+        info!(
+            "a new serving process took the guest over in {} ms",
+            started.elapsed().as_millis()
+        );
         let old = std::mem::replace(child, new);
         let Child {
             pid, conn, keeper, ..
@@ -598,10 +602,6 @@ impl State {
         drop(conn);
         drop(keeper);
         reap_within(pid, ANSWER_WAIT);
-        info!(
-            "a new serving process took the guest over in {} ms",
-            started.elapsed().as_millis()
-        );
         Ok(())
     }
 
