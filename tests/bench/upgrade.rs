@@ -7,9 +7,10 @@
 //! pause is the largest gap between two answers. Ten rounds per node count and kind, each
 //! kind on a daemon of its own: ten kills are as many as the crash-loop bound lets one
 //! daemon survive within 60 s (more rounds wait for its window). After each round the
-//! vhost-user connection must still answer (a round that lost it ends its daemon's rounds)
-//! and a READ on a handle opened before the first round must return the file's bytes; the
-//! rounds where each held are saved with the pauses.
+//! vhost-user connection must still answer (a round that lost it ends its daemon's rounds),
+//! a READ on a handle opened before the first round must return the file's bytes, and
+//! every GETATTR, the probing ones and one of each known node after the round, must find
+//! its node; the rounds where each held are saved with the pauses.
 //!
 //! ```text
 //! cargo bench --bench upgrade                     # both kinds, 1,000 and 100,000 nodes
@@ -37,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vfsd::frontend::fuse::FuseClient;
+use vfsd::frontend::fuse::{FuseClient, FuseError};
 use vfsd::frontend::{Frontend, FrontendConfig};
 use vhost::VhostBackend;
 
@@ -152,7 +153,10 @@ struct Session {
     daemon: Child,
     bin: PathBuf,
     c: Arc<FuseClient>,
+    /// The files' nodes, in the share's order.
     files: Vec<u64>,
+    /// Every node the frontend knows: the directories', then the files'.
+    nodes: Vec<u64>,
     handles: Vec<Handle>,
     /// The hand-over times the supervisor logged, in ms, oldest first.
     logged: Arc<Mutex<Vec<u64>>>,
@@ -218,16 +222,18 @@ impl Session {
                 bytes: f.as_bytes().to_vec(),
             })
             .collect();
+        let nodes: Vec<u64> = dirs.into_values().chain(files.iter().copied()).collect();
         eprintln!(
             "{}: {} nodes known, {HANDLES} files open",
             kind.name(),
-            files.len() + dirs.len()
+            nodes.len()
         );
         Session {
             daemon,
             bin,
             c,
             files,
+            nodes,
             handles,
             logged,
         }
@@ -298,8 +304,18 @@ fn wait_for(sup: i32, mut done: impl FnMut() -> bool) -> bool {
 struct Prober {
     answers: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
-    /// The largest gap between two answers, and the first error.
-    thread: JoinHandle<(Duration, Option<String>)>,
+    thread: JoinHandle<Probed>,
+}
+
+/// What a prober saw.
+struct Probed {
+    /// The largest gap between two answers.
+    gap: Duration,
+    /// Answers that were an errno, and the first of them.
+    errors: u64,
+    first_errno: Option<i32>,
+    /// The transport's failure, which ended the probing.
+    broken: Option<String>,
 }
 
 impl Prober {
@@ -308,17 +324,31 @@ impl Prober {
         let stop = Arc::new(AtomicBool::new(false));
         let (c, n, s) = (c.clone(), answers.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
-            let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
+            let mut p = Probed {
+                gap: Duration::ZERO,
+                errors: 0,
+                first_errno: None,
+                broken: None,
+            };
+            let mut last = Instant::now();
             while !s.load(Ordering::Relaxed) {
-                if let Err(e) = c.getattr(node) {
-                    return (gap, Some(format!("GETATTR: {e:?}")));
+                match c.getattr(node) {
+                    Ok(_) => {}
+                    Err(FuseError::Errno(e)) => {
+                        p.errors += 1;
+                        p.first_errno.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        p.broken = Some(format!("GETATTR: {e}"));
+                        break;
+                    }
                 }
                 let now = Instant::now();
-                gap = gap.max(now - last);
+                p.gap = p.gap.max(now - last);
                 last = now;
                 n.fetch_add(1, Ordering::Relaxed);
             }
-            (gap, None)
+            p
         });
         Prober {
             answers,
@@ -327,7 +357,7 @@ impl Prober {
         }
     }
 
-    fn stop(self) -> (Duration, Option<String>) {
+    fn stop(self) -> Probed {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap()
     }
@@ -336,10 +366,15 @@ impl Prober {
 /// What one round saw.
 struct Round {
     pause_ms: f64,
-    /// Every GETATTR answered and the vhost-user connection answers GET_FEATURES after.
+    /// The hand-over ended, every probing GETATTR had an answer (an errno too), and the
+    /// vhost-user connection answers GET_FEATURES after.
     connection: bool,
+    /// The prober's GETATTRs answered with an errno.
+    probe_errors: u64,
     /// A READ on a handle opened before the first round returned the file's bytes.
     read: bool,
+    /// Known nodes a GETATTR of each found gone (none asked without a connection).
+    nodes_lost: Option<usize>,
     /// The hand-over time the supervisor logged: for a crash, from its news of the death
     /// until it reaped the dead process's keeper, after the rings' kicks.
     logged_ms: Option<u64>,
@@ -377,21 +412,35 @@ fn measure(share: &Share, kind: Kind, rounds: usize) -> Vec<Round> {
             }
         };
         std::thread::sleep(Duration::from_millis(200));
-        let (gap, err) = prober.stop();
+        let probed = prober.stop();
         let features = s.c.fe.vu.get_features();
-        let connection = handed_over && err.is_none() && features.is_ok();
+        let connection = handed_over && probed.broken.is_none() && features.is_ok();
         let h = &s.handles[round % HANDLES];
         let read = connection
             && (s.c.read(h.node, h.fh, 0, h.bytes.len() as u32)).is_ok_and(|b| b == h.bytes);
+        let mut first_gone = None;
+        let nodes_lost = connection.then(|| {
+            (s.nodes.iter())
+                .filter(|&&n| match s.c.getattr(n) {
+                    Ok(_) => false,
+                    Err(e) => {
+                        first_gone.get_or_insert((n, e));
+                        true
+                    }
+                })
+                .count()
+        });
         let r = Round {
-            pause_ms: gap.as_secs_f64() * 1000.0,
+            pause_ms: probed.gap.as_secs_f64() * 1000.0,
             connection,
+            probe_errors: probed.errors,
             read,
+            nodes_lost,
             logged_ms: s.logged.lock().unwrap().get(logged_before).copied(),
         };
         eprintln!(
             "{name}: {} files, round {}: pause {:.1} ms (logged {:?} ms), connection {}, \
-             READ {}",
+             READ {}, nodes lost {nodes_lost:?}",
             share.names.len(),
             round + 1,
             r.pause_ms,
@@ -399,9 +448,20 @@ fn measure(share: &Share, kind: Kind, rounds: usize) -> Vec<Round> {
             if connection { "kept" } else { "LOST" },
             if read { "right" } else { "WRONG" },
         );
+        if let Some(e) = probed.first_errno {
+            let e = std::io::Error::from_raw_os_error(e);
+            eprintln!(
+                "{name}: {} probing GETATTRs failed, the first: {e}",
+                probed.errors
+            );
+        }
+        if let Some((n, e)) = first_gone {
+            eprintln!("{name}: GETATTR of node {n}: {e}");
+        }
         if !connection {
             eprintln!(
-                "{name}: handed over: {handed_over}, prober: {err:?}, GET_FEATURES: {:?}",
+                "{name}: handed over: {handed_over}, prober: {:?}, GET_FEATURES: {:?}",
+                probed.broken,
                 features.err()
             );
         }
@@ -472,9 +532,12 @@ fn main() {
             let (median, max) = (p.get(p.len() / 2).copied(), p.last().copied());
             let kept = seen.iter().filter(|r| r.connection).count();
             let read = seen.iter().filter(|r| r.read).count();
+            let all_nodes = (seen.iter())
+                .filter(|r| r.probe_errors == 0 && r.nodes_lost == Some(0))
+                .count();
             let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
             tables[i] += &format!(
-                "| {n} | {rounds} | {} | {} | {kept} | {read} |\n",
+                "| {n} | {rounds} | {} | {} | {kept} | {read} | {all_nodes} |\n",
                 ms(median),
                 ms(max)
             );
@@ -487,11 +550,13 @@ fn main() {
             });
             line["connection_kept"] = kept.into();
             line["read_right"] = read.into();
+            line["all_nodes_answer"] = all_nodes.into();
             line["per_round"] = (seen.iter())
                 .map(|r| {
                     serde_json::json!({
                         "pause_ms": r.pause_ms, "connection": r.connection,
-                        "read": r.read, "logged_ms": r.logged_ms,
+                        "read": r.read, "probe_errors": r.probe_errors,
+                        "nodes_lost": r.nodes_lost, "logged_ms": r.logged_ms,
                     })
                 })
                 .collect();
@@ -501,7 +566,7 @@ fn main() {
     for (i, kind) in kinds.iter().enumerate() {
         println!(
             "\n{}\n\n| files known | rounds | median pause ms | max pause ms | connection kept \
-             | READ right |\n|---:|---:|---:|---:|---:|---:|\n{}",
+             | READ right | all nodes answer |\n|---:|---:|---:|---:|---:|---:|---:|\n{}",
             kind.name(),
             tables[i]
         );
