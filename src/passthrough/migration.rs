@@ -1313,14 +1313,14 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
 }
 
 /// Whether `inode`'s file is still at `name` (its parent's id and its name there), told
-/// by a statx of the name in the parent's fd, if the parent holds one: no file opened,
-/// where opening each of 100,000 files (most of them no longer holding an fd) is most of
-/// a save's time. False: not known, and the caller looks closer.
+/// by a statx of the name in the parent's fd: only directories are opened (once each,
+/// then cached), where opening each of 100,000 files, most of them no longer holding an
+/// fd, was most of a save's time. False: not known, and the caller looks closer.
 fn still_named(inode: &Arc<Inode>, name: &Option<(u64, CString)>) -> bool {
     let (Some(parent), Some((_, name))) = (inode.parent(), name) else {
         return false;
     };
-    let Some(dir) = parent.held_fd() else {
+    let Ok(dir) = parent.path_fd() else {
         return false;
     };
     sys::statx(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
