@@ -969,7 +969,8 @@ fn crash_section(lines: &[Line]) -> String {
            no pause, and ends its node count's rounds).\n\n\
            **What bounds it:** the new process's start (sandbox, its threads), its take of the \
            crash record and the dead process's fds from the keeper (in batches of 200) and its \
-           load of the nodes and handles with those fds, then the replay of the frontend's \
+           load of the handles and lock owners with those fds and of the nodes, found again by \
+           name, then the replay of the frontend's \
            set-up; the requests in flight are answered when the rings start again.\n\n";
     let rows: Vec<Vec<String>> = lines
         .iter()
