@@ -23,7 +23,9 @@ trap 'rm -f "$OUT"' EXIT
 # is still non-zero if any test failed. Then one line per binary with its counts.
 run_tests() {
     local rc=0
-    cargo test --release --no-fail-fast "$@" 2>&1 | tee "$OUT" || rc=$?
+    # crash-hook: the test build's way to make a serving process die at a chosen request
+    # (the crash-survival tests); inert unless a test sets VFSD_TEST_CRASH.
+    cargo test --release --no-fail-fast --features crash-hook "$@" 2>&1 | tee "$OUT" || rc=$?
     echo "== tests per binary"
     awk '
         /^ *Running / { name = ($2 == "unittests") ? $3 : $2 }

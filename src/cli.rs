@@ -134,6 +134,16 @@ pub struct Opt {
     #[arg(long, hide = true, value_name = "FD", requires = "serve_fd")]
     pub stats_fd: Option<i32>,
 
+    /// The supervisor's channel to the process that keeps this one's fds should it die
+    /// (docs/upgrade.md, "A crash")
+    #[arg(long, hide = true, value_name = "FD", requires = "serve_fd")]
+    pub keeper_fd: Option<i32>,
+
+    /// The channel to the keeper of a serving process that died, whose guest this one
+    /// takes over
+    #[arg(long, hide = true, value_name = "FD", requires = "keeper_fd")]
+    pub recover_fd: Option<i32>,
+
     /// Shared directory path
     #[arg(long, value_name = "DIR", required_unless_present_any = ["print_capabilities", "compat_options"])]
     pub shared_dir: Option<PathBuf>,

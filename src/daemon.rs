@@ -1,6 +1,6 @@
 //! Start-up and shutdown: checks the options, builds the layers, serves one frontend.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::Arc;
@@ -435,7 +435,43 @@ fn serve(
     // Until the sandbox hands it to its supervising parent (or, without one, back).
     keep.extend(socket_name.iter().flat_map(|s| s.dir_fds()));
     keep.extend(syslog_fd);
+    // Crash survival (`recovery`): the supervisor's channel to this process's keeper, the
+    // crash record made for it, and, taking over from one that died, that one's keeper.
+    // Never closed: in the fd table the keeper shares, a close here would be its too.
+    let keeper = opt
+        .keeper_fd
+        .map(|fd| inherited_fd("keeper-fd", fd))
+        .transpose()
+        .map_err(E::Device)?
+        .map(|c| c.into_raw_fd());
+    let record_fd = match keeper {
+        Some(_) => Some(
+            crate::recovery::record::create()
+                .map_err(|e| E::Device(format!("crash record: {e}")))?
+                .into_raw_fd(),
+        ),
+        None => None,
+    };
+    let recover = opt
+        .recover_fd
+        .map(|fd| inherited_fd("recover-fd", fd))
+        .transpose()
+        .map_err(E::Device)?;
+    keep.extend(keeper);
+    keep.extend(record_fd);
+    keep.extend(recover.as_ref().map(|f| f.as_raw_fd()));
     sandbox::close_other_fds(&keep).map_err(E::Sandbox)?;
+    // Before the sandbox: the fds taken come into the table the new keeper shares.
+    let inherited = match recover {
+        Some(fd) => Some(
+            crate::recovery::collect(std::os::unix::net::UnixStream::from(fd)).map_err(|e| {
+                E::Device(format!(
+                    "cannot take over from the serving process that died: {e}"
+                ))
+            })?,
+        ),
+        None => None,
+    };
     // The lock handover's private directory, outside the share (`passthrough::handover`).
     let runtime = match crate::passthrough::RuntimeDir::path() {
         Some(p) => crate::passthrough::RuntimeDir::prepare(&p)
@@ -458,12 +494,30 @@ fn serve(
         opt.id_maps(),
         socket_name,
         runtime.as_deref(),
+        keeper
+            .zip(record_fd)
+            .map(|(channel, record)| sandbox::Keeper { channel, record }),
     )
     .map_err(E::Sandbox)?;
+    let record = match record_fd {
+        Some(fd) => {
+            // SAFETY: the record's fd stays open for the process's life (above); this
+            // borrow only dups it.
+            let dup = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+                .try_clone_to_owned()
+                .map_err(|e| E::Device(format!("crash record: {e}")))?;
+            Some(Arc::new(
+                crate::recovery::record::Record::map(dup, true)
+                    .map_err(|e| E::Device(format!("crash record: {e}")))?,
+            ))
+        }
+        None => None,
+    };
     crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
 
     let mut cfg = Config::new(confined.root.clone());
     cfg.runtime_dir = confined.runtime_dir.take().map(Arc::new);
+    cfg.crash_record = record.clone();
     cfg.cache = opt.cache.into();
     cfg.xattr = opt.xattr;
     cfg.readonly = opt.readonly;
@@ -551,8 +605,24 @@ fn serve(
                 thread_pool_size: opt.thread_pool_size,
             },
         )
-        .map_err(|e| E::Option(e.to_string()))?,
+        .map_err(|e| E::Option(e.to_string()))?
+        .with_record_opt(record),
     );
+    if let Some(inh) = inherited {
+        let rings = inh.rings;
+        match server.fs().take_over(inh.fs) {
+            Ok(r) => info!(
+                "took over from the serving process that died: {} nodes, {} handles, {} lock owners ({} lost)",
+                r.nodes, r.handles, r.owners, r.failed
+            ),
+            Err(e) => {
+                return Err(E::Device(format!(
+                    "cannot take over from the serving process that died: {e}"
+                )))
+            }
+        }
+        device.take_over_rings(rings);
+    }
 
     if let Some(m) = metrics {
         m.spawn(device.clone())

@@ -16,6 +16,7 @@ pub mod frontend;
 pub mod idmap;
 pub mod metrics;
 pub mod passthrough;
+pub mod recovery;
 pub mod sandbox;
 pub mod seccomp;
 pub mod server;

@@ -90,17 +90,34 @@ pub fn enter(
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
     socket: Option<SocketName>,
     runtime: Option<&Path>,
+    keeper: Option<Keeper>,
 ) -> Result<Confined, String> {
     if id_maps.is_some() && mode != Sandbox::Namespace {
         return Err("--uid-map/--gid-map need --sandbox namespace".into());
     }
+    if let Some(k) = keeper {
+        // The child shares the parent's fd table: a socket's directory, held by the
+        // parent, would be the child's way out. The supervisor holds the names instead.
+        if socket.is_some() {
+            return Err("a keeper with the socket's name in the sandbox's parent".into());
+        }
+        KEEPER
+            .set(k)
+            .map_err(|_| "the sandbox entered twice".to_string())?;
+    }
     match mode {
-        Sandbox::None => Ok(Confined {
-            root: shared_dir.to_path_buf(),
-            proc_self_fd: open_proc_self_fd()?,
-            socket,
-            runtime_dir: runtime_dir(runtime, false),
-        }),
+        Sandbox::None => {
+            // The process that outlives the serving one holds its fds (`recovery`).
+            if keeper.is_some() {
+                fork_supervised(None, || Ok(()))?;
+            }
+            Ok(Confined {
+                root: shared_dir.to_path_buf(),
+                proc_self_fd: open_proc_self_fd()?,
+                socket,
+                runtime_dir: runtime_dir(runtime, false),
+            })
+        }
         Sandbox::Chroot => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
@@ -169,7 +186,8 @@ impl ParentWatch {
 /// Forks; the parent becomes the supervisor (`supervise`, never returns) and the child
 /// runs `take_ids` (a change of ids), then returns, set to die with it. `socket` stays with
 /// the parent only. The ids change first because changing them clears the parent-death
-/// signal.
+/// signal. With a keeper (`recovery::keeper`) the child shares the parent's fd table, so
+/// the parent still holds every fd the child opened when the child dies.
 fn fork_supervised(
     socket: Option<SocketName>,
     take_ids: impl FnOnce() -> Result<(), String>,
@@ -179,11 +197,37 @@ fn fork_supervised(
     // (So the parent can't die of one before the child below has set its death signal;
     // getppid can't tell, as the parent may be outside the child's pid namespace.)
     let blocked = block_relayed_signals();
-    let watch = ParentWatch::new()?;
-    // SAFETY: no other thread exists yet, so the child's copy of the process is consistent.
-    let pid = cvt(unsafe { libc::fork() }).map_err(|e| err("fork", e))?;
+    let shared = KEEPER.get().is_some();
+    let watch = if shared {
+        Watch::Pidfd(own_pidfd()?)
+    } else {
+        Watch::Pipe(ParentWatch::new()?)
+    };
+    let pid = if shared {
+        // SAFETY: a fork-like clone (no CLONE_VM: the child runs on its own copy of this
+        // stack and memory) that shares only the fd table; no other thread exists, so the
+        // child's copy of the process is consistent. The raw syscall skips glibc's fork
+        // handlers, which matter only with other threads.
+        cvt(unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                libc::CLONE_FILES | libc::SIGCHLD,
+                0,
+                0,
+                0,
+                0,
+            )
+        } as libc::c_int)
+    } else {
+        // SAFETY: no other thread exists yet, so the child's copy is consistent.
+        cvt(unsafe { libc::fork() })
+    }
+    .map_err(|e| err("fork", e))?;
     if pid > 0 {
-        let _alive = watch.keep_in_parent();
+        let _alive = match watch {
+            Watch::Pipe(w) => Some(w.keep_in_parent()),
+            Watch::Pidfd(_) => None,
+        };
         supervise(pid, blocked, socket);
     }
     // Child: the socket's directory is the parent's business (closing it here).
@@ -191,7 +235,10 @@ fn fork_supervised(
     // On failure the child just exits (with the signals still blocked and no death
     // signal): the supervisor reports its status and removes the socket's name.
     take_ids()?;
-    watch.die_with_parent();
+    match watch {
+        Watch::Pipe(w) => w.die_with_parent(),
+        Watch::Pidfd(p) => die_with(p),
+    }
     // In namespace mode the child is its pid namespace's init, which the kernel spares
     // every signal it has no handler for, even from outside: a SIGTERM relayed before the
     // daemon's own handlers exist would be dropped. It inherited `remember_early_signals`'s
@@ -199,6 +246,53 @@ fn fork_supervised(
     restore_signal_mask(&blocked);
     Ok(())
 }
+
+/// How a sandboxed child learns that its parent is gone: a pipe's hang-up, or (sharing
+/// the fd table, where the child can't close the parent's end) the parent's pidfd.
+enum Watch {
+    Pipe(ParentWatch),
+    Pidfd(OwnedFd),
+}
+
+/// The process's which the child of a shared-table fork watches (`die_with`).
+fn own_pidfd() -> Result<OwnedFd, String> {
+    // SAFETY: pidfd_open of this process; getpid has no preconditions.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if fd < 0 {
+        return Err(err("pidfd_open", io::Error::last_os_error()));
+    }
+    // SAFETY: a new fd nothing else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
+}
+
+/// In the child of a shared-table fork: its parent-death signal, then an exit if the
+/// parent (whose pidfd is `parent`) is already gone. The pidfd is closed after: in the
+/// shared table it would let the confined daemon signal its parent.
+fn die_with(parent: OwnedFd) {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    let mut p = libc::pollfd {
+        fd: parent.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; no waiting (timeout 0).
+    let gone = unsafe { libc::poll(&mut p, 1, 0) } > 0;
+    drop(parent);
+    if gone {
+        std::process::exit(1);
+    }
+}
+
+/// The fds the process that outlives a serving one keeps for the next (`recovery`): its
+/// end of the supervisor's keeper channel and the crash record.
+#[derive(Clone, Copy, Debug)]
+pub struct Keeper {
+    pub channel: RawFd,
+    pub record: RawFd,
+}
+
+static KEEPER: std::sync::OnceLock<Keeper> = std::sync::OnceLock::new();
 
 fn write_file(path: &str, data: &str) -> Result<(), String> {
     std::fs::write(path, data).map_err(|e| err(&format!("write {path}"), e))
@@ -454,6 +548,16 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketN
     // Signals that came meanwhile are delivered (and relayed) now.
     restore_signal_mask(&blocked);
     let status = wait_status(child);
+    if let Some(k) = KEEPER.get() {
+        if libc::WIFSIGNALED(status) {
+            // SAFETY: the channel is the supervisor's fd, given for this and held by
+            // nothing else in this process.
+            let ctl = std::mem::ManuallyDrop::new(unsafe {
+                <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(k.channel)
+            });
+            crate::recovery::keeper::serve(&ctl, k.record, status);
+        }
+    }
     exit_as(status, socket, "sandboxed daemon")
 }
 

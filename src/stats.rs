@@ -66,6 +66,8 @@ pub struct Stats {
     /// and under `--no-open` the READs, WRITEs, LSEEKs, truncating SETATTRs and
     /// COPY_FILE_RANGEs whose node fd had to be opened.
     pub opens_handed_off: AtomicU64,
+    /// Requests a serving process that died held, answered by this one (`recovery`).
+    pub requests_after_crash: AtomicU64,
     /// Of those, READs that would have blocked (the rest of `reads_handed_off`'s kind).
     pub reads_served_alone: AtomicU64,
     /// Quick metadata requests a queue thread served itself beside others in flight (in a
@@ -100,6 +102,7 @@ impl Default for Stats {
             reads_direct: AtomicU64::new(0),
             served_alone: AtomicU64::new(0),
             opens_handed_off: AtomicU64::new(0),
+            requests_after_crash: AtomicU64::new(0),
             reads_served_alone: AtomicU64::new(0),
             served_inline: AtomicU64::new(0),
             no_reply_on_queue_thread: AtomicU64::new(0),
@@ -236,6 +239,7 @@ impl Stats {
             "reads_handed_off": self.reads_handed_off.load(Ordering::Relaxed),
             "served_alone": self.served_alone.load(Ordering::Relaxed),
             "opens_handed_off": self.opens_handed_off.load(Ordering::Relaxed),
+            "requests_after_crash": self.requests_after_crash.load(Ordering::Relaxed),
             "reads_served_alone": self.reads_served_alone.load(Ordering::Relaxed),
             "served_inline": self.served_inline.load(Ordering::Relaxed),
             "no_reply_on_queue_thread": self.no_reply_on_queue_thread.load(Ordering::Relaxed),

@@ -124,6 +124,7 @@ pub fn run(data: &[u8]) {
     no_fd_leak(|| {
         let f = Fixture::new(0x01);
         serve(&f, data);
+        f.settle();
         drop(f);
     });
 }
@@ -231,7 +232,20 @@ pub fn serve(f: &Fixture, data: &[u8]) {
             if readable.iter().all(|&(a, l)| in_one_region(a, l)) {
                 clamp_fallocate(m.deref(), &readable);
             }
-            let used = serve_chain(&f.server, m.deref(), chain);
+            let used = match serve_chain(&f.server, m.deref(), chain) {
+                Served::Now(used) => used,
+                Served::Later(later) => {
+                    // Answered by its waiter thread later; checked at the input's end.
+                    f.expect_later(Expected {
+                        later,
+                        hdr,
+                        writable,
+                        check: disjoint,
+                        must_reply: false,
+                    });
+                    continue;
+                }
+            };
 
             let reply = gather(m.deref(), &writable, OUT_HEADER_LEN);
             if disjoint {

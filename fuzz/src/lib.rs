@@ -16,6 +16,9 @@
 //! - a used length no larger than the chain's writable bytes;
 //! - a reply whose `OutHeader` matches the used length, echoes `unique` and carries a
 //!   negative errno (or 0);
+//! - a request a waiter thread took (a SETLKW that waits for its lock) answered, its reply
+//!   checked as above, or suspended once the input ends and the harness stops its wait as
+//!   a ring stop does (`Fixture::settle`); never dropped without either;
 //! - no leaked file descriptors once the server is dropped (checked per input).
 
 pub mod chain;
@@ -25,7 +28,7 @@ pub mod state;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Condvar, Mutex, Once};
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader};
 use vfsd::passthrough::inode::FileHandleMode;
@@ -144,6 +147,22 @@ pub fn write_avail(mem: &GuestMem, size: u16, idx: u16, first: u16, entries: &[u
 pub struct Fixture {
     pub server: FuseServer,
     dir: tempfile::TempDir,
+    /// Requests served so far that a waiter thread answers later (`settle`).
+    later: Mutex<Vec<Expected>>,
+}
+
+/// A deferred request (`Served::Later`) and what its reply is checked against.
+pub struct Expected {
+    pub later: Arc<Later>,
+    /// The request header as the device saw it.
+    pub hdr: Option<InHeader>,
+    /// The chain's writable buffers (address, length).
+    pub writable: Vec<(u64, u32)>,
+    /// Whether the reply is checked (`check_reply`): the chain target leaves out chains
+    /// whose descriptors overlap.
+    pub check: bool,
+    /// Whether an answer must carry a reply: the guest left room for one.
+    pub must_reply: bool,
 }
 
 impl Fixture {
@@ -184,6 +203,73 @@ impl Fixture {
         Fixture {
             server: FuseServer::new(fs),
             dir,
+            later: Mutex::default(),
+        }
+    }
+
+    /// Notes a request a waiter thread answers later, for `settle`.
+    pub fn expect_later(&self, e: Expected) {
+        if tracing() {
+            eprintln!(
+                "  -> deferred (request opcode {:?})",
+                e.hdr.map(|h| h.opcode)
+            );
+        }
+        self.later.lock().unwrap().push(e);
+    }
+
+    /// At the end of an input: stops the waits still going, as the device's ring stop
+    /// does (the request is suspended, or answered if its wait ended meanwhile), waits
+    /// for every deferred request to be answered or suspended, and checks the replies.
+    /// A deferred request dropped without either, or still waiting 5 s after the stop,
+    /// fails.
+    pub fn settle(&self) {
+        let all = std::mem::take(&mut *self.later.lock().unwrap());
+        for e in &all {
+            let stop = {
+                let st = e.later.state.lock().unwrap();
+                st.end.is_none().then(|| st.stop.clone()).flatten()
+            };
+            if let Some(stop) = stop {
+                stop();
+            }
+        }
+        for e in all {
+            let op = e.hdr.map(|h| h.opcode);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut st = e.later.state.lock().unwrap();
+            while st.end.is_none() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                assert!(
+                    !left.is_zero(),
+                    "deferred request (opcode {op:?}) neither answered nor suspended 5 s after its ring stopped"
+                );
+                st = e.later.ended.wait_timeout(st, left).unwrap().0;
+            }
+            match st.end.take().unwrap() {
+                LaterEnd::Answered { used, mem } => {
+                    let capacity: u64 = e.writable.iter().map(|&(_, l)| l as u64).sum();
+                    let reply = gather(&mem, &e.writable, OUT_HEADER_LEN);
+                    if tracing() {
+                        eprintln!("deferred request (opcode {op:?}) answered:");
+                    }
+                    if e.check {
+                        check_reply(e.hdr.as_ref(), used, capacity, &reply);
+                    }
+                    assert!(
+                        used > 0 || !e.must_reply,
+                        "deferred opcode {op:?} was answered with nothing although the guest left room for a reply"
+                    );
+                }
+                LaterEnd::Suspended => {
+                    if tracing() {
+                        eprintln!("deferred request (opcode {op:?}) suspended");
+                    }
+                }
+                LaterEnd::Dropped => {
+                    panic!("deferred request (opcode {op:?}) dropped without a reply")
+                }
+            }
         }
     }
 
@@ -430,13 +516,27 @@ pub fn gather(mem: &GuestMem, segs: &[(u64, u32)], n: usize) -> Vec<u8> {
     out
 }
 
+/// What serving a chain came to (`serve_chain`).
+pub enum Served {
+    /// Answered now: the used length (0: nothing written).
+    Now(u32),
+    /// Taken by a waiter thread (a SETLKW that waits for its lock), to be answered or
+    /// suspended later through the harness's `Deferred` (`Fixture::expect_later`).
+    Later(Arc<Later>),
+}
+
 /// Serves one popped chain as `src/device.rs` does with a worker pool: a READ is first tried
 /// without blocking, and served normally if that attempt gives up.
+///
+/// A request the server leaves unanswered counts as deferred only if a waiter took its
+/// `Deferred` (registered what stops its wait, as `locks::spawn_waiter` does before it
+/// hands the request over); anything else unanswered is `Now(0)`, which the checks treat
+/// as no reply.
 pub fn serve_chain<M>(
     server: &FuseServer,
     mem: &GuestMem,
     chain: virtio_queue::DescriptorChain<M>,
-) -> u32
+) -> Served
 where
     M: std::ops::Deref<Target = GuestMem> + Clone,
 {
@@ -444,28 +544,90 @@ where
     let mut popped = vfsd::server::Popped::new(mem, chain);
     if popped.opcode() == Some(vfsd::server::Opcode::Read) {
         if let Some(used) = server.try_handle_without_blocking(mem, &mut popped) {
-            return used;
+            return Served::Now(used);
         }
     }
-    // A SETLKW that waits answers on its own thread later: nothing to return now.
-    struct Ignore;
-    impl vfsd::server::Deferred for Ignore {
-        fn finish(self: Box<Self>, _write: &mut dyn FnMut(&vfsd::server::GuestMem) -> u32) {}
-        fn on_stop(&self, _cancel: Box<dyn Fn() + Send + Sync>) -> bool {
-            true
-        }
-        fn slot(&self) -> vfsd::server::Slot {
-            vfsd::server::Slot {
-                queue: 1,
-                head: 0,
-                position: 0,
-            }
-        }
-        fn suspend(self: Box<Self>) {}
+    let mut made: Option<Arc<Later>> = None;
+    let answered = server.handle(mem, popped, &mut || {
+        let later = Arc::new(Later::default());
+        made = Some(later.clone());
+        Some(Box::new(Deferral(later)))
+    });
+    match (answered, made) {
+        (Some(used), _) => Served::Now(used),
+        (None, Some(later)) if later.state.lock().unwrap().taken => Served::Later(later),
+        // Neither answered nor handed to a waiter.
+        (None, _) => Served::Now(0),
     }
-    server
-        .handle(mem, popped, &mut || Some(Box::new(Ignore)))
-        .unwrap_or(0)
+}
+
+/// A request answered after `serve_chain` returned, as the harness's `Deferred` saw it.
+#[derive(Default)]
+pub struct Later {
+    state: Mutex<LaterState>,
+    ended: Condvar,
+}
+
+#[derive(Default)]
+struct LaterState {
+    /// A waiter registered what stops its wait (`Deferred::on_stop`).
+    taken: bool,
+    /// What stops the wait, as a ring stop does (the request is then suspended).
+    stop: Option<Arc<dyn Fn() + Send + Sync>>,
+    end: Option<LaterEnd>,
+}
+
+enum LaterEnd {
+    /// `finish`: the used length, and the guest memory the reply was written into: memory
+    /// of its own, as the harness reuses its reply buffers for the next requests.
+    Answered { used: u32, mem: GuestMem },
+    /// `suspend`: left in flight, for the ring to take up again.
+    Suspended,
+    /// Dropped without either: the request would never be answered.
+    Dropped,
+}
+
+impl Later {
+    fn end(&self, e: LaterEnd) {
+        let mut st = self.state.lock().unwrap();
+        if st.end.is_none() {
+            st.end = Some(e);
+        }
+        self.ended.notify_all();
+    }
+}
+
+/// The `Deferred` the harness hands the server: it records how the request ended.
+struct Deferral(Arc<Later>);
+
+impl vfsd::server::Deferred for Deferral {
+    fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32) {
+        let mem = guest_memory();
+        let used = write(&mem);
+        self.0.end(LaterEnd::Answered { used, mem });
+    }
+    fn on_stop(&self, stop: Box<dyn Fn() + Send + Sync>) -> bool {
+        let mut st = self.0.state.lock().unwrap();
+        st.taken = true;
+        st.stop = Some(Arc::from(stop));
+        true
+    }
+    fn slot(&self) -> vfsd::server::Slot {
+        vfsd::server::Slot {
+            queue: 1,
+            head: 0,
+            position: 0,
+        }
+    }
+    fn suspend(self: Box<Self>) {
+        self.0.end(LaterEnd::Suspended);
+    }
+}
+
+impl Drop for Deferral {
+    fn drop(&mut self) {
+        self.0.end(LaterEnd::Dropped);
+    }
 }
 
 /// The reply checks shared by both targets. `hdr` is the request header as the device saw

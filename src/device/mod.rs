@@ -32,8 +32,10 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use crate::recovery::record::{Record, RingState};
 use crate::server::{Deferred, FuseServer, GuestMem, Placement, Popped, Slot};
 
+mod recover;
 mod route;
 mod state;
 pub use state::{MigrationSnapshot, MigrationStats, MIGRATION_STATES};
@@ -235,6 +237,11 @@ pub struct FsDevice {
     /// flight; `rings_seen` has a bit per queue kept, so the usual event costs one load.
     rings: Mutex<Vec<Option<TrackedVring>>>,
     rings_seen: AtomicU64,
+    /// Where rings are recorded should this process die (`recovery`).
+    record: Option<Arc<Record>>,
+    /// Per ring, what a serving process that died left of it, until the ring runs here.
+    taken_over: Mutex<Vec<Option<RingState>>>,
+    any_taken_over: AtomicBool,
 }
 
 /// The device's queues, as read at one moment (`FsDevice::queue_gauges`).
@@ -292,8 +299,25 @@ impl FsDevice {
             queue_errors: AtomicU64::new(0),
             rings: Mutex::new(vec![None; cfg.request_queues + 1]),
             rings_seen: AtomicU64::new(0),
+            record: None,
+            taken_over: Mutex::new(Vec::new()),
+            any_taken_over: AtomicBool::new(false),
             cfg,
         })
+    }
+
+    /// Records the rings in `record` from now on (`recovery`); none: not recorded.
+    pub fn with_record_opt(mut self, record: Option<Arc<Record>>) -> Self {
+        self.record = record;
+        self
+    }
+
+    /// Where a serving process that died left each ring: each ring goes on from there
+    /// when it runs, and answers the requests that one held (`recover`).
+    pub fn take_over_rings(&self, rings: Vec<Option<RingState>>) {
+        let any = rings.iter().any(Option::is_some);
+        *self.taken_over.lock().unwrap() = rings;
+        self.any_taken_over.store(any, Ordering::Release);
     }
 
     pub fn server(&self) -> &Arc<FuseServer> {
@@ -320,6 +344,9 @@ impl FsDevice {
     fn keep_ring(&self, vring: &TrackedVring, queue: usize) {
         let bit = 1u64 << queue;
         if self.rings_seen.load(Ordering::Relaxed) & bit == 0 {
+            if let Some(r) = &self.record {
+                vring.attach_record(r, queue);
+            }
             if let Some(slot) = self.rings.lock().unwrap().get_mut(queue) {
                 *slot = Some(vring.clone());
             }
@@ -341,6 +368,9 @@ impl FsDevice {
         let Some(mem) = self.mem.read().unwrap().as_ref().map(|m| m.memory()) else {
             return Ok(());
         };
+        if self.any_taken_over.load(Ordering::Acquire) {
+            self.take_up(vring, queue, &mem);
+        }
         if self.server.any_suspended() {
             self.resume_suspended(vring, queue as u16, &mem);
         }
@@ -380,6 +410,13 @@ impl FsDevice {
                 pop_again = more && !left_for_room;
                 // Registered under the ring's lock, so a stop sees them.
                 let tickets = vring.popped(first, popped.len());
+                vring.record_popped(
+                    size,
+                    first,
+                    q.next_avail(),
+                    q.next_used(),
+                    popped.iter().map(|c| c.head_index()),
+                );
                 (popped, tickets)
             };
             let n = popped.len();
@@ -595,6 +632,13 @@ impl FsDevice {
                 .iter()
                 .map(|r| vring.popped(r.position, 1)[0])
                 .collect();
+            vring.record_popped(
+                q.size(),
+                next,
+                next,
+                q.next_used(),
+                list.iter().map(|r| r.head),
+            );
             (list, tickets)
         };
         info!(
@@ -607,6 +651,76 @@ impl FsDevice {
                 vring.complete(&[(t, r.head, len)]);
             }
         }
+    }
+
+    /// The first time ring `queue` runs after its serving process died: it goes on from
+    /// where that one left it, and the requests it held are served again, or answered
+    /// as `FuseServer::serve_again` says.
+    fn take_up(&self, vring: &TrackedVring, queue: usize, mem: &GuestMemoryLoadGuard<GuestMem>) {
+        let (taken, table, size, tickets) = {
+            let mut state = vring.get_mut();
+            if !state.is_enabled() || !state.get_queue().ready() {
+                return;
+            }
+            let Some(st) = self
+                .taken_over
+                .lock()
+                .unwrap()
+                .get_mut(queue)
+                .and_then(Option::take)
+            else {
+                return;
+            };
+            let q = state.get_queue_mut();
+            let size = q.size();
+            let (Ok(used), Ok(avail)) = (
+                q.used_idx(&**mem, Ordering::Acquire),
+                q.avail_idx(&**mem, Ordering::Acquire),
+            ) else {
+                warn!(
+                    "queue {queue}: its rings can't be read; what the dead process held is dropped"
+                );
+                return;
+            };
+            let t = recover::take_over(&st, size, used.0, avail.0, |p| avail_slot(mem, q, p));
+            q.set_next_avail(t.next_avail);
+            q.set_next_used(t.next_used);
+            let first = t.next_avail.wrapping_sub(t.heads.len() as u16);
+            let tickets = vring.popped(first, t.heads.len());
+            vring.record_popped_again(size, t.next_avail, t.next_used, t.heads.iter().copied());
+            (t, q.desc_table(), size, tickets)
+        };
+        info!(
+            "queue {queue}: taken over at avail {} used {}, {} request(s) the dead process held, {} of them in flight at the death before too",
+            taken.next_avail,
+            taken.next_used,
+            taken.heads.len(),
+            taken.twice.len()
+        );
+        if taken.heads.is_empty() {
+            return;
+        }
+        let (with, mut q) = match recover::scratch_queue(mem, table, size, &taken.heads) {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("queue {queue}: {e}; the requests the dead process held get no answer");
+                return;
+            }
+        };
+        let chains = recover::pop_all(&mut q, &with);
+        let mut done = Vec::new();
+        for (chain, t) in chains.into_iter().zip(tickets) {
+            let head = chain.head_index();
+            let popped = Popped::new(&with, chain);
+            let twice = taken.twice.contains(&head);
+            let mut later = || Later::boxed(vring, t, head, queue as u16);
+            if let Some(len) = self.server.serve_again(&with, popped, twice, &mut later) {
+                done.push((t, head, len));
+            }
+        }
+        vring.complete(&done);
+        // The guest learns of the answers even if it asked not to be told of each.
+        let _ = vring.signal_used_queue();
     }
 
     /// Serves one request on the queue thread, blocking if it must (`process_queue`).

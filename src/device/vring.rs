@@ -31,6 +31,7 @@ use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
+use crate::recovery::record::Record;
 use crate::server::GuestMem;
 type Mem = GuestMemoryAtomic<GuestMem>;
 
@@ -103,6 +104,10 @@ struct Track {
     desc_table: AtomicU64,
     /// Descriptors of the ring that lock waits hold (`WaitPlace`).
     lock_waits: AtomicUsize,
+    /// The crash record and this ring's index in it (`recovery`), and the generation it
+    /// describes (u64::MAX: none yet). Written under the ring's lock.
+    record: std::sync::OnceLock<(Arc<Record>, usize)>,
+    recorded: AtomicU64,
 }
 
 /// The share of a ring's descriptors that lock waits may hold: half. A forwarded lock
@@ -161,6 +166,56 @@ impl TrackedVring {
                 t
             })
             .collect()
+    }
+
+    /// Records this ring, as ring `queue`, in `record` from its next pop on.
+    pub fn attach_record(&self, record: &Arc<Record>, queue: usize) {
+        let _ = self.track.record.set((record.clone(), queue));
+    }
+
+    /// Notes in the crash record heads just popped (or taken up again), under the ring's
+    /// lock. `before`/`after`: the ring's next avail index before and after; `next_used`
+    /// its used index. The first in a generation starts the ring's record afresh.
+    pub fn record_popped(
+        &self,
+        size: u16,
+        before: u16,
+        after: u16,
+        next_used: u16,
+        heads: impl Iterator<Item = u16>,
+    ) {
+        if let Some((rec, q)) = self.record_running(size, before, next_used) {
+            rec.popped(q, heads, after);
+        }
+    }
+
+    /// `record_popped` for heads a dead process held, served again here (`recover`).
+    pub fn record_popped_again(
+        &self,
+        size: u16,
+        next_avail: u16,
+        next_used: u16,
+        heads: impl Iterator<Item = u16>,
+    ) {
+        if let Some((rec, q)) = self.record_running(size, next_avail, next_used) {
+            rec.popped_again(q, heads, next_avail);
+        }
+    }
+
+    /// The record and this ring's index in it, the ring's record started afresh if this
+    /// generation has not been recorded yet.
+    fn record_running(
+        &self,
+        size: u16,
+        next_avail: u16,
+        next_used: u16,
+    ) -> Option<(&Record, usize)> {
+        let (rec, q) = self.track.record.get()?;
+        let generation = self.track.generation.load(Ordering::Acquire);
+        if self.track.recorded.swap(generation, Ordering::AcqRel) != generation {
+            rec.ring_started(*q, size, next_avail, next_used);
+        }
+        Some((rec, *q))
     }
 
     /// How many more requests a pop may take from a ring of `size` entries. A guest can't
@@ -356,9 +411,17 @@ impl TrackedVring {
                     Reply::Written(len) => *len,
                     Reply::Write(w) => w(&self.mem.memory()),
                 };
+                let rec = (self.track.record.get())
+                    .filter(|_| self.track.recorded.load(Ordering::Acquire) == current);
+                if let Some((rec, q)) = rec {
+                    rec.completing(*q, *head);
+                }
                 match state.add_used(*head, len) {
                     Ok(()) => added = true,
                     Err(e) => warn!("could not return descriptor {head}: {e}"),
+                }
+                if let Some((rec, q)) = rec {
+                    rec.completed(*q, *head, state.get_queue().next_used());
                 }
             }
             (added.then(|| state.needs_notification()), room_again)
@@ -431,6 +494,11 @@ impl TrackedVring {
         // The ring's lock, then the pending set: the order `popped` takes them in.
         let mut state = self.inner.get_mut();
         let old = self.track.generation.fetch_add(1, Ordering::AcqRel);
+        // Stopped: what it held is the device state's now, not a crash's to take up.
+        if let Some((rec, q)) = self.track.record.get() {
+            rec.ring_stopped(*q);
+            self.track.recorded.store(u64::MAX, Ordering::Release);
+        }
         self.track.cancellers.lock().unwrap().1 = false;
         let mut pending = self.track.pending.lock().unwrap();
         let late: Vec<u16> = pending
@@ -495,6 +563,7 @@ impl VringT<Mem> for TrackedVring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
         let track = Track::default();
         track.size.store(max_queue_size, Ordering::Relaxed);
+        track.recorded.store(u64::MAX, Ordering::Relaxed);
         Ok(TrackedVring {
             inner: VringRwLock::new(mem.clone(), max_queue_size)?,
             track: Arc::new(track),

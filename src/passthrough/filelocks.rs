@@ -72,6 +72,7 @@ use std::time::{Duration, Instant};
 use super::handle::Handle;
 use super::wake::{cancel_all, Blocker, Finish};
 use super::PassthroughFs;
+use crate::recovery::record::{OwnerSlot, OwnerState as RecordedOwner, Record};
 use crate::sys::{cvt, errno};
 
 /// `OFFSET_MAX`: a FUSE lock ending here runs to the end of the file.
@@ -272,6 +273,8 @@ pub struct Plan {
 pub struct Owner {
     /// The node it locks (for the count per file).
     node: u64,
+    /// Its slot in the crash record (`recovery`): dropped before `fd` closes.
+    slot: Option<OwnerSlot>,
     /// Its own host open file description, carrying its OFD locks.
     fd: OwnedFd,
     state: Mutex<OwnerState>,
@@ -745,10 +748,50 @@ pub struct FileLocks {
     callers: Box<[AtomicU32]>,
     /// What `now_ms` counts from.
     epoch: Instant,
-    /// Wakes the stall watchdog when a wait begins (it sleeps while nothing waits).
-    watchdog: Condvar,
+    /// Wakes the stall watchdog when a wait begins (it sleeps while nothing waits), and
+    /// when the table ends.
+    watchdog: Arc<WatchdogWake>,
     watchdog_started: AtomicBool,
     pub counters: LockCounters,
+    /// Where owners are recorded for the serving process that takes over should this
+    /// one die (`recovery`).
+    record: Option<Arc<Record>>,
+}
+
+/// What wakes the stall watchdog, shared with it so that it sleeps without holding the
+/// table: a count of wakes.
+#[derive(Default)]
+struct WatchdogWake {
+    count: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl WatchdogWake {
+    fn count(&self) -> u64 {
+        *self.count.lock().unwrap()
+    }
+
+    fn wake(&self) {
+        *self.count.lock().unwrap() += 1;
+        self.cv.notify_all();
+    }
+
+    /// Sleeps until a wake after the count `seen`, or for `timeout`.
+    fn sleep(&self, seen: u64, timeout: Duration) {
+        let c = self.count.lock().unwrap();
+        drop(
+            self.cv
+                .wait_timeout_while(c, timeout, |c| *c == seen)
+                .unwrap(),
+        );
+    }
+}
+
+impl Drop for FileLocks {
+    fn drop(&mut self) {
+        // The watchdog, if it sleeps, finds the table gone and ends.
+        self.watchdog.wake();
+    }
 }
 
 /// What a SETLKW that must wait leaves for its waiter thread. It holds one of the
@@ -832,10 +875,27 @@ impl FileLocks {
             ticks: AtomicU32::new(0),
             callers: Box::default(),
             epoch: Instant::now(),
-            watchdog: Condvar::new(),
+            watchdog: Arc::default(),
             watchdog_started: AtomicBool::new(false),
             counters: LockCounters::default(),
+            record: None,
         }
+    }
+
+    /// Records lock owners in `record` (`recovery`): their descriptions then outlive this
+    /// process, and the next one takes them over with their locks.
+    pub fn with_record(mut self, record: Option<Arc<Record>>) -> Self {
+        self.record = record;
+        self
+    }
+
+    fn record_owner(&self, node: u64, owner: u64, pid: u32, fd: &OwnedFd) -> Option<OwnerSlot> {
+        self.record.as_ref()?.new_owner(&RecordedOwner {
+            owner,
+            node,
+            pid,
+            fd: fd.as_raw_fd(),
+        })
     }
 
     /// Turns the stall rule on (`--lock-stall-timeout`; zero leaves it off): a POSIX or
@@ -887,11 +947,12 @@ impl FileLocks {
             return;
         }
         let weak = Arc::downgrade(self);
+        let wake = self.watchdog.clone();
         let tick = Duration::from_millis(self.tick_ms);
         let spawned = std::thread::Builder::new()
             .name("vfsd-lock-stall".into())
             .stack_size(256 * 1024)
-            .spawn(move || watchdog(weak, tick));
+            .spawn(move || watchdog(weak, wake, tick));
         if let Err(e) = spawned {
             log::warn!("no lock stall watchdog thread (tried again at the next wait): {e}");
             self.watchdog_started.store(false, Ordering::Release);
@@ -994,6 +1055,7 @@ impl FileLocks {
         }
         let o = Arc::new(Owner {
             node,
+            slot: self.record_owner(node, key, 0, &fd),
             fd,
             state: Mutex::new(OwnerState::default()),
             pid: AtomicU32::new(0),
@@ -1216,6 +1278,9 @@ impl FileLocks {
                 continue;
             }
             o.pid.store(pid, Ordering::Relaxed);
+            if let Some(slot) = &o.slot {
+                slot.set_pid(pid);
+            }
             let new = st.ranges.plan(r);
             let reserved = match self.reserve(node, st.ranges.len(), new.len_after) {
                 Ok(n) => n,
@@ -1266,7 +1331,7 @@ impl FileLocks {
                         drop(m);
                         if self.stall_ms > 0 {
                             self.start_watchdog();
-                            self.watchdog.notify_one();
+                            self.watchdog.wake();
                         }
                         return Ok(Some(w));
                     }
@@ -1542,6 +1607,7 @@ impl FileLocks {
         self.count(rec.node, ranges.len());
         let o = Arc::new(Owner {
             node: rec.node,
+            slot: self.record_owner(rec.node, rec.owner, rec.pid, &fd),
             fd,
             state: Mutex::new(OwnerState {
                 ranges,
@@ -1803,27 +1869,24 @@ impl PassthroughFs {
 }
 
 /// The stall watchdog of a `FileLocks` (`FileLocks::start_watchdog`): ends the waits the
-/// stall rule finds, every `tick` while any wait exists.
-fn watchdog(table: Weak<FileLocks>, tick: Duration) {
+/// stall rule finds, every `tick` while any wait exists. It holds the table only while it
+/// looks at it, so the table (its owners' descriptions, and their host locks) ends with
+/// the filesystem; `wake` then ends the thread.
+fn watchdog(table: Weak<FileLocks>, wake: Arc<WatchdogWake>, tick: Duration) {
     let mut cursor = 0;
     loop {
+        // Read before the look: a wait that begins after it wakes the sleep below.
+        let seen = wake.count();
         let Some(locks) = table.upgrade() else {
             return;
         };
-        {
-            let m = locks.owners.lock().unwrap();
-            if m.waits.by_owner.is_empty() {
-                // Woken by the next wait; now and then anyway, to end with the table.
-                drop(
-                    locks
-                        .watchdog
-                        .wait_timeout(m, Duration::from_secs(10))
-                        .unwrap(),
-                );
-                continue;
-            }
-        }
+        let idle = locks.owners.lock().unwrap().waits.by_owner.is_empty();
         drop(locks);
+        if idle {
+            // Woken by the next wait or the table's end; now and then anyway.
+            wake.sleep(seen, Duration::from_secs(10));
+            continue;
+        }
         std::thread::sleep(tick);
         let Some(locks) = table.upgrade() else {
             return;
@@ -1915,6 +1978,31 @@ mod tests {
         let m = locks.owners.lock().unwrap();
         assert_eq!(m.active.last.len(), 0);
         assert!(m.keys.is_empty());
+    }
+
+    /// The stall watchdog sleeps without holding its table while nothing waits: the
+    /// table, with its owners' open descriptions and their host locks, ends with the
+    /// filesystem, not up to 10 s later on the watchdog's thread.
+    #[test]
+    fn an_idle_stall_watchdog_lets_its_table_end() {
+        let locks = Arc::new(
+            FileLocks::new(true, true, 1000, 100, 16, false)
+                .with_stall_timeout(Duration::from_millis(400)),
+        );
+        locks.start_watchdog();
+        // Its first look finds no wait: it sleeps until one begins.
+        std::thread::sleep(Duration::from_millis(200));
+        let table = Arc::downgrade(&locks);
+        drop(locks);
+        let t = Instant::now();
+        while table.strong_count() > 0 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            table.strong_count(),
+            0,
+            "the idle watchdog still holds the table"
+        );
     }
 
     #[test]

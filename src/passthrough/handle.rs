@@ -1,13 +1,14 @@
 //! Open file and directory handles (the FUSE `fh`).
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustc_hash::FxHashMap;
 
 use super::inode::Inode;
+use crate::recovery::record::{HandleSlot, HandleState, Record};
 use crate::sys;
 
 /// Read position state of an open directory; READDIR on one handle is serialised by it.
@@ -56,6 +57,10 @@ pub struct HandleTable {
     /// a guest sees them but can't pick them (see `inode::Maps::by_id`).
     shards: Vec<RwLock<FxHashMap<u64, Arc<Handle>>>>,
     next: AtomicU64,
+    /// Where handles are recorded for the next serving process (`recovery`), and their
+    /// slots there by number, per shard (changed under the shard's write lock).
+    record: Option<Arc<Record>>,
+    slots: Vec<Mutex<FxHashMap<u64, HandleSlot>>>,
 }
 
 impl HandleTable {
@@ -65,6 +70,43 @@ impl HandleTable {
                 .map(|_| RwLock::new(FxHashMap::default()))
                 .collect(),
             next: AtomicU64::new(1),
+            record: None,
+            slots: (0..SHARDS)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
+        }
+    }
+
+    /// Records handles from now on in `record`.
+    pub fn set_record(&mut self, record: Arc<Record>) {
+        self.record = Some(record);
+    }
+
+    /// Handle `fh` into the record, under its shard's write lock.
+    fn record(&self, fh: u64, h: &Handle) {
+        let Some(r) = &self.record else { return };
+        let slot = r.new_handle(&HandleState {
+            fh,
+            node: h.inode.nodeid,
+            flags: h.flags,
+            fd: h.fd.as_raw_fd(),
+            dir: h.dir.is_some(),
+        });
+        if let Some(slot) = slot {
+            self.slots[(fh as usize) % SHARDS]
+                .lock()
+                .unwrap()
+                .insert(fh, slot);
+        }
+    }
+
+    /// Handle `fh` out of the record (before its fd can close).
+    fn unrecord(&self, fh: u64) {
+        if self.record.is_some() {
+            self.slots[(fh as usize) % SHARDS]
+                .lock()
+                .unwrap()
+                .remove(&fh);
         }
     }
 
@@ -74,7 +116,9 @@ impl HandleTable {
 
     pub fn insert(&self, h: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        self.shard(fh).write().unwrap().insert(fh, Arc::new(h));
+        let mut shard = self.shard(fh).write().unwrap();
+        self.record(fh, &h);
+        shard.insert(fh, Arc::new(h));
         fh
     }
 
@@ -104,6 +148,7 @@ impl HandleTable {
         if shard.contains_key(&fh) {
             return Err(sys::errno(libc::EEXIST));
         }
+        self.record(fh, &h);
         shard.insert(fh, Arc::new(h));
         self.next.fetch_max(next, Ordering::Relaxed);
         Ok(())
@@ -122,7 +167,10 @@ impl HandleTable {
     pub fn remove(&self, fh: u64, nodeid: u64) -> io::Result<Arc<Handle>> {
         let mut shard = self.shard(fh).write().unwrap();
         match shard.get(&fh) {
-            Some(h) if h.inode.nodeid == nodeid => Ok(shard.remove(&fh).unwrap()),
+            Some(h) if h.inode.nodeid == nodeid => {
+                self.unrecord(fh);
+                Ok(shard.remove(&fh).unwrap())
+            }
             _ => Err(sys::errno(libc::EBADF)),
         }
     }
@@ -146,8 +194,10 @@ impl HandleTable {
     /// Empties the table; gives what it held.
     pub fn clear(&self) -> Vec<Arc<Handle>> {
         let mut all = Vec::new();
-        for s in &self.shards {
-            all.extend(s.write().unwrap().drain().map(|(_, h)| h));
+        for (s, slots) in self.shards.iter().zip(&self.slots) {
+            let mut s = s.write().unwrap();
+            slots.lock().unwrap().clear();
+            all.extend(s.drain().map(|(_, h)| h));
         }
         all
     }

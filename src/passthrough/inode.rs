@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use rustc_hash::FxHashMap;
 
 use super::lock::{FileId, FileLock, LockTable};
+use crate::recovery::record::{NodeEntry, NodeSlot, Record};
 use crate::sys;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -102,8 +103,8 @@ pub struct Inode {
     pub key: InodeKey,
     /// `S_IFMT` bits; a host file never changes type.
     pub file_type: u32,
-    /// Guest lookup count (FUSE "nlookup").
-    lookups: AtomicU64,
+    /// Guest lookup count (FUSE "nlookup"), kept in the crash record where there is one.
+    lookups: Lookups,
     /// Serialises size-changing I/O against in-EOF I/O on this host file; shared with
     /// every other node of the same file (see `lock`).
     pub io: Arc<FileLock>,
@@ -119,6 +120,23 @@ pub struct Inode {
     /// Keeps its fd: nothing else would find its file again.
     pinned: AtomicBool,
     cache: Arc<FdCache>,
+}
+
+/// A node's lookup count: its own, or its slot's in the crash record (`recovery`), which
+/// outlives the process.
+enum Lookups {
+    Local(AtomicU64),
+    Recorded(NodeSlot),
+}
+
+impl std::ops::Deref for Lookups {
+    type Target = AtomicU64;
+    fn deref(&self) -> &AtomicU64 {
+        match self {
+            Lookups::Local(a) => a,
+            Lookups::Recorded(s) => s.lookups(),
+        }
+    }
 }
 
 /// One node as the migration state carries it (`InodeTable::export`).
@@ -178,6 +196,7 @@ impl Inode {
         }
         let fd = Arc::new(fd);
         *held = Some(fd.clone());
+        self.record_fd(fd.as_raw_fd());
         drop(held);
         self.used.store(true, Ordering::Relaxed);
         self.cache.admitted(self);
@@ -305,10 +324,13 @@ impl Inode {
             // The share's root (seen again through a bind mount inside it) keeps its fd.
             return;
         }
-        *self.name.lock().unwrap() = Some(Name {
+        let mut n = self.name.lock().unwrap();
+        *n = Some(Name {
             parent: parent.clone(),
             name: name.to_owned(),
         });
+        self.record_name(&n);
+        drop(n);
         // A name finds it again now (an O_TMPFILE just linked, say), if its identity can
         // be checked.
         if self.identifiable() {
@@ -338,7 +360,9 @@ impl Inode {
 
     /// The name change went through: the old name no longer finds the file.
     pub fn name_gone(&self) {
-        *self.name.lock().unwrap() = None;
+        let mut n = self.name.lock().unwrap();
+        *n = None;
+        self.record_name(&n);
     }
 
     /// The name change failed: the name still finds it.
@@ -411,6 +435,20 @@ impl Inode {
         self.lookups.load(Ordering::Relaxed)
     }
 
+    /// The node's last name into its crash-record slot, under the name's lock.
+    fn record_name(&self, name: &Option<Name>) {
+        if let Lookups::Recorded(slot) = &self.lookups {
+            slot.set_name(name.as_ref().map(|n| (n.parent.nodeid, n.name.as_bytes())));
+        }
+    }
+
+    /// The node's O_PATH fd number into its crash-record slot (-1: none).
+    fn record_fd(&self, fd: RawFd) {
+        if let Lookups::Recorded(slot) = &self.lookups {
+            slot.set_fd(fd);
+        }
+    }
+
     /// Closes the node's O_PATH fd unless it is pinned or in use (for `FdCache`).
     fn give_up_fd(&self) -> bool {
         let Ok(mut fd) = self.fd.try_lock() else {
@@ -419,7 +457,10 @@ impl Inode {
         if self.pinned.load(Ordering::Acquire) {
             return false;
         }
-        if fd.take().is_some() {
+        if fd.is_some() {
+            // Out of the record before it can close.
+            self.record_fd(-1);
+            *fd = None;
             self.cache.held.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
@@ -558,6 +599,10 @@ pub struct InodeTable {
     /// Write-concurrency figures of inodes already forgotten, so statistics outlive them.
     retired_peak: std::sync::atomic::AtomicU32,
     retired_violations: AtomicU64,
+    /// Where nodes are recorded for the next serving process, should this one die.
+    record: Option<Arc<Record>>,
+    /// Nodes the record had no room for (lost to a crash).
+    unrecorded: AtomicU64,
 }
 
 impl InodeTable {
@@ -580,7 +625,14 @@ impl InodeTable {
             }),
             retired_peak: Default::default(),
             retired_violations: Default::default(),
+            record: None,
+            unrecorded: AtomicU64::new(0),
         }
+    }
+
+    /// Records nodes from now on in `record` (`recovery`).
+    pub fn set_record(&mut self, record: Arc<Record>) {
+        self.record = Some(record);
     }
 
     pub fn fd_cache(&self) -> &FdCache {
@@ -702,7 +754,7 @@ impl InodeTable {
             nodeid,
             key,
             file_type: st.st.st_mode & libc::S_IFMT,
-            lookups: AtomicU64::new(u64::MAX / 2),
+            lookups: Lookups::Local(AtomicU64::new(u64::MAX / 2)),
             io,
             handle: None,
             btime: st.btime,
@@ -796,7 +848,7 @@ impl InodeTable {
         }
         let nodeid = m.next_id;
         m.next_id += 1;
-        let inode = Self::new_node(&mut m, &self.cache, nodeid, 1, fd, st, handle, io, name)?;
+        let inode = self.new_node(&mut m, nodeid, 1, fd, st, handle, io, name)?;
         m.by_id.insert(nodeid, inode.clone());
         m.by_key.insert(key, nodeid);
         drop(m);
@@ -807,8 +859,8 @@ impl InodeTable {
     /// A node for the file `fd` names, not yet in the maps.
     #[allow(clippy::too_many_arguments)]
     fn new_node(
+        &self,
         m: &mut Maps,
-        cache: &Arc<FdCache>,
         nodeid: u64,
         lookups: u64,
         fd: OwnedFd,
@@ -839,11 +891,33 @@ impl InodeTable {
             }),
             None => None,
         };
+        let cache = &self.cache;
+        let slot = self.record.as_ref().and_then(|r| {
+            let h = handle.as_ref().map(|h| h.handle.as_bytes());
+            let slot = r.new_node(&NodeEntry {
+                id: nodeid,
+                lookups,
+                file_type: st.st.st_mode & libc::S_IFMT,
+                ino: st.st.st_ino,
+                dev: st.st.st_dev,
+                fd: fd.as_raw_fd(),
+                handle: h,
+                name: name.map(|(p, n)| (p.nodeid, n.to_bytes())),
+            });
+            if slot.is_none() {
+                self.unrecorded.fetch_add(1, Ordering::Relaxed);
+            }
+            slot
+        });
+        let lookups = match slot {
+            Some(s) => Lookups::Recorded(s),
+            None => Lookups::Local(AtomicU64::new(lookups)),
+        };
         let inode = Arc::new(Inode {
             nodeid,
             key: InodeKey::of(st),
             file_type: st.st.st_mode & libc::S_IFMT,
-            lookups: AtomicU64::new(lookups),
+            lookups,
             io,
             handle,
             btime: st.btime,
@@ -931,17 +1005,7 @@ impl InodeTable {
         if m.by_id.contains_key(&nodeid) || m.by_key.contains_key(&key) {
             return Err(sys::errno(libc::EEXIST));
         }
-        let inode = Self::new_node(
-            &mut m,
-            &self.cache,
-            nodeid,
-            lookups,
-            fd,
-            st,
-            handle,
-            io,
-            name,
-        )?;
+        let inode = self.new_node(&mut m, nodeid, lookups, fd, st, handle, io, name)?;
         if lookups > 0 {
             m.by_id.insert(nodeid, inode.clone());
             m.by_key.insert(inode.key, nodeid);

@@ -653,7 +653,7 @@ impl PassthroughFs {
             .map_err(|e| malformed(caps::refusal().unwrap_or_else(|| e.to_string())))?;
         // A fresh session, as after DESTROY: a load replaces whatever was there.
         self.reset();
-        let r = self.restore(&state);
+        let r = self.restore(&state, None);
         if r.is_err() {
             self.reset();
         }
@@ -674,7 +674,83 @@ impl PassthroughFs {
         }
     }
 
-    fn restore(self: &Arc<Self>, state: &State) -> Result<LoadReport, StateError> {
+    /// Takes over the session a serving process that died left (`recovery`): its nodes
+    /// and handles as its crash record names them, with the fds it held (`kept`, by node
+    /// and handle), into this daemon, fresh since it started. A node or handle that can't
+    /// be restored is left out (the guest gets errors for it), whatever
+    /// `--migration-on-error` says: the alternative is the whole share gone.
+    pub(crate) fn take_over(
+        self: &Arc<Self>,
+        dead: crate::recovery::FsState,
+    ) -> Result<LoadReport, StateError> {
+        let crate::recovery::FsState {
+            session,
+            next_ids,
+            nodes,
+            handles,
+            owners,
+            kept,
+        } = dead;
+        let nodes = parents_first(nodes)
+            .into_iter()
+            .map(|n| NodeState {
+                id: n.id,
+                lookups: n.lookups,
+                file_type: n.file_type,
+                name: n.name,
+                path: None,
+                handle: n.handle,
+                mount_root: false,
+                error: None,
+            })
+            .collect::<Vec<_>>();
+        let max_node = nodes.iter().map(|n| n.id).max().unwrap_or(ROOT_ID);
+        let max_fh = handles.iter().map(|h| h.fh).max().unwrap_or(0);
+        let state = State {
+            mode: self.cfg.migration.mode,
+            flags: session | self.no_open_mark(),
+            next_node: next_ids.0.max(max_node + 1),
+            next_handle: next_ids.1.max(max_fh + 1),
+            nodes,
+            handles: handles
+                .into_iter()
+                .map(|h| HandleState {
+                    fh: h.fh,
+                    node: h.node,
+                    flags: h.flags,
+                    dir: h.dir,
+                    flock: libc::F_UNLCK,
+                })
+                .collect(),
+            owners: owners
+                .into_iter()
+                .map(|o| OwnerState {
+                    node: o.owner.node,
+                    owner: o.owner.owner,
+                    pid: o.owner.pid,
+                    handles: Vec::new(),
+                    ranges: o.ranges,
+                })
+                .collect(),
+            in_flight: Vec::new(),
+            handover: None,
+        };
+        self.reset();
+        let r = self.restore(&state, Some(kept));
+        if r.is_err() {
+            self.reset();
+        }
+        r
+    }
+
+    /// `kept`: the fds of a dead serving process (`take_over`), used before any other
+    /// way of finding a node; their errors leave the node or handle out.
+    fn restore(
+        self: &Arc<Self>,
+        state: &State,
+        kept: Option<HashMap<Item, OwnedFd>>,
+    ) -> Result<LoadReport, StateError> {
+        let taking_over = kept.is_some();
         let mcfg = self.cfg.migration;
         // A source that offered FUSE_ATOMIC_O_TRUNC (an older vfsd, as virtiofsd does) left
         // a guest that sends O_TRUNC in OPEN: served as sent, though not offered here.
@@ -721,7 +797,7 @@ impl PassthroughFs {
             in_flight: state.in_flight.clone(),
             ..LoadReport::default()
         };
-        let guest_error = mcfg.on_error == OnError::GuestError;
+        let guest_error = mcfg.on_error == OnError::GuestError || taking_over;
         // Errors that `guest-error` turns into a missing node, handle or owner.
         let soft = |e: StateError, report: &mut LoadReport| {
             if guest_error {
@@ -740,6 +816,7 @@ impl PassthroughFs {
             Mode::FindPaths => None,
         };
         let mut passed = match (&state.handover, &self.cfg.runtime_dir) {
+            _ if taking_over => kept.unwrap_or_default(),
             (Some(_), None) => {
                 log::info!(
                     "migration: no runtime directory for the lock handover; locks are taken again"
@@ -768,6 +845,7 @@ impl PassthroughFs {
             }
             let found = match (&n.error, passed.remove(&Item::Node(n.id))) {
                 (Some(why), _) => Err(format!("the source could not send it: {why}")),
+                (None, Some(fd)) if taking_over => kept_node(fd, n, &restored),
                 (None, Some(fd)) if n.name.is_none() && n.path.is_none() => {
                     unlinked_node(fd, n, root.key.dev)
                 }
@@ -1191,6 +1269,77 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
     let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
     sys::statx(fd.as_raw_fd(), sys::EMPTY, flags)
         .is_ok_and(|st| st.st.st_dev == inode.key.dev && st.st.st_ino == inode.key.ino)
+}
+
+/// A node's fd kept from a dead serving process (`take_over`): its file, and the name
+/// the record gives it where its parent came first. A directory must be on the share's
+/// own file system (one elsewhere is found again by its name, checked on the way).
+#[allow(clippy::type_complexity)]
+fn kept_node(
+    fd: OwnedFd,
+    n: &NodeState,
+    restored: &HashMap<u64, Arc<Inode>>,
+) -> Result<(OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>), String> {
+    let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+    let st = sys::statx(fd.as_raw_fd(), sys::EMPTY, flags).map_err(|e| e.to_string())?;
+    if st.st.st_mode & libc::S_IFMT != n.file_type {
+        return Err("the fd kept for it is another file type".into());
+    }
+    let root = restored.get(&ROOT_ID).ok_or("no root")?;
+    if n.file_type == libc::S_IFDIR && st.st.st_dev != root.key.dev {
+        return Err("a kept directory off the share's file system".into());
+    }
+    let name = match &n.name {
+        Some((p, name)) => match restored.get(p) {
+            Some(parent) if parent.is_dir() => Some((parent.clone(), component(name)?)),
+            _ => None,
+        },
+        None => None,
+    };
+    Ok((fd, st, name))
+}
+
+/// Nodes ordered so that each comes after the parent its name is in; a node whose
+/// parent is missing (or in a loop of names) keeps no name.
+fn parents_first(
+    nodes: Vec<crate::recovery::record::NodeState>,
+) -> Vec<crate::recovery::record::NodeState> {
+    let ids: std::collections::HashSet<u64> = nodes.iter().map(|n| n.id).collect();
+    let mut children: HashMap<u64, Vec<usize>> = HashMap::new();
+    let mut roots = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        match &n.name {
+            Some((p, _)) if *p != n.id && (ids.contains(p) || *p == ROOT_ID) => {
+                children.entry(*p).or_default().push(i)
+            }
+            _ => roots.push(i),
+        }
+    }
+    let mut order = Vec::with_capacity(nodes.len());
+    let mut stack: Vec<u64> = vec![ROOT_ID];
+    let mut placed = vec![false; nodes.len()];
+    for &i in &roots {
+        placed[i] = true;
+        order.push(i);
+        stack.push(nodes[i].id);
+    }
+    while let Some(id) = stack.pop() {
+        for &c in children.get(&id).map(Vec::as_slice).unwrap_or(&[]) {
+            if !placed[c] {
+                placed[c] = true;
+                order.push(c);
+                stack.push(nodes[c].id);
+            }
+        }
+    }
+    let mut nodes: Vec<Option<_>> = nodes.into_iter().map(Some).collect();
+    let mut out: Vec<_> = order.iter().filter_map(|&i| nodes[i].take()).collect();
+    // What a loop of names left unplaced comes last, nameless.
+    out.extend(nodes.into_iter().flatten().map(|mut n| {
+        n.name = None;
+        n
+    }));
+    out
 }
 
 /// A node no name finds, from the source's own fd: taken only for a file with no links

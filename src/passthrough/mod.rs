@@ -14,7 +14,7 @@ mod dir;
 mod file;
 pub mod filelocks;
 pub mod handle;
-mod handover;
+pub(crate) mod handover;
 pub use handover::RuntimeDir;
 pub mod idtranslate;
 pub mod inode;
@@ -126,6 +126,9 @@ pub struct Config {
     pub migration: migration::MigrationConfig,
     /// Where a migration's lock handover listens (`handover`); none: no handover.
     pub runtime_dir: Option<Arc<handover::RuntimeDir>>,
+    /// Where the session, nodes and handles are recorded for the serving process that
+    /// takes over should this one die (`recovery`); none: not recorded.
+    pub crash_record: Option<Arc<crate::recovery::record::Record>>,
 }
 
 impl Config {
@@ -160,6 +163,7 @@ impl Config {
             xattrmap: xattrmap::XattrMap::builtin(),
             migration: Default::default(),
             runtime_dir: None,
+            crash_record: None,
         }
     }
 
@@ -277,10 +281,15 @@ impl PassthroughFs {
         // Modes from the guest already had its umask applied; the daemon's must not apply twice.
         // SAFETY: umask has no preconditions.
         unsafe { libc::umask(0) };
-        let inodes = InodeTable::with_file_handles(
+        let mut inodes = InodeTable::with_file_handles(
             cfg.inode_file_handles,
             inode::FdCache::limit_for(sys::nofile_limit()),
         );
+        let mut handles = HandleTable::new();
+        if let Some(r) = &cfg.crash_record {
+            inodes.set_record(r.clone());
+            handles.set_record(r.clone());
+        }
         let close_silent_root = sys::close_is_silent(&root_fd);
         inodes.insert_root(root_fd, &st)?;
         let locks = Arc::new(
@@ -292,7 +301,8 @@ impl PassthroughFs {
                 cfg.max_lock_waiters,
                 cfg.readonly,
             )
-            .with_stall_timeout(cfg.lock_stall_timeout),
+            .with_stall_timeout(cfg.lock_stall_timeout)
+            .with_record(cfg.crash_record.clone()),
         );
         let write_idle = cfg.no_open_write_idle;
         Ok(PassthroughFs {
@@ -300,7 +310,7 @@ impl PassthroughFs {
             locks,
             cfg,
             inodes,
-            handles: HandleTable::new(),
+            handles,
             node_handles: node_handle::NodeHandles::new(
                 node_handle::limit_for(sys::nofile_limit()),
                 write_idle,
@@ -413,6 +423,16 @@ impl PassthroughFs {
     /// (`node_handle`); otherwise one an OPEN, CREATE or OPENDIR gave.
     pub(crate) fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<handle::Handle>> {
         self.handle_for(fh, nodeid, Need::Any)
+    }
+
+    /// Whether handle `fh` of `nodeid` is open for appending (`server::FuseServer::again`).
+    pub fn appends(&self, fh: u64, nodeid: u64) -> bool {
+        self.handles.get(fh, nodeid).is_ok_and(|h| h.is_append())
+    }
+
+    /// Whether handle `fh` of `nodeid` is open.
+    pub fn has_handle(&self, fh: u64, nodeid: u64) -> bool {
+        self.handles.get(fh, nodeid).is_ok()
     }
 
     /// `handle`, with a node's fd that serves `need`: one that does not is replaced.
@@ -595,6 +615,9 @@ impl PassthroughFs {
     pub fn start_session(&self, enabled: u64) {
         self.enabled
             .store(enabled, std::sync::atomic::Ordering::Release);
+        if let Some(r) = &self.cfg.crash_record {
+            r.set_session(enabled);
+        }
     }
 
     /// Whether this session enabled INIT flag `flag` (`abi::flags`).

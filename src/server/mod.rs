@@ -303,11 +303,15 @@ impl FuseServer {
             }
             Ok(req) => {
                 let op = req.hdr.opcode;
+                #[cfg(feature = "crash-hook")]
+                crash_hook::check(crash_hook::When::Popped, op);
                 // For the lock stall rule: a lock holder that sends anything is busy.
                 self.fs.note_caller(req.hdr.pid);
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
                     nowait::with_open_wait(wait, || self.serve(mem, descs, &bufs, req, defer, wait))
                 }));
+                #[cfg(feature = "crash-hook")]
+                crash_hook::check(crash_hook::When::Served, op);
                 match served {
                     Ok(Served::Answered(Some(a))) => {
                         self.count_fd_exhaustion(&a);
@@ -355,6 +359,120 @@ impl FuseServer {
             Placement::NoReplyOnQueueThread => &self.stats.no_reply_on_queue_thread,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Serves a request a serving process that died had popped and not answered
+    /// (`device::recover`): again where running it twice comes to the same as once,
+    /// answered EIO where it may have acted already and a second run would differ (the
+    /// table in docs/design.md). A FORGET, BATCH_FORGET or INTERRUPT is not run again (it
+    /// has no reply): a count it lowered is at worst left higher, never lower. `twice`:
+    /// a serving process already died serving it again, so it is answered EIO: a request
+    /// that kills every process that serves it must not kill them all.
+    pub fn serve_again<M>(
+        &self,
+        mem: &GuestMem,
+        mut popped: Popped<M>,
+        twice: bool,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    ) -> Option<u32>
+    where
+        M: Deref<Target = GuestMem> + Clone,
+    {
+        let verdict = {
+            let (descs, copy) = popped.parts(mem);
+            match copy {
+                Ok(req) if !descs.overlong() => {
+                    let args = &req.bytes[request::HDR_LEN.min(req.bytes.len())..];
+                    let v = match self.again(req.hdr.opcode, req.hdr.nodeid, args) {
+                        Again::Nothing => Again::Nothing,
+                        _ if twice => {
+                            warn!(
+                                "request {} (opcode {}) was in flight at two deaths in a row; answered EIO",
+                                req.hdr.unique, req.hdr.opcode
+                            );
+                            Again::Eio
+                        }
+                        v => v,
+                    };
+                    match v {
+                        Again::Run => None,
+                        Again::Eio => Some(answer_errno(
+                            mem,
+                            &descs.writable_bufs(),
+                            &req.hdr,
+                            libc::EIO,
+                        )),
+                        Again::Done => Some(reply_into(
+                            mem,
+                            &descs.writable_bufs(),
+                            &req.hdr,
+                            Ok(Vec::new()),
+                        )),
+                        Again::Nothing => Some(0),
+                    }
+                }
+                // Malformed: served as before (an errno, or dropped).
+                _ => None,
+            }
+        };
+        self.stats
+            .requests_after_crash
+            .fetch_add(1, Ordering::Relaxed);
+        match verdict {
+            Some(len) => Some(len),
+            None => self.handle(mem, popped, defer),
+        }
+    }
+
+    /// What `serve_again` does with a request of `opcode` on `nodeid` with arguments
+    /// `args`.
+    fn again(&self, opcode: u32, nodeid: u64, args: &[u8]) -> Again {
+        use fuse_backend_rs::abi::fuse_abi::{
+            CreateIn, FallocateIn, ReleaseIn, SetxattrIn, WriteIn,
+        };
+        use Opcode::*;
+        let Some(op) = Opcode::of(opcode) else {
+            return Again::Eio;
+        };
+        match op {
+            Lookup | Getattr | Readlink | Open | Opendir | Read | Readdir | Readdirplus
+            | Statfs | Statx | Access | Getxattr | Listxattr | Flush | Fsync | Fsyncdir
+            | Syncfs | Getlk | Setlk | Setlkw | Lseek | Bmap | Setattr | CopyFileRange | Init
+            | Destroy => Again::Run,
+            Forget | BatchForget | Interrupt | NotifyReply => Again::Nothing,
+            Write => match request::decode::<WriteIn>(args) {
+                Some(w) if self.fs.appends(w.fh, nodeid) => Again::Eio,
+                _ => Again::Run,
+            },
+            Create => match request::decode::<CreateIn>(args) {
+                Some(c) if c.flags as i32 & libc::O_EXCL != 0 => Again::Eio,
+                _ => Again::Run,
+            },
+            Setxattr => match request::decode::<SetxattrIn>(args) {
+                Some(x) if x.flags as i32 & libc::XATTR_CREATE != 0 => Again::Eio,
+                _ => Again::Run,
+            },
+            Fallocate => {
+                const SAME_TWICE: [i32; 5] = [
+                    0,
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    libc::FALLOC_FL_ZERO_RANGE,
+                    libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                ];
+                match request::decode::<FallocateIn>(args) {
+                    Some(f) if SAME_TWICE.contains(&(f.mode as i32)) => Again::Run,
+                    _ => Again::Eio,
+                }
+            }
+            Release | Releasedir => match request::decode::<ReleaseIn>(args) {
+                // Released before the death: the guest only waits for the answer.
+                Some(r) if !self.fs.has_handle(r.fh, nodeid) => Again::Done,
+                _ => Again::Run,
+            },
+            Mknod | Mkdir | Symlink | Link | Unlink | Rmdir | Rename | Rename2 | Tmpfile
+            | Removexattr | Ioctl | Poll | Setupmapping | Removemapping => Again::Eio,
+        }
     }
 
     /// Whether a ring stop left requests suspended (`locks`), for the device to resume.
@@ -702,8 +820,12 @@ impl FuseServer {
                 Err(e) => Outcome::Reply(Err(e)),
             };
         }
+        // A wait's reply is one header written at the first writable buffer: a chain
+        // whose first buffer can't take one is refused now, with an errno in whatever
+        // room it has. SETLKW takes a reply; leaving it unanswered would leave the
+        // guest's caller waiting for good.
         let Some(at) = reply_address(bufs) else {
-            return Outcome::NoReply { malformed: true };
+            return Outcome::Malformed(errno(libc::EINVAL));
         };
         match self.setlkw(hdr, args, at, defer) {
             Ok(true) => Outcome::Deferred,
@@ -798,6 +920,67 @@ fn reply_address(bufs: &[(GuestAddress, u32)]) -> Option<GuestAddress> {
 
 /// The reply to a request that failed before its handler could answer it: `errno`,
 /// unless the opcode takes no reply (then nothing is written, and the length is 0).
+/// A test build's way to make the serving process die at a chosen request (cargo feature
+/// `crash-hook`, never in a release of vfsd): `VFSD_TEST_CRASH=popped:OPCODE[:N]` dies
+/// before serving the Nth request of that opcode (default the first), `served:...` after
+/// the file system acted and before its reply goes on the used ring; with a last `:every`
+/// the supervisor passes the variable on to the processes that replace a dead one (else
+/// they never get it). The death is an
+/// abort, a real one even for a pid namespace's init, which ignores signals it sends
+/// itself.
+#[cfg(feature = "crash-hook")]
+mod crash_hook {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum When {
+        Popped,
+        Served,
+    }
+
+    fn armed() -> Option<(When, u32, u32)> {
+        static ARMED: OnceLock<Option<(When, u32, u32)>> = OnceLock::new();
+        *ARMED.get_or_init(|| {
+            let v = std::env::var("VFSD_TEST_CRASH").ok()?;
+            let mut it = v.split(':');
+            let when = match it.next()? {
+                "popped" => When::Popped,
+                "served" => When::Served,
+                _ => return None,
+            };
+            let op = it.next()?.parse().ok()?;
+            let nth = match it.next() {
+                None | Some("every") => 1,
+                Some(n) => n.parse().ok()?,
+            };
+            Some((when, op, nth))
+        })
+    }
+
+    pub fn check(when: When, op: u32) {
+        static SEEN: AtomicU32 = AtomicU32::new(0);
+        if let Some((w, o, nth)) = armed() {
+            if w == when && o == op && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == nth {
+                log::warn!("crash hook: dying at opcode {op}");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+/// What becomes of a request a dead serving process held (`FuseServer::again`).
+enum Again {
+    /// Served again as if new.
+    Run,
+    /// Answered EIO.
+    Eio,
+    /// Answered with success and no payload (a release of a handle already gone).
+    Done,
+    /// Not served; no reply.
+    Nothing,
+}
+
 fn answer_errno(mem: &GuestMem, bufs: &[(GuestAddress, u32)], hdr: &InHeader, errno: i32) -> u32 {
     if no_reply(hdr.opcode) {
         return 0;
@@ -1124,5 +1307,62 @@ mod tests {
         assert_eq!(out_header(&mem, 0x8000).unique, 9);
         assert_eq!(bytes_at(&mem, 0x8000 + HDR as u64, 15), b"the file's data");
         assert_eq!(bytes_at(&mem, 0x9000, HDR + 15), vec![0; HDR + 15]);
+    }
+
+    /// A SETLKW whose first writable buffer has no room for the header its wait would
+    /// write there (a zero-length descriptor in front, or a short one) is answered EINVAL
+    /// in the room after it, not left without a reply.
+    #[test]
+    fn a_setlkw_whose_first_writable_buffer_is_too_small_gets_einval() {
+        use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(
+            crate::passthrough::PassthroughFs::new(crate::passthrough::Config::new(dir.path()))
+                .unwrap(),
+        );
+        let server = FuseServer::new(fs);
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let args = LkIn {
+            fh: 1,
+            owner: 1,
+            lk: FileLock {
+                start: 0,
+                end: u64::MAX,
+                type_: libc::F_WRLCK as u32,
+                pid: 1,
+            },
+            ..Default::default()
+        };
+        let hdr = InHeader {
+            len: (size_of::<InHeader>() + size_of::<LkIn>()) as u32,
+            opcode: Opcode::Setlkw as u32,
+            unique: 9,
+            nodeid: 1,
+            ..Default::default()
+        };
+        let mut req = hdr.as_slice().to_vec();
+        req.extend_from_slice(args.as_slice());
+        mem.write_slice(&req, GuestAddress(0x4000)).unwrap();
+        for first in [0, HDR as u32 - 1] {
+            mem.write_slice(&[0; 64], GuestAddress(0x8000)).unwrap();
+            mem.write_slice(&[0; 64], GuestAddress(0x9000)).unwrap();
+            let descs = [
+                (0x4000, req.len() as u32, R),
+                (0x8000, first, W),
+                (0x9000, 64, W),
+            ];
+            let popped = Popped::new(&mem, chain::mock_chain(&mem, &descs));
+            let mut defer = || -> Option<Box<dyn Deferred>> { None };
+            let len = server.handle(&mem, popped, &mut defer);
+            assert_eq!(
+                len,
+                Some(HDR as u32),
+                "first writable buffer of {first} bytes"
+            );
+            let mut got = bytes_at(&mem, 0x8000, first as usize);
+            got.extend(bytes_at(&mem, 0x9000, HDR - first as usize));
+            let h: OutHeader = request::decode(&got).unwrap();
+            assert_eq!((h.len as usize, h.error, h.unique), (HDR, -libc::EINVAL, 9));
+        }
     }
 }

@@ -37,6 +37,13 @@ const PART_WAIT: Duration = Duration::from_secs(2);
 /// The least time between two starts of a serving process after one was killed: a
 /// daemon killed on every start starts once a second, not in a busy loop.
 const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
+/// A serving process that dies is replaced at most this many times within `CRASH_WINDOW`:
+/// one that dies at once every time ends the frontend's connection, as without a
+/// supervisor, rather than loop.
+const CRASH_LOOP: usize = 10;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// The crash test hook's variable (`recovery`): a replacement process never inherits it.
+const CRASH_HOOK_VAR: &str = "VFSD_TEST_CRASH";
 /// SET_DEVICE_STATE_FD's directions and the phase it is used in.
 const SAVE: u32 = 0;
 const LOAD: u32 = 1;
@@ -62,6 +69,10 @@ struct Child {
     pidfd: OwnedFd,
     /// The supervisor's end of the serving process's vhost-user connection.
     conn: UnixStream,
+    /// The supervisor's end of the channel to the process that keeps the serving
+    /// process's fds should it die (`recovery::keeper`); none for one an older
+    /// supervisor started, which has no keeper.
+    keeper: Option<UnixStream>,
 }
 
 /// How a frontend's session ended.
@@ -92,6 +103,8 @@ struct State {
     terminating: bool,
     /// When a serving process that did not exit on a termination signal is killed.
     kill_at: Option<Instant>,
+    /// When serving processes died and were replaced, newest last (`CRASH_LOOP`).
+    crashes: std::collections::VecDeque<Instant>,
 }
 
 /// Runs the supervisor; returns only on a start-up error (otherwise it exits).
@@ -107,6 +120,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         dropped: false,
         terminating: crate::sandbox::early_signal().is_some(),
         kill_at: None,
+        crashes: Default::default(),
     };
     // Processes a serving process leaves behind (the sandbox's, one a guest took over
     // that ignores its parent's death) become the supervisor's, which ends them.
@@ -116,7 +130,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         st.exit(0);
     }
     let child = st
-        .spawn()
+        .spawn(None)
         .map_err(|e| format!("cannot start the serving process: {e}"))?;
     st.main_loop(child, None)
 }
@@ -175,15 +189,20 @@ pub fn resume(fd: RawFd) -> String {
         // A termination signal relayed before the exec: the serving process has as long
         // again to exit.
         kill_at: image.terminating.then(|| Instant::now() + ANSWER_WAIT),
+        crashes: Default::default(),
     };
     // As in `run` (exec keeps it; set again in case an older image did not).
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     info!("supervisor: now running {}", st.sup.exe.display());
+    let keeper = image
+        .child_keeper
+        .map(|fd| UnixStream::from(unsafe { wire::adopt(fd) }));
     let child = Child {
         pid: image.child,
         pidfd,
         conn,
+        keeper,
     };
     st.main_loop(child, frontend)
 }
@@ -201,6 +220,7 @@ struct Image {
     frontend: Option<RawFd>,
     child: libc::pid_t,
     child_conn: RawFd,
+    child_keeper: Option<RawFd>,
     acked_reply_ack: bool,
     asked_features: bool,
     awaited: Vec<(u32, u32)>,
@@ -208,7 +228,7 @@ struct Image {
 }
 
 /// Bumped when `Image` changes: a binary refuses an image it can't read before it acts.
-const IMAGE_VERSION: u32 = 1;
+const IMAGE_VERSION: u32 = 2;
 /// The most a supervisor's image can take: far over what the record's bounds allow.
 const MAX_IMAGE: u64 = 64 << 20;
 
@@ -221,7 +241,55 @@ fn read_image(file: std::fs::File) -> Result<(Image, Record), String> {
         .take(MAX_IMAGE)
         .read_to_end(&mut buf)
         .map_err(|e| e.to_string())?;
+    let (version, _) = postcard::take_from_bytes::<u32>(&buf).map_err(|e| e.to_string())?;
+    if version == 1 {
+        let (old, record): (ImageV1, Record) =
+            postcard::from_bytes(&buf).map_err(|e| e.to_string())?;
+        return Ok((old.into(), record));
+    }
     postcard::from_bytes(&buf).map_err(|e| e.to_string())
+}
+
+/// `Image` as version 1 wrote it: its serving process has no keeper.
+#[derive(serde::Deserialize)]
+struct ImageV1 {
+    _version: u32,
+    exe: Vec<u8>,
+    args: Vec<Vec<u8>>,
+    listener: RawFd,
+    inherited: Vec<(String, RawFd)>,
+    socket: Vec<(RawFd, Vec<u8>, (u64, u64))>,
+    keep_listening: bool,
+    frontend: Option<RawFd>,
+    child: libc::pid_t,
+    child_conn: RawFd,
+    acked_reply_ack: bool,
+    asked_features: bool,
+    awaited: Vec<(u32, u32)>,
+    terminating: bool,
+}
+
+impl From<ImageV1> for Image {
+    fn from(o: ImageV1) -> Image {
+        Image {
+            // Read: it is this version's image now.
+            version: IMAGE_VERSION,
+            exe: o.exe,
+            args: o.args,
+            listener: o.listener,
+            inherited: o.inherited,
+            socket: o.socket,
+            keep_listening: o.keep_listening,
+            frontend: o.frontend,
+            child: o.child,
+            child_conn: o.child_conn,
+            child_keeper: None,
+            acked_reply_ack: o.acked_reply_ack,
+            asked_features: o.asked_features,
+            awaited: o.awaited,
+            terminating: o.terminating,
+        }
+    }
 }
 
 impl State {
@@ -271,7 +339,7 @@ impl State {
             if libc::WIFSIGNALED(status) {
                 std::thread::sleep(RESPAWN_AFTER_KILL);
             }
-            child = match self.spawn() {
+            child = match self.spawn(None) {
                 Ok(c) => c,
                 Err(e) => {
                     error!("cannot start the serving process: {e}");
@@ -289,9 +357,31 @@ impl State {
                 self.sup.listener.as_raw_fd(),
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
+                keeper_fd(child),
             ];
             let ready = poll(&fds, self.until_kill());
             self.kill_if_due(child);
+            if ready[3] {
+                // It died before any frontend came: nothing to take over. A new one
+                // waits for the frontend instead (within the crash-loop bound).
+                let status = read_death(child)?;
+                log_death(status);
+                if self.terminating || !self.note_crash() {
+                    return None;
+                }
+                match self.spawn(None) {
+                    Ok(new) => {
+                        let old = std::mem::replace(child, new);
+                        drop(old.keeper);
+                        reap_within(old.pid, ANSWER_WAIT);
+                        continue;
+                    }
+                    Err(e) => {
+                        error!("cannot start the serving process again: {e}");
+                        return None;
+                    }
+                }
+            }
             if ready[1] {
                 return None;
             }
@@ -328,9 +418,25 @@ impl State {
                 child.conn.as_raw_fd(),
                 child.pidfd.as_raw_fd(),
                 self.sigfd.as_raw_fd(),
+                keeper_fd(child),
             ];
             let ready = poll(&fds, self.until_kill());
             self.kill_if_due(child);
+            if ready[4] {
+                let Some(status) = read_death(child) else {
+                    return self.child_gone(child);
+                };
+                match self.take_over(child, status) {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        error!("{e}; the frontend's connection ends");
+                        if let Some(k) = &child.keeper {
+                            let _ = k.shutdown(std::net::Shutdown::Both);
+                        }
+                        return self.child_gone(child);
+                    }
+                }
+            }
             if ready[3] {
                 for sig in read_signals(&self.sigfd) {
                     if sig == libc::SIGUSR2 {
@@ -417,6 +523,73 @@ impl State {
         true
     }
 
+    /// The serving process died (its keeper reported wait status `status`): a new one
+    /// takes its guest over, on the same connection, from what it recorded and the fds
+    /// its keeper held; the frontend sees nothing. Err: why not, and the session ends.
+    fn take_over(&mut self, child: &mut Child, status: libc::c_int) -> Result<(), String> {
+        let started = Instant::now();
+        log_death(status);
+        if self.terminating {
+            return Err("it died while vfsd was stopping".into());
+        }
+        if !self.awaited.is_empty() {
+            return Err("it died with the frontend waiting for its answer".into());
+        }
+        if let Some(why) = self.record.busy() {
+            return Err(format!("no take-over: {why}"));
+        }
+        if !self.note_crash() {
+            return Err(format!(
+                "serving processes died more than {CRASH_LOOP} times within {} s",
+                CRASH_WINDOW.as_secs()
+            ));
+        }
+        let Some(keeper) = &child.keeper else {
+            return Err("it was started by an older vfsd, which kept nothing of it".into());
+        };
+        let new = self
+            .spawn(Some(keeper))
+            .map_err(|e| format!("cannot start a serving process: {e}"))?;
+        let set_up = replay(&new.conn, self.record.replay_device())
+            .and_then(|()| replay(&new.conn, self.record.replay_vrings()));
+        if let Err(e) = set_up {
+            return Err(kill(new, format!("the new serving process: {e}")));
+        }
+        for k in self.record.kicks() {
+            // SAFETY: an eventfd write of 8 bytes from a valid buffer.
+            unsafe { libc::write(k.as_raw_fd(), (&1u64 as *const u64).cast(), 8) };
+        }
+        let old = std::mem::replace(child, new);
+        let Child {
+            pid, conn, keeper, ..
+        } = old;
+        drop(conn);
+        drop(keeper);
+        reap_within(pid, ANSWER_WAIT);
+        info!(
+            "a new serving process took the guest over in {} ms",
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// Counts a death against the crash-loop bound: false if it is past it.
+    fn note_crash(&mut self) -> bool {
+        let now = Instant::now();
+        while self
+            .crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
+        {
+            self.crashes.pop_front();
+        }
+        if self.crashes.len() >= CRASH_LOOP {
+            return false;
+        }
+        self.crashes.push_back(now);
+        true
+    }
+
     /// How long until a serving process that ignored a termination signal is killed.
     fn until_kill(&self) -> Option<Duration> {
         self.kill_at
@@ -462,14 +635,28 @@ impl State {
 
     /// Starts a serving process from the binary now at `exe`, its vhost-user connection
     /// already queued on a listener only it holds.
-    fn spawn(&self) -> io::Result<Child> {
+    /// `recover`: the keeper of a serving process that died, whose guest the new one
+    /// takes over.
+    fn spawn(&self, recover: Option<&UnixStream>) -> io::Result<Child> {
         let (listener, conn) = private_pair()?;
         conn.set_read_timeout(Some(PART_WAIT))?;
         conn.set_write_timeout(Some(ANSWER_WAIT))?;
+        let (keeper, keeper_child) = crate::recovery::keeper::channel()?;
         let mut cmd = std::process::Command::new(&self.sup.exe);
         cmd.args(&self.sup.args);
         cmd.arg(format!("--serve-fd={}", listener.as_raw_fd()));
-        let mut pass = vec![listener.as_raw_fd()];
+        cmd.arg(format!("--keeper-fd={}", keeper_child.as_raw_fd()));
+        let mut pass = vec![listener.as_raw_fd(), keeper_child.as_raw_fd()];
+        if let Some(r) = recover {
+            cmd.arg(format!("--recover-fd={}", r.as_raw_fd()));
+            pass.push(r.as_raw_fd());
+        }
+        // A test hook armed with `:every` goes on to every replacement, as a request
+        // that kills each process serving it would.
+        let every = std::env::var(CRASH_HOOK_VAR).is_ok_and(|v| v.ends_with(":every"));
+        if (recover.is_some() || !self.crashes.is_empty()) && !every {
+            cmd.env_remove(CRASH_HOOK_VAR);
+        }
         for (opt, fd) in &self.sup.inherited {
             cmd.arg(format!("--{opt}={}", fd.as_raw_fd()));
             pass.push(fd.as_raw_fd());
@@ -512,7 +699,13 @@ impl State {
             unsafe { libc::kill(pid, libc::SIGKILL) };
             reap_within(pid, ANSWER_WAIT);
         })?;
-        Ok(Child { pid, pidfd, conn })
+        drop(keeper_child);
+        Ok(Child {
+            pid,
+            pidfd,
+            conn,
+            keeper: Some(keeper),
+        })
     }
 
     /// Runs the binary at `exe` as this supervisor, with its state: after an upgrade
@@ -535,6 +728,10 @@ impl State {
             frontend: frontend.map(|f| wire::inheritable(f.as_raw_fd())),
             child: child.pid,
             child_conn: wire::inheritable(child.conn.as_raw_fd()),
+            child_keeper: child
+                .keeper
+                .as_ref()
+                .map(|k| wire::inheritable(k.as_raw_fd())),
             acked_reply_ack: self.acked_reply_ack,
             asked_features: self.asked_features,
             awaited: self.awaited.iter().copied().collect(),
@@ -578,6 +775,7 @@ impl State {
     /// Every fd `reexec` made inheritable, to close on exec again.
     fn inheritable_fds(&self, frontend: Option<&UnixStream>, child: &Child) -> Vec<RawFd> {
         let mut v = vec![self.sup.listener.as_raw_fd(), child.conn.as_raw_fd()];
+        v.extend(child.keeper.as_ref().map(|k| k.as_raw_fd()));
         v.extend(frontend.map(|f| f.as_raw_fd()));
         v.extend(self.sup.inherited.iter().map(|(_, f)| f.as_raw_fd()));
         v.extend(self.sup.socket.iter().flat_map(|s| s.dir_fds()));
@@ -598,7 +796,7 @@ impl State {
     /// SIGUSR2 before any frontend: the serving process is replaced by one of the binary
     /// now at the path; no state to hand over.
     fn replace_idle(&mut self, child: &mut Child) {
-        match self.spawn() {
+        match self.spawn(None) {
             Ok(new) => {
                 let old = std::mem::replace(child, new);
                 // SAFETY: kill of our own child, not yet reaped.
@@ -654,7 +852,7 @@ impl State {
         // The new process starts and takes the device's set-up while the old one still
         // serves: its start-up is no part of the pause.
         let new = self
-            .spawn()
+            .spawn(None)
             .map_err(|e| format!("cannot start the new binary: {e}"))?;
         if let Err(e) = replay(&new.conn, self.record.replay_device()) {
             return Err(kill(new, format!("new process: {e}")));
@@ -722,6 +920,19 @@ impl State {
         self.restart_rings(&new.conn, rings)
             .map_err(|e| format!("new process: {e}"))
     }
+}
+
+/// The keeper channel's fd for poll (-1, which poll skips, when there is none).
+fn keeper_fd(child: &Child) -> RawFd {
+    child.keeper.as_ref().map_or(-1, |k| k.as_raw_fd())
+}
+
+/// The wait status a keeper reports for its dead serving process; None if the channel
+/// closed or says something else.
+fn read_death(child: &Child) -> Option<libc::c_int> {
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut child.keeper.as_ref()?, &mut buf).ok()?;
+    crate::recovery::keeper::death_report(&buf[..n])
 }
 
 /// Kills and reaps a serving process that will not serve; gives back `e`.
@@ -982,5 +1193,59 @@ fn log_death(status: libc::c_int) {
             "the daemon serving a frontend was killed by {}",
             crate::sandbox::signal_name(libc::WTERMSIG(status))
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize)]
+    struct WrittenV1 {
+        version: u32,
+        exe: Vec<u8>,
+        args: Vec<Vec<u8>>,
+        listener: RawFd,
+        inherited: Vec<(String, RawFd)>,
+        socket: Vec<(RawFd, Vec<u8>, (u64, u64))>,
+        keep_listening: bool,
+        frontend: Option<RawFd>,
+        child: libc::pid_t,
+        child_conn: RawFd,
+        acked_reply_ack: bool,
+        asked_features: bool,
+        awaited: Vec<(u32, u32)>,
+        terminating: bool,
+    }
+
+    #[test]
+    fn an_image_an_older_supervisor_wrote_is_read_without_a_keeper() {
+        let old = WrittenV1 {
+            version: 1,
+            exe: b"/usr/bin/vfsd".to_vec(),
+            args: vec![b"--shared-dir".to_vec(), b"/srv".to_vec()],
+            listener: 3,
+            inherited: vec![],
+            socket: vec![],
+            keep_listening: true,
+            frontend: Some(4),
+            child: 77,
+            child_conn: 5,
+            acked_reply_ack: true,
+            asked_features: true,
+            awaited: vec![],
+            terminating: false,
+        };
+        let bytes = postcard::to_stdvec(&(&old, &Record::default())).unwrap();
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        let (image, _) = read_image(f).unwrap();
+        assert_eq!(image.version, IMAGE_VERSION);
+        assert_eq!(
+            (image.child, image.child_conn, image.child_keeper),
+            (77, 5, None)
+        );
+        assert_eq!(image.frontend, Some(4));
+        assert!(image.keep_listening);
     }
 }

@@ -37,6 +37,7 @@ mod read_path;
 mod ring_reset;
 mod sandbox;
 mod seccomp;
+mod smoke_takeover;
 mod supervisor;
 mod translate;
 mod upgrade;
