@@ -1,9 +1,9 @@
 //! Crash survival under a working guest: while guest-tests/crash.sh works on the share
 //! as root and as a user (appends, a held lock, an open unlinked file, fio with crc32c
-//! verify, untar rounds), the host SIGKILLs vfsd's serving process ten times, in two
-//! bursts of five 1-2 s apart (more than five crashes within 60 s end the connection by
-//! design), with an upgrade in place in the quiet minute between them. Every workload
-//! must finish and verify; EIO is allowed only where a request in flight at a crash
+//! verify, untar rounds), the host SIGKILLs vfsd's serving process ten times, 1-2 s
+//! apart (the most a connection survives within a minute), with an upgrade in place
+//! after the fifth: the last five crash processes a re-executed supervisor started.
+//! Every workload must finish and verify; EIO is allowed only where a request in flight at a crash
 //! can't be run again (an append, an untar's MKDIR or CREATE with O_EXCL), and such a
 //! request lands at most once. The host probes the guest's locks before, after and once
 //! released, checks what the guest left, and reports the largest gap between appends.
@@ -15,32 +15,60 @@ use std::time::{Duration, Instant};
 
 use crate::fixture::{daemon_under_test, summarize, Guest, Share, TestDir};
 use crate::upgrade::{
-    await_markers, check_trees, make_tarball, probe, served_by, supervisor, tar_listing,
-    wait_for_handover, Binary,
+    await_markers, check_trees, make_tarball, probe, supervisor, tar_listing, Binary,
 };
 
-const BURSTS: usize = 2;
-/// Crashes per burst: the most a connection survives within a minute.
-const PER_BURST: usize = 5;
-const KILLS: usize = BURSTS * PER_BURST;
-/// From the last crash of a burst to the first of the next: past the minute the crashes
-/// are counted over.
-const QUIET: Duration = Duration::from_secs(65);
+/// The most crashes a connection survives within a minute.
+const KILLS: usize = 10;
+/// The upgrade in place comes after this many.
+const UPGRADE_AFTER: usize = 5;
 const ROLES: [&str; 2] = ["root", "user"];
 
-fn first_child(p: i32) -> Option<i32> {
-    let c = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
-    c.split_whitespace().next()?.parse().ok()
+/// Every child of `p` (of each of its threads).
+fn children(p: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
 }
 
-/// The process serving below the supervisor `sup`: the last of its line of first
-/// children (in the namespace sandbox, the child of the sandbox's parent).
+/// A process's start time (clock ticks after boot), 0 if it is gone.
+fn started(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(19)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The process serving below the supervisor `sup`: the deepest running process of its
+/// tree (below the sandbox's parent that keeps its files), the newest among equals; a
+/// dead one's keeper may linger a moment beside the new one's. None until it runs two
+/// levels down.
 fn serving(sup: i32) -> Option<i32> {
-    let mut p = first_child(sup)?;
-    while let Some(c) = first_child(p) {
-        p = c;
+    let mut best = (0, 0, sup);
+    let mut todo = vec![(sup, 0)];
+    while let Some((p, depth)) = todo.pop() {
+        if depth > 0 && alive(p) && (depth, started(p)) > (best.0, best.1) {
+            best = (depth, started(p), p);
+        }
+        todo.extend(children(p).into_iter().map(|c| (c, depth + 1)));
     }
-    Some(p)
+    (best.0 >= 2).then_some(best.2)
 }
 
 /// Whether `pid` runs (exists and is no zombie).
@@ -63,6 +91,28 @@ fn line_counts(up: &Path) -> Vec<usize> {
         .collect()
 }
 
+/// Waits (10 s at most) until a process serves below `sup`, and if `old` is given, one
+/// other than `old`, which has gone.
+fn wait_serving(sup: i32, old: Option<i32>) -> Result<i32, String> {
+    let t = Instant::now();
+    loop {
+        match serving(sup) {
+            Some(p) if old.is_none_or(|o| p != o && !alive(o)) => return Ok(p),
+            _ => {}
+        }
+        if !alive(sup) {
+            return Err(format!("the supervisor {sup} exited"));
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err(match old {
+                Some(o) => format!("no new serving process 10 s after {o}"),
+                None => "no serving process for 10 s".into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// One crash as the host saw it.
 struct Kill {
     /// Each workload's data.log lines when the signal went, and once it had appended
@@ -77,7 +127,7 @@ struct Kill {
 /// SIGKILLs the serving process below `sup`; waits for another to serve and for every
 /// workload to append again.
 fn kill_once(sup: i32, up: &Path, n: usize) -> Result<Kill, String> {
-    let victim = serving(sup).ok_or("the supervisor serves through no process")?;
+    let victim = wait_serving(sup, None).map_err(|e| format!("kill {n}: {e}"))?;
     let before = line_counts(up);
     let t = Instant::now();
     // SAFETY: kill(2) with a valid signal on a process of the daemon this test started.
@@ -87,20 +137,8 @@ fn kill_once(sup: i32, up: &Path, n: usize) -> Result<Kill, String> {
             std::io::Error::last_os_error()
         ));
     }
-    let replaced_ms = loop {
-        if !alive(victim) && serving(sup).is_some_and(|p| p != victim && alive(p)) {
-            break t.elapsed().as_millis();
-        }
-        if !alive(sup) {
-            return Err(format!("kill {n}: the supervisor {sup} exited"));
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            return Err(format!(
-                "kill {n}: no new serving process 10 s after {victim} was killed"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    wait_serving(sup, Some(victim)).map_err(|e| format!("kill {n}: {e}"))?;
+    let replaced_ms = t.elapsed().as_millis();
     // Two more lines: one whole append after the crash.
     let after = loop {
         let now = line_counts(up);
@@ -126,8 +164,8 @@ fn kill_once(sup: i32, up: &Path, n: usize) -> Result<Kill, String> {
 }
 
 /// The host's part: once both workloads run, probe their locks, crash the serving
-/// process `KILLS` times (an upgrade in the quiet minute between the bursts), probe
-/// again, tell the guest (host.done), and probe each lock once released.
+/// process `KILLS` times 1-2 s apart (an upgrade after `UPGRADE_AFTER`), probing the
+/// locks after each, tell the guest (host.done), and probe each lock once released.
 fn host_role(up: &Path, bin: &Binary) -> Result<Window, String> {
     let ready: Vec<String> = ROLES.iter().map(|r| format!("{r}.ready")).collect();
     await_markers(up, 600, &ready)?;
@@ -138,12 +176,13 @@ fn host_role(up: &Path, bin: &Binary) -> Result<Window, String> {
     }
     let (start, lines_before) = (Instant::now(), line_counts(up));
     let mut kills = Vec::new();
-    for burst in 0..BURSTS {
-        if burst > 0 {
-            // Half-way through the quiet minute, an upgrade in place: the next burst
-            // crashes processes a re-executed supervisor started.
-            std::thread::sleep(QUIET / 2);
-            let old = served_by(sup).ok_or("the supervisor serves through no process")?;
+    for n in 1..=KILLS {
+        kills.push(kill_once(sup, up, n)?);
+        for l in &locks {
+            probe(l, true, &format!("after kill {n}"))?;
+        }
+        if n == UPGRADE_AFTER {
+            let old = wait_serving(sup, None)?;
             bin.replace()?;
             // SAFETY: kill(2) with a valid signal on the supervisor this test started.
             if unsafe { libc::kill(sup, libc::SIGUSR2) } != 0 {
@@ -152,21 +191,13 @@ fn host_role(up: &Path, bin: &Binary) -> Result<Window, String> {
                     std::io::Error::last_os_error()
                 ));
             }
-            wait_for_handover(sup, old).map_err(|e| format!("the upgrade: {e}"))?;
+            wait_serving(sup, Some(old)).map_err(|e| format!("the upgrade: {e}"))?;
             for l in &locks {
-                probe(l, true, "after the upgrade between the bursts")?;
+                probe(l, true, "after the upgrade")?;
             }
-            std::thread::sleep(QUIET - QUIET / 2);
         }
-        for k in 0..PER_BURST {
-            let n = kills.len() + 1;
-            kills.push(kill_once(sup, up, n)?);
-            for l in &locks {
-                probe(l, true, &format!("after kill {n}"))?;
-            }
-            if k + 1 < PER_BURST {
-                std::thread::sleep(Duration::from_millis(1000 + 250 * k as u64));
-            }
+        if n < KILLS {
+            std::thread::sleep(Duration::from_millis(1000 + 250 * (n % 5) as u64));
         }
     }
     let window = Window {

@@ -58,7 +58,7 @@ pub(crate) fn supervisor(bin: &Path) -> Option<i32> {
 }
 
 /// The supervisor's child: the process serving the guest.
-pub(crate) fn served_by(supervisor: i32) -> Option<i32> {
+fn served_by(supervisor: i32) -> Option<i32> {
     let c =
         std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children")).ok()?;
     c.split_whitespace().next()?.parse().ok()
@@ -66,7 +66,7 @@ pub(crate) fn served_by(supervisor: i32) -> Option<i32> {
 
 /// Waits until the supervisor serves through a process other than `old`, and `old` is
 /// gone.
-pub(crate) fn wait_for_handover(supervisor: i32, old: i32) -> Result<i32, String> {
+fn wait_for_handover(supervisor: i32, old: i32) -> Result<i32, String> {
     let t = Instant::now();
     loop {
         if let Some(p) = served_by(supervisor).filter(|&p| p != old) {
