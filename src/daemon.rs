@@ -444,12 +444,16 @@ fn serve(
         .transpose()
         .map_err(E::Device)?
         .map(|c| c.into_raw_fd());
+    // Without a record (no memfd, an address-space limit below its mapping) the
+    // daemon serves as before, and a crash ends the session.
     let record_fd = match keeper {
-        Some(_) => Some(
-            crate::recovery::record::create()
-                .map_err(|e| E::Device(format!("crash record: {e}")))?
-                .into_raw_fd(),
-        ),
+        Some(_) => match crate::recovery::record::create() {
+            Ok(fd) => Some(fd.into_raw_fd()),
+            Err(e) => {
+                log::warn!("no crash record ({e}): a crash of this process will end the session");
+                None
+            }
+        },
         None => None,
     };
     let recover = opt
@@ -506,10 +510,15 @@ fn serve(
             let dup = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
                 .try_clone_to_owned()
                 .map_err(|e| E::Device(format!("crash record: {e}")))?;
-            Some(Arc::new(
-                crate::recovery::record::Record::map(dup, true)
-                    .map_err(|e| E::Device(format!("crash record: {e}")))?,
-            ))
+            match crate::recovery::record::Record::map(dup, true) {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    log::warn!(
+                        "cannot map the crash record ({e}): a crash of this process will end the session"
+                    );
+                    None
+                }
+            }
         }
         None => None,
     };

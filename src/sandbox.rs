@@ -548,6 +548,8 @@ fn supervise(child: libc::pid_t, blocked: libc::sigset_t, socket: Option<SocketN
     // Signals that came meanwhile are delivered (and relayed) now.
     restore_signal_mask(&blocked);
     let status = wait_status(child);
+    // Reaped: its pid may go to another process now, which a relayed signal must miss.
+    CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
     if let Some(k) = KEEPER.get() {
         if libc::WIFSIGNALED(status) {
             // SAFETY: the channel is the supervisor's fd, given for this and held by

@@ -316,6 +316,15 @@ impl FsDevice {
     /// when it runs, and answers the requests that one held (`recover`).
     pub fn take_over_rings(&self, rings: Vec<Option<RingState>>) {
         let any = rings.iter().any(Option::is_some);
+        // In this process's record at once: should it die before a ring runs, the next
+        // one finds the ring as the first death left it.
+        if let Some(r) = &self.record {
+            for (q, st) in rings.iter().enumerate() {
+                if let Some(st) = st {
+                    r.inherit_ring(q, st);
+                }
+            }
+        }
         *self.taken_over.lock().unwrap() = rings;
         self.any_taken_over.store(any, Ordering::Release);
     }
@@ -685,11 +694,17 @@ impl FsDevice {
             let t = recover::take_over(&st, size, used.0, avail.0, |p| avail_slot(mem, q, p));
             q.set_next_avail(t.next_avail);
             q.set_next_used(t.next_used);
-            let first = t.next_avail.wrapping_sub(t.heads.len() as u16);
-            let tickets = vring.popped(first, t.heads.len());
+            // All at the ring's next index: a stop while one still runs then finds no span
+            // of positions to move the base back over (those entries were answered).
+            let tickets: Vec<Ticket> = (t.heads.iter())
+                .map(|_| vring.popped(t.next_avail, 1)[0])
+                .collect();
             vring.record_popped_again(size, t.next_avail, t.next_used, t.heads.iter().copied());
             (t, q.desc_table(), size, tickets)
         };
+        // A death between a used entry and its interrupt would leave the guest unaware of
+        // an answer: it hears once now, whatever follows (a spare interrupt is harmless).
+        let _ = vring.signal_used_queue();
         info!(
             "queue {queue}: taken over at avail {} used {}, {} request(s) the dead process held, {} of them in flight at the death before too",
             taken.next_avail,

@@ -134,6 +134,7 @@ mod tests {
 
     fn st(heads: &[u16], next_avail: u16, next_used: u16, completing: Option<u16>) -> RingState {
         RingState {
+            size: 16,
             next_avail,
             next_used,
             completing,

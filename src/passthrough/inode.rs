@@ -181,6 +181,11 @@ impl Inode {
         }
     }
 
+    /// The fd the node holds, if it holds one; never opens one.
+    pub(crate) fn held_fd(&self) -> Option<PathFd> {
+        self.held()
+    }
+
     /// The fd the node holds, if it holds one (marking it used).
     fn held(&self) -> Option<PathFd> {
         let fd = self.fd.lock().unwrap().as_ref()?.clone();

@@ -472,7 +472,11 @@ impl PassthroughFs {
             }
             // A file the host unlinked while the guest had it: its name finds nothing (or
             // another file), so it moves as a nameless node, by its own fd.
-            if n.name.is_some() && runtime.is_some() && r.file_type == libc::S_IFREG {
+            if n.name.is_some()
+                && runtime.is_some()
+                && r.file_type == libc::S_IFREG
+                && !still_named(&r.inode, &r.name)
+            {
                 let st = r.inode.path_fd().and_then(|fd| sys::fstat(&fd));
                 if st.is_ok_and(|st| st.st_nlink == 0) {
                     n.name = None;
@@ -839,11 +843,26 @@ impl PassthroughFs {
             }
             (None, _) => HashMap::new(),
         };
+        let mut ids = std::collections::HashSet::with_capacity(state.nodes.len());
         for n in &state.nodes {
-            if n.id <= ROOT_ID || n.id >= state.next_node || restored.contains_key(&n.id) {
+            if n.id <= ROOT_ID || n.id >= state.next_node || !ids.insert(n.id) {
                 return Err(malformed(format!("bad or repeated node id {}", n.id)));
             }
-            let found = match (&n.error, passed.remove(&Item::Node(n.id))) {
+        }
+        // Level by level from the root: a node's parent (earlier in the state) is found
+        // first, and the nodes of one level are found in parallel, since finding a file
+        // again (an openat, a statx, a file handle) is most of a large load's time.
+        // A batch at a time: every file found holds an fd until it is installed, and the
+        // node fd cache gives fds back only as nodes come in.
+        let batches = levels(&state.nodes)
+            .into_iter()
+            .flat_map(|l| l.chunks(FIND_BATCH).map(<[_]>::to_vec).collect::<Vec<_>>());
+        for level in batches {
+            let fds: Vec<Option<OwnedFd>> = level
+                .iter()
+                .map(|n| passed.remove(&Item::Node(n.id)))
+                .collect();
+            let find = |(n, fd): (&&NodeState, Option<OwnedFd>)| match (&n.error, fd) {
                 (Some(why), _) => Err(format!("the source could not send it: {why}")),
                 (None, Some(fd)) if taking_over => kept_node(fd, n, &restored),
                 (None, Some(fd)) if n.name.is_none() && n.path.is_none() => {
@@ -851,22 +870,9 @@ impl PassthroughFs {
                 }
                 (None, _) => self.find_node(n, state.mode, &restored, anchor.as_ref(), &root),
             };
-            match found {
-                Ok((fd, st, name)) => {
-                    let parent = name.as_ref().map(|(p, c)| (p, c.as_c_str()));
-                    let inode = self
-                        .inodes
-                        .restore(n.id, n.lookups, fd, &st, parent)
-                        .map_err(|e| StateError::Node {
-                            node: n.id,
-                            why: e.to_string(),
-                        })?;
-                    restored.insert(n.id, inode);
-                    if n.lookups > 0 {
-                        report.nodes += 1;
-                    }
-                }
-                Err(why) => soft(StateError::Node { node: n.id, why }, &mut report)?,
+            let found = in_parallel(level.iter().zip(fds).collect(), find);
+            for (n, found) in level.into_iter().zip(found) {
+                self.restore_found(n, found, &mut restored, &mut report, &soft)?;
             }
         }
         self.inodes.continue_ids_from(state.next_node);
@@ -911,11 +917,46 @@ impl PassthroughFs {
             )));
         }
         report.waiting_locks = waits.len();
+        // The record carries the counters on, so a process taking over from this one
+        // never hands out a number the guest may still hold.
+        if let Some(r) = &self.cfg.crash_record {
+            r.note_next_node(state.next_node);
+            r.note_next_handle(state.next_handle);
+        }
         for w in waits {
             w.spawn();
         }
         self.start_session(state.flags);
         Ok(report)
+    }
+
+    /// Installs node `n` found as `found` (or leaves it out, as `soft` says).
+    fn restore_found(
+        &self,
+        n: &NodeState,
+        found: Result<Found, String>,
+        restored: &mut HashMap<u64, Arc<Inode>>,
+        report: &mut LoadReport,
+        soft: &dyn Fn(StateError, &mut LoadReport) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        match found {
+            Ok((fd, st, name)) => {
+                let parent = name.as_ref().map(|(p, c)| (p, c.as_c_str()));
+                let inode = self
+                    .inodes
+                    .restore(n.id, n.lookups, fd, &st, parent)
+                    .map_err(|e| StateError::Node {
+                        node: n.id,
+                        why: e.to_string(),
+                    })?;
+                restored.insert(n.id, inode);
+                if n.lookups > 0 {
+                    report.nodes += 1;
+                }
+                Ok(())
+            }
+            Err(why) => soft(StateError::Node { node: n.id, why }, report),
+        }
     }
 
     /// Opens node `n`'s file the way the state says to find it.
@@ -1269,6 +1310,81 @@ fn same_file(fd: &OwnedFd, inode: &Inode) -> bool {
     let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
     sys::statx(fd.as_raw_fd(), sys::EMPTY, flags)
         .is_ok_and(|st| st.st.st_dev == inode.key.dev && st.st.st_ino == inode.key.ino)
+}
+
+/// Whether `inode`'s file is still at `name` (its parent's id and its name there), told
+/// by a statx of the name in the parent's fd, if the parent holds one: no file opened,
+/// where opening each of 100,000 files (most of them no longer holding an fd) is most of
+/// a save's time. False: not known, and the caller looks closer.
+fn still_named(inode: &Arc<Inode>, name: &Option<(u64, CString)>) -> bool {
+    let (Some(parent), Some((_, name))) = (inode.parent(), name) else {
+        return false;
+    };
+    let Some(dir) = parent.held_fd() else {
+        return false;
+    };
+    sys::statx(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| super::inode::InodeKey::of(&st) == inode.key && st.st.st_nlink > 0)
+}
+
+/// Nodes found again at once in a load (`PassthroughFs::restore`): a few times the
+/// cores, far below any fd limit.
+const FIND_BATCH: usize = 2048;
+
+/// A node's file found again: its fd, what statx says of it, and its parent and name.
+type Found = (OwnedFd, sys::StatX, Option<(Arc<Inode>, CString)>);
+
+/// The state's nodes by depth: a node is one deeper than its parent if the parent comes
+/// before it in the state, else at the top (where a missing parent is then an error,
+/// as in the state's order).
+fn levels(nodes: &[NodeState]) -> Vec<Vec<&NodeState>> {
+    let mut depth: HashMap<u64, usize> = HashMap::with_capacity(nodes.len());
+    let mut out: Vec<Vec<&NodeState>> = Vec::new();
+    for n in nodes {
+        let d = match &n.name {
+            Some((p, _)) => depth.get(p).map_or(0, |d| d + 1),
+            None => 0,
+        };
+        depth.insert(n.id, d);
+        if out.len() <= d {
+            out.resize_with(d + 1, Vec::new);
+        }
+        out[d].push(n);
+    }
+    out
+}
+
+/// `f` over `items` on the machine's cores (at most 8 threads), results in order; small
+/// batches on this thread.
+fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    const SMALL: usize = 512;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    if items.len() < SMALL || threads < 2 {
+        return items.into_iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let mut chunks: Vec<Vec<T>> = Vec::new();
+    let mut items = items.into_iter();
+    loop {
+        let c: Vec<T> = items.by_ref().take(per).collect();
+        if c.is_empty() {
+            break;
+        }
+        chunks.push(c);
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| s.spawn(move || c.into_iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a node search panicked"))
+            .collect()
+    })
 }
 
 /// A node's fd kept from a dead serving process (`take_over`): its file, and the name

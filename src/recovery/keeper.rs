@@ -75,12 +75,13 @@ pub fn serve(ctl: &UnixStream, record: RawFd, status: libc::c_int) {
                     .take(BATCH)
                     .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
                     .collect();
-                // Only fds open in the table, never the channel itself or the record's
-                // (given once, by `R`).
+                // Only fds open in the table, never the standard ones, the channel
+                // itself or the record's (given once, by `R`).
                 let open = |fd: RawFd| {
                     // SAFETY: F_GETFD only inspects the fd number.
-                    fd >= 0
+                    fd > 2
                         && fd != ctl.as_raw_fd()
+                        && fd != record
                         && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
                 };
                 let flags: Vec<u8> = asked.iter().map(|&fd| open(fd) as u8).collect();
@@ -110,6 +111,9 @@ pub struct Client {
 impl Client {
     /// `fd`: the channel the supervisor passed on (`--recover-fd`).
     pub fn new(s: UnixStream) -> io::Result<Client> {
+        // The supervisor's end asked for senders' credentials, which would take the
+        // room the fds come in.
+        pass_senders(&s, false)?;
         s.set_read_timeout(Some(IDLE))?;
         s.set_write_timeout(Some(IDLE))?;
         Ok(Client { s })
@@ -190,6 +194,78 @@ pub fn death_report(bytes: &[u8]) -> Option<libc::c_int> {
     }
 }
 
+/// Has the kernel tell, with each message on `s`, which process sent it (`recv_from`).
+pub fn want_senders(s: &UnixStream) -> io::Result<()> {
+    pass_senders(s, true)
+}
+
+fn pass_senders(s: &UnixStream, on: bool) -> io::Result<()> {
+    let one: libc::c_int = on.into();
+    // SAFETY: setsockopt with a valid int option value.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The next message on `s` (set up by `want_senders`) and the pid of the process that
+/// sent it, as the kernel says (in this process's pid namespace; a sender can't claim
+/// another's without CAP_SYS_ADMIN over its own pid namespace, where the keeper is not
+/// to be named). Fds sent with it are closed.
+pub fn recv_from(s: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, libc::pid_t)> {
+    // Room for the credentials and a few stray fds.
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zero is a valid start.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: recvmsg into buffers that outlive the call, sizes as given.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut pid = 0;
+    // SAFETY: walking the control messages recvmsg wrote, with the libc macros, within
+    // msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS) => {
+                    let cred: libc::ucred = std::ptr::read_unaligned(data.cast());
+                    pid = cred.pid;
+                }
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    let len = (*c).cmsg_len as usize - (data as usize - c as usize);
+                    for i in 0..len / std::mem::size_of::<RawFd>() {
+                        let fd: RawFd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                        drop(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, pid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,10 +276,9 @@ mod tests {
         let rec = crate::recovery::record::create().unwrap();
         let file = tempfile::tempfile().unwrap();
         let open_fd = file.as_raw_fd();
-        let closed_fd = {
-            let f = tempfile::tempfile().unwrap();
-            f.as_raw_fd()
-        };
+        // Above any fd limit: never open (a number just closed could be reused by
+        // another test's thread meanwhile).
+        let closed_fd = i32::MAX - 1;
         let rec_fd = rec.as_raw_fd();
         let t = std::thread::spawn(move || serve(&keeper_end, rec_fd, 9));
         let c = Client::new(client_end).unwrap();

@@ -55,10 +55,14 @@ pub fn collect(channel: UnixStream) -> io::Result<Inherited> {
     let nodes = rec.nodes();
     let handles = rec.handles();
     let mut wanted: Vec<(Item, RawFd)> = Vec::new();
+    // Only nameless nodes' fds (an unlinked open file, an O_TMPFILE): the others are
+    // found again by name or handle, in this process's own mount namespace, whose mount
+    // ids the nodes' host keys must carry (a dead process's fd is on its namespace's
+    // mount); and a few fds keep clear of the fd limit the node cache is sized to.
     wanted.extend(
         nodes
             .iter()
-            .filter(|n| n.fd >= 0)
+            .filter(|n| n.fd >= 0 && n.name.is_none())
             .map(|n| (Item::Node(n.id), n.fd)),
     );
     wanted.extend(
@@ -77,11 +81,22 @@ pub fn collect(channel: UnixStream) -> io::Result<Inherited> {
     let numbers: Vec<RawFd> = wanted.iter().map(|&(_, fd)| fd).collect();
     let fds = keeper.fetch(&numbers)?;
     keeper.done();
-    let kept: HashMap<Item, OwnedFd> = wanted
+    let mut kept: HashMap<Item, OwnedFd> = wanted
         .into_iter()
         .zip(fds)
         .filter_map(|((item, _), fd)| Some((item, fd?)))
         .collect();
+    // A node's fd must be the file the record says (a hostile record could name any fd
+    // of the dead process's table): one that is not is closed, and the node is found
+    // again by its handle or name instead.
+    for n in &nodes {
+        let ours = kept.get(&Item::Node(n.id)).is_some_and(|fd| {
+            crate::sys::fstat(fd).is_ok_and(|st| st.st_dev == n.dev && st.st_ino == n.ino)
+        });
+        if !ours {
+            kept.remove(&Item::Node(n.id));
+        }
+    }
     // An owner's ranges are what its description holds now, as the host tells.
     let owners = owners
         .into_iter()

@@ -311,6 +311,20 @@ impl Record {
         self.u32(r + ring::RUNNING).store(1, Ordering::Release);
     }
 
+    /// Ring `q` as a dead process left it (`st`), until this process takes it up: should
+    /// this one die first, the next finds the same.
+    pub fn inherit_ring(&self, q: usize, st: &RingState) {
+        let Some(r) = self.ring(q) else { return };
+        self.ring_started(q, st.size, st.next_avail, st.next_used);
+        self.u32(r + ring::RUNNING).store(0, Ordering::Release);
+        self.mark(q, st.heads.iter().copied(), st.next_avail, POPPED);
+        self.mark(q, st.again.iter().copied(), st.next_avail, AGAIN);
+        if let Some(h) = st.completing {
+            self.completing(q, h);
+        }
+        self.u32(r + ring::RUNNING).store(1, Ordering::Release);
+    }
+
     /// Ring `q` stopped: what it held is the device state's business now.
     pub fn ring_stopped(&self, q: usize) {
         if let Some(r) = self.ring(q) {
@@ -383,6 +397,7 @@ impl Record {
             .collect();
         let completing = self.u32(r + ring::COMPLETING).load(Ordering::Acquire);
         Some(RingState {
+            size: size as u16,
             next_avail: self.u32(r + ring::NEXT_AVAIL).load(Ordering::Acquire) as u16,
             next_used: self.u32(r + ring::NEXT_USED).load(Ordering::Acquire) as u16,
             completing: completing.checked_sub(1).map(|h| h as u16),
@@ -625,6 +640,8 @@ pub struct HandleState {
 /// A ring as a dead process left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingState {
+    /// Its size (at most 32,768).
+    pub size: u16,
     pub next_avail: u16,
     pub next_used: u16,
     /// A head that was going on the used ring.
@@ -776,6 +793,7 @@ mod tests {
         assert_eq!(
             other.ring_state(1),
             Some(RingState {
+                size: 256,
                 next_avail: 13,
                 next_used: 11,
                 completing: Some(4),

@@ -42,6 +42,9 @@ const RESPAWN_AFTER_KILL: Duration = Duration::from_secs(1);
 /// supervisor, rather than loop.
 const CRASH_LOOP: usize = 10;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// How long a process taking over from a dead one may take to load its state before it
+/// answers (about 1.5 s per 100,000 nodes; docs/benchmarks.md).
+const TAKE_OVER_WAIT: Duration = Duration::from_secs(120);
 /// The crash test hook's variable (`recovery`): a replacement process never inherits it.
 const CRASH_HOOK_VAR: &str = "VFSD_TEST_CRASH";
 /// SET_DEVICE_STATE_FD's directions and the phase it is used in.
@@ -98,6 +101,10 @@ struct State {
     /// The frontend's requests the serving process will answer, oldest first: their codes
     /// and vring indices.
     awaited: std::collections::VecDeque<(u32, u32)>,
+    /// The requests themselves, where kept (as long as `awaited`, in step; None for one
+    /// an earlier image of this process relayed): a process taking over from a dead one
+    /// gets them again, so the frontend's wait ends with its answer.
+    awaited_msgs: std::collections::VecDeque<Option<Msg>>,
     /// Messages from the serving process nobody asked for were dropped this session.
     dropped: bool,
     terminating: bool,
@@ -117,6 +124,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
         acked_reply_ack: false,
         asked_features: false,
         awaited: Default::default(),
+        awaited_msgs: Default::default(),
         dropped: false,
         terminating: crate::sandbox::early_signal().is_some(),
         kill_at: None,
@@ -183,6 +191,7 @@ pub fn resume(fd: RawFd) -> String {
         record,
         acked_reply_ack: image.acked_reply_ack,
         asked_features: image.asked_features,
+        awaited_msgs: image.awaited.iter().map(|_| None).collect(),
         awaited: image.awaited.into(),
         dropped: false,
         terminating: image.terminating,
@@ -314,6 +323,7 @@ impl State {
             drop(frontend);
             self.record = Record::default();
             self.awaited.clear();
+            self.awaited_msgs.clear();
             self.dropped = false;
             self.acked_reply_ack = false;
             self.asked_features = false;
@@ -364,7 +374,11 @@ impl State {
             if ready[3] {
                 // It died before any frontend came: nothing to take over. A new one
                 // waits for the frontend instead (within the crash-loop bound).
-                let status = read_death(child)?;
+                let status = match read_death(child) {
+                    KeeperSaid::Died(s) => s,
+                    KeeperSaid::Forged => continue,
+                    KeeperSaid::Gone => return None,
+                };
                 log_death(status);
                 if self.terminating || !self.note_crash() {
                     return None;
@@ -423,8 +437,10 @@ impl State {
             let ready = poll(&fds, self.until_kill());
             self.kill_if_due(child);
             if ready[4] {
-                let Some(status) = read_death(child) else {
-                    return self.child_gone(child);
+                let status = match read_death(child) {
+                    KeeperSaid::Died(s) => s,
+                    KeeperSaid::Forged => continue,
+                    KeeperSaid::Gone => return self.child_gone(child),
                 };
                 match self.take_over(child, status) {
                     Ok(()) => continue,
@@ -485,6 +501,7 @@ impl State {
                 if m.expects_reply(self.acked_reply_ack && self.asked_features) {
                     let vring = wire::vring_index(&m).unwrap_or(0) as u32;
                     self.awaited.push_back((m.code, vring));
+                    self.awaited_msgs.push_back(m.try_clone().ok());
                 }
                 self.asked_features |= m.code == code::GET_FEATURES;
                 if wire::send(&child.conn, &m).is_err() {
@@ -513,6 +530,8 @@ impl State {
         };
         // Answers come in order: the requests before this one got none.
         self.awaited.drain(..at);
+        self.awaited_msgs.drain(..at);
+        self.awaited_msgs.pop_front();
         if let Some((c, vring)) = self.awaited.pop_front() {
             if c == code::GET_VRING_BASE {
                 if let Some(base) = m.u32_at(1) {
@@ -532,8 +551,10 @@ impl State {
         if self.terminating {
             return Err("it died while vfsd was stopping".into());
         }
-        if !self.awaited.is_empty() {
-            return Err("it died with the frontend waiting for its answer".into());
+        if self.awaited_msgs.iter().any(Option::is_none) {
+            return Err(
+                "it died with the frontend waiting for an answer to a request not kept".into(),
+            );
         }
         if let Some(why) = self.record.busy() {
             return Err(format!("no take-over: {why}"));
@@ -550,15 +571,30 @@ impl State {
         let new = self
             .spawn(Some(keeper))
             .map_err(|e| format!("cannot start a serving process: {e}"))?;
-        let set_up = replay(&new.conn, self.record.replay_device())
+        // It takes the dead one's nodes over before it answers anything: a large session
+        // takes longer than a plain answer.
+        let set_up = probe_within(&new.conn, TAKE_OVER_WAIT)
+            .and_then(|()| replay(&new.conn, self.record.replay_device()))
             .and_then(|()| replay(&new.conn, self.record.replay_vrings()));
         if let Err(e) = set_up {
             return Err(kill(new, format!("the new serving process: {e}")));
+        }
+        // What the frontend still waits for, asked again: the answers go to it as usual.
+        for m in self.awaited_msgs.iter().flatten() {
+            let again = m.try_clone().map_err(|e| e.to_string());
+            if let Err(e) = again.and_then(|m| wire::send(&new.conn, &m).map_err(|e| e.to_string()))
+            {
+                return Err(kill(new, format!("the new serving process: {e}")));
+            }
         }
         for k in self.record.kicks() {
             // SAFETY: an eventfd write of 8 bytes from a valid buffer.
             unsafe { libc::write(k.as_raw_fd(), (&1u64 as *const u64).cast(), 8) };
         }
+        info!(
+            "a new serving process took the guest over in {} ms",
+            started.elapsed().as_millis()
+        );
         let old = std::mem::replace(child, new);
         let Child {
             pid, conn, keeper, ..
@@ -566,10 +602,6 @@ impl State {
         drop(conn);
         drop(keeper);
         reap_within(pid, ANSWER_WAIT);
-        info!(
-            "a new serving process took the guest over in {} ms",
-            started.elapsed().as_millis()
-        );
         Ok(())
     }
 
@@ -642,6 +674,7 @@ impl State {
         conn.set_read_timeout(Some(PART_WAIT))?;
         conn.set_write_timeout(Some(ANSWER_WAIT))?;
         let (keeper, keeper_child) = crate::recovery::keeper::channel()?;
+        crate::recovery::keeper::want_senders(&keeper)?;
         let mut cmd = std::process::Command::new(&self.sup.exe);
         cmd.args(&self.sup.args);
         cmd.arg(format!("--serve-fd={}", listener.as_raw_fd()));
@@ -929,10 +962,38 @@ fn keeper_fd(child: &Child) -> RawFd {
 
 /// The wait status a keeper reports for its dead serving process; None if the channel
 /// closed or says something else.
-fn read_death(child: &Child) -> Option<libc::c_int> {
+fn read_death(child: &Child) -> KeeperSaid {
     let mut buf = [0u8; 16];
-    let n = std::io::Read::read(&mut child.keeper.as_ref()?, &mut buf).ok()?;
-    crate::recovery::keeper::death_report(&buf[..n])
+    let Some(k) = child.keeper.as_ref() else {
+        return KeeperSaid::Gone;
+    };
+    let (n, sender) = match crate::recovery::keeper::recv_from(k, &mut buf) {
+        Ok((n, sender)) if n > 0 => (n, sender),
+        _ => return KeeperSaid::Gone,
+    };
+    // The serving process shares its keeper's fd table, channel included: only the
+    // keeper itself (the supervisor's child) may report a death.
+    if sender != child.pid {
+        warn!(
+            "a death report from process {sender}, not the keeper {}; ignored",
+            child.pid
+        );
+        return KeeperSaid::Forged;
+    }
+    match crate::recovery::keeper::death_report(&buf[..n]) {
+        Some(status) => KeeperSaid::Died(status),
+        None => KeeperSaid::Gone,
+    }
+}
+
+/// What a serving process's keeper channel said.
+enum KeeperSaid {
+    /// The serving process died with this wait status.
+    Died(libc::c_int),
+    /// A message from another process than the keeper: ignored.
+    Forged,
+    /// The channel closed, or the keeper said something else.
+    Gone,
 }
 
 /// Kills and reaps a serving process that will not serve; gives back `e`.
@@ -1087,6 +1148,17 @@ fn ask(conn: &UnixStream, m: &Msg) -> io::Result<Msg> {
         )));
     }
     Ok(r)
+}
+
+/// `probe`, waiting up to `wait` for the answer.
+fn probe_within(conn: &UnixStream, wait: Duration) -> Result<(), String> {
+    let m = Msg::request(code::GET_FEATURES, Vec::new(), Vec::new());
+    wire::send(conn, &m).map_err(|e| e.to_string())?;
+    let r = recv_by(conn, Instant::now() + wait).map_err(|e| e.to_string())?;
+    if !r.is_reply() || r.code != m.code {
+        return Err(format!("answer {} to request {}", r.code, m.code));
+    }
+    Ok(())
 }
 
 /// Waits until the serving process has handled everything sent before: its requests
