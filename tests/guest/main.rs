@@ -11,6 +11,7 @@ mod fixture;
 
 #[cfg(feature = "ceph-tests")]
 mod ceph;
+mod crash;
 mod data;
 mod fdwalk;
 mod features;

@@ -19,13 +19,13 @@ const ROLES: [&str; 2] = ["root", "user"];
 
 /// A copy of vfsd in a directory of its own, replaced as a package upgrade does: a new
 /// file renamed over the old name.
-struct Binary {
+pub(crate) struct Binary {
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 impl Binary {
-    fn new() -> Binary {
+    pub(crate) fn new() -> Binary {
         let dir = tempfile::Builder::new()
             .prefix("vfsd-upgrade")
             .tempdir()
@@ -36,7 +36,7 @@ impl Binary {
         Binary { _dir: dir, path }
     }
 
-    fn replace(&self) -> Result<(), String> {
+    pub(crate) fn replace(&self) -> Result<(), String> {
         let tmp = self.path.with_extension("new");
         std::fs::copy(vfsd_bin(), &tmp).map_err(|e| format!("copying vfsd: {e}"))?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
@@ -47,7 +47,7 @@ impl Binary {
 
 /// The process the fixture started from `bin`: the supervisor (its child, the serving
 /// process, runs the same file).
-fn supervisor(bin: &Path) -> Option<i32> {
+pub(crate) fn supervisor(bin: &Path) -> Option<i32> {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
@@ -124,7 +124,7 @@ fn host_ofd_conflict(p: &Path, start: i64, len: i64) -> Result<i32, String> {
 
 /// Checks the guest's locks on `p` (flock LOCK_EX and a write lock on 0-99) from the
 /// host: `held`, or all free.
-fn probe(p: &Path, held: bool, when: &str) -> Result<(), String> {
+pub(crate) fn probe(p: &Path, held: bool, when: &str) -> Result<(), String> {
     let flock_free = host_flock_free(p)?;
     let range = host_ofd_conflict(p, 0, 100)?;
     let beyond = host_ofd_conflict(p, 200, 10)?;
@@ -142,7 +142,7 @@ fn probe(p: &Path, held: bool, when: &str) -> Result<(), String> {
 
 /// Waits until each of `names` exists in `up`; an error (and host.abort for the
 /// guest) if the guest gave up or `secs` passed.
-fn await_markers(up: &Path, secs: u64, names: &[String]) -> Result<(), String> {
+pub(crate) fn await_markers(up: &Path, secs: u64, names: &[String]) -> Result<(), String> {
     let t = Instant::now();
     for name in names {
         while !up.join(name).exists() {
@@ -253,7 +253,7 @@ impl Window {
 
 /// A small tree to untar (files of several sizes in nested directories, a symlink, an
 /// empty file), packed as `up`/src.tar, with `up`/src.sha256 for the guest's checks.
-fn make_tarball(src: &Path, up: &Path) {
+pub(crate) fn make_tarball(src: &Path, up: &Path) {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     for d in 0..4 {
         for f in 0..15 {
@@ -290,7 +290,7 @@ fn make_tarball(src: &Path, up: &Path) {
 }
 
 /// The paths `tar -tf` lists, without "./" and a directory's trailing slash.
-fn tar_listing(tar: &Path) -> BTreeSet<String> {
+pub(crate) fn tar_listing(tar: &Path) -> BTreeSet<String> {
     let out = Command::new("tar").arg("-tf").arg(tar).output().unwrap();
     assert!(out.status.success(), "tar -tf {}", tar.display());
     String::from_utf8_lossy(&out.stdout)
@@ -313,7 +313,7 @@ fn walk(root: &Path, at: &Path, out: &mut BTreeSet<String>) {
 
 /// Each untarred tree under `dir` has tar's listing, the source's file contents and its
 /// symlink; returns how many trees there were.
-fn check_trees(dir: &Path, src: &Path, listing: &BTreeSet<String>) -> usize {
+pub(crate) fn check_trees(dir: &Path, src: &Path, listing: &BTreeSet<String>) -> usize {
     let mut n = 0;
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         if !e.file_name().to_string_lossy().starts_with("tree.") {

@@ -93,6 +93,17 @@ impl Daemon {
         })
     }
 
+    /// Starts vfsd with `env` added to its environment (a test hook's variable, say).
+    pub fn start_with_env(env: &[(&str, &str)], extra: &[&str]) -> Daemon {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::spawn(Path::new(vfsd_bin()), None, extra, move |cmd| {
+            cmd.envs(env);
+        })
+    }
+
     fn start_in(share: Option<PathBuf>, extra: &[&str]) -> Daemon {
         Self::spawn(Path::new(vfsd_bin()), share, extra, |_| {})
     }

@@ -12,6 +12,7 @@ mod common;
 
 mod acl;
 mod confinement;
+mod crash;
 mod create_ext;
 mod credentials;
 mod faults;
