@@ -33,7 +33,7 @@ use vmm_sys_util::event::{
 };
 
 use crate::recovery::record::{Record, RingState};
-use crate::server::{Deferred, FuseServer, GuestMem, Placement, Popped, Slot};
+use crate::server::{Deferred, FuseServer, GuestMem, Opcode, Placement, Popped, Slot};
 
 mod recover;
 mod route;
@@ -728,6 +728,24 @@ impl FsDevice {
             let head = chain.head_index();
             let popped = Popped::new(&with, chain);
             let twice = taken.twice.contains(&head);
+            // An OPEN or CREATE may wait for a host lease's break (up to the host's
+            // lease-break-time): on a thread of its own, as the pool would take it, so the
+            // others and the ring's new requests go on meanwhile.
+            if matches!(popped.opcode(), Some(Opcode::Open | Opcode::Create)) {
+                let (server, vring, with) = (self.server.clone(), vring.clone(), with.clone());
+                let spawned = thread::Builder::new()
+                    .name("vfsd-taken-over".into())
+                    .spawn(move || {
+                        let mut later = || Later::boxed(&vring, t, head, queue as u16);
+                        if let Some(len) = server.serve_again(&with, popped, twice, &mut later) {
+                            vring.complete(&[(t, head, len)]);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    warn!("queue {queue}: a request the dead process held gets no answer: {e}");
+                }
+                continue;
+            }
             let mut later = || Later::boxed(vring, t, head, queue as u16);
             if let Some(len) = self.server.serve_again(&with, popped, twice, &mut later) {
                 done.push((t, head, len));

@@ -120,9 +120,9 @@ pub fn scratch_queue(
 }
 
 /// Pops every chain `q` (from `scratch_queue`) offers.
-pub fn pop_all<'a>(q: &mut Queue, mem: &'a GuestMem) -> Vec<DescriptorChain<&'a GuestMem>> {
+pub fn pop_all(q: &mut Queue, mem: &Arc<GuestMem>) -> Vec<DescriptorChain<Arc<GuestMem>>> {
     let mut out = Vec::new();
-    while let Some(c) = q.pop_descriptor_chain(mem) {
+    while let Some(c) = q.pop_descriptor_chain(mem.clone()) {
         out.push(c);
     }
     out

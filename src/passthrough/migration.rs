@@ -717,7 +717,7 @@ impl PassthroughFs {
             next_handle: next_ids.1.max(max_fh + 1),
             nodes,
             handles: handles
-                .into_iter()
+                .iter()
                 .map(|h| HandleState {
                     fh: h.fh,
                     node: h.node,
@@ -732,7 +732,14 @@ impl PassthroughFs {
                     node: o.owner.node,
                     owner: o.owner.owner,
                     pid: o.owner.pid,
-                    handles: Vec::new(),
+                    // The handles it locked through are not recorded: every open handle
+                    // of its file stands for them, so the owner (an OFD lock's is its
+                    // open file) ends only with the last of them, never early.
+                    handles: handles
+                        .iter()
+                        .filter(|h| h.node == o.owner.node)
+                        .map(|h| h.fh)
+                        .collect(),
                     ranges: o.ranges,
                 })
                 .collect(),
@@ -864,6 +871,11 @@ impl PassthroughFs {
                 .collect();
             let find = |(n, fd): (&&NodeState, Option<OwnedFd>)| match (&n.error, fd) {
                 (Some(why), _) => Err(format!("the source could not send it: {why}")),
+                // A name first (the host key then has this namespace's mount id), the
+                // kept fd where the name finds nothing (a file the host unlinked).
+                (None, Some(fd)) if taking_over && n.name.is_some() => self
+                    .find_node(n, state.mode, &restored, anchor.as_ref(), &root)
+                    .or_else(|_| kept_node(fd, n, &restored)),
                 (None, Some(fd)) if taking_over => kept_node(fd, n, &restored),
                 (None, Some(fd)) if n.name.is_none() && n.path.is_none() => {
                     unlinked_node(fd, n, root.key.dev)

@@ -55,14 +55,17 @@ pub fn collect(channel: UnixStream) -> io::Result<Inherited> {
     let nodes = rec.nodes();
     let handles = rec.handles();
     let mut wanted: Vec<(Item, RawFd)> = Vec::new();
-    // Only nameless nodes' fds (an unlinked open file, an O_TMPFILE): the others are
-    // found again by name or handle, in this process's own mount namespace, whose mount
-    // ids the nodes' host keys must carry (a dead process's fd is on its namespace's
-    // mount); and a few fds keep clear of the fd limit the node cache is sized to.
+    // Only the fds of nodes no name may find: nameless ones (an O_TMPFILE, a file
+    // unlinked through the guest) and those with open handles (a file the host may have
+    // unlinked). The others are found again by name or handle, in this process's own
+    // mount namespace, whose mount ids the nodes' host keys must carry (a dead process's
+    // fd is on its namespace's mount); and few fds keep clear of the fd limit the node
+    // cache is sized to.
+    let open: std::collections::HashSet<u64> = handles.iter().map(|h| h.node).collect();
     wanted.extend(
         nodes
             .iter()
-            .filter(|n| n.fd >= 0 && n.name.is_none())
+            .filter(|n| n.fd >= 0 && (n.name.is_none() || open.contains(&n.id)))
             .map(|n| (Item::Node(n.id), n.fd)),
     );
     wanted.extend(

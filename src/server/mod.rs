@@ -610,6 +610,10 @@ impl FuseServer {
         let (descs, Ok(req)) = popped.parts(mem) else {
             return None;
         };
+        #[cfg(feature = "crash-hook")]
+        crash_hook::check(crash_hook::When::Popped, req.hdr.opcode);
+        #[cfg(feature = "crash-hook")]
+        let op = req.hdr.opcode;
         if descs.overlong() {
             return None;
         }
@@ -635,6 +639,8 @@ impl FuseServer {
         self.stats
             .reads_on_queue_thread
             .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "crash-hook")]
+        crash_hook::check(crash_hook::When::Served, op);
         Some(len)
     }
 
