@@ -565,20 +565,49 @@ impl State {
                 CRASH_WINDOW.as_secs()
             ));
         }
-        let Some(keeper) = &child.keeper else {
+        if child.keeper.is_none() {
             return Err("it was started by an older vfsd, which kept nothing of it".into());
-        };
-        let new = self
-            .spawn(Some(keeper))
-            .map_err(|e| format!("cannot start a serving process: {e}"))?;
-        // It takes the dead one's nodes over before it answers anything: a large session
-        // takes longer than a plain answer.
-        let set_up = probe_within(&new.conn, TAKE_OVER_WAIT)
-            .and_then(|()| replay(&new.conn, self.record.replay_device()))
-            .and_then(|()| replay(&new.conn, self.record.replay_vrings()));
-        if let Err(e) = set_up {
-            return Err(kill(new, format!("the new serving process: {e}")));
         }
+        // A new process may die during its own take-over (a request the dead one held
+        // kills it too): its keeper then holds all the first one did, and the next takes
+        // over from it, within the crash-loop bound.
+        let new = loop {
+            let new = self
+                .spawn(child.keeper.as_ref())
+                .map_err(|e| format!("cannot start a serving process: {e}"))?;
+            // It takes the dead one's nodes over before it answers anything: a large
+            // session takes longer than a plain answer.
+            let set_up = watching_death(&new, || {
+                probe_within(&new.conn, TAKE_OVER_WAIT)
+                    .and_then(|()| replay(&new.conn, self.record.replay_device()))
+                    .and_then(|()| replay(&new.conn, self.record.replay_vrings()))
+            });
+            match set_up {
+                Ok(()) => break new,
+                Err(e) if e == DIED => {
+                    let status = match read_death(&new) {
+                        KeeperSaid::Died(s) => s,
+                        _ => return Err(kill(new, "the new serving process died".into())),
+                    };
+                    log_death(status);
+                    if !self.note_crash() {
+                        return Err(kill(
+                            new,
+                            format!(
+                                "serving processes died more than {CRASH_LOOP} times within {} s",
+                                CRASH_WINDOW.as_secs()
+                            ),
+                        ));
+                    }
+                    // The one that died now is the one to take over from.
+                    let old = std::mem::replace(child, new);
+                    drop(old.conn);
+                    drop(old.keeper);
+                    reap_within(old.pid, ANSWER_WAIT);
+                }
+                Err(e) => return Err(kill(new, format!("the new serving process: {e}"))),
+            }
+        };
         // What the frontend still waits for, asked again: the answers go to it as usual.
         for m in self.awaited_msgs.iter().flatten() {
             let again = m.try_clone().map_err(|e| e.to_string());
@@ -1128,10 +1157,32 @@ fn poll(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
     p.iter().map(|p| p.revents != 0).collect()
 }
 
+thread_local! {
+    /// The keeper channel of a serving process being set up (`watching_death`).
+    static WATCHED: std::cell::Cell<RawFd> = const { std::cell::Cell::new(-1) };
+}
+
+/// What a set-up step fails with when the process it sets up dies meanwhile (its
+/// keeper reported; the report is left for `read_death`).
+const DIED: &str = "it died";
+
+/// Runs `f` (a set-up of `child`), ending any wait for its answer as soon as its keeper
+/// reports its death: its connection stays open in the keeper, so only the keeper tells.
+fn watching_death<T>(child: &Child, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    WATCHED.set(keeper_fd(child));
+    let r = f();
+    WATCHED.set(-1);
+    r
+}
+
 /// The next message from the serving process, by `deadline`.
 fn recv_by(conn: &UnixStream, deadline: Instant) -> io::Result<Msg> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if !poll(&[conn.as_raw_fd()], Some(left))[0] {
+    let ready = poll(&[conn.as_raw_fd(), WATCHED.get()], Some(left));
+    if ready[1] && !ready[0] {
+        return Err(io::Error::other(DIED));
+    }
+    if !ready[0] {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"));
     }
     wire::recv(conn)?.ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited"))
