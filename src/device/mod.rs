@@ -733,14 +733,16 @@ impl FsDevice {
             // others and the ring's new requests go on meanwhile.
             if matches!(popped.opcode(), Some(Opcode::Open | Opcode::Create)) {
                 let (server, vring, with) = (self.server.clone(), vring.clone(), with.clone());
-                let spawned = thread::Builder::new()
-                    .name("vfsd-taken-over".into())
-                    .spawn(move || {
-                        let mut later = || Later::boxed(&vring, t, head, queue as u16);
-                        if let Some(len) = server.serve_again(&with, popped, twice, &mut later) {
-                            vring.complete(&[(t, head, len)]);
-                        }
-                    });
+                let spawned =
+                    thread::Builder::new()
+                        .name("vfsd-taken-over".into())
+                        .spawn(move || {
+                            let mut later = || Later::boxed(&vring, t, head, queue as u16);
+                            if let Some(len) = server.serve_again(&with, popped, twice, &mut later)
+                            {
+                                vring.complete(&[(t, head, len)]);
+                            }
+                        });
                 if let Err(e) = spawned {
                     warn!("queue {queue}: a request the dead process held gets no answer: {e}");
                 }
