@@ -9,9 +9,30 @@ use vfsd::frontend::fuse::Lock;
 
 const OWNER: u64 = 0x7a7a;
 
+/// Waits until the supervisor has one child: a keeper that handed a dead process's
+/// files over is reaped a moment after the new process first answers, and until then
+/// the first child `serving_pid` follows may be that keeper.
+fn one_child(supervisor: i32) {
+    let t = Instant::now();
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+                .unwrap_or_default();
+        if children.split_whitespace().count() == 1 {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "children: {children}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// SIGKILL to the process that serves (the supervisor's deepest child), waiting until
 /// it is gone.
 fn kill_serving(supervisor: i32) -> i32 {
+    one_child(supervisor);
     let pid = serving_pid(supervisor);
     // SAFETY: kill with a valid signal.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -39,6 +60,7 @@ fn survives_a_kill(extra: &[&str]) {
         let t = Instant::now();
         let a = c.getattr(f.nodeid).expect("the same connection answers");
         eprintln!("round {round}: answered {:?} after the kill", t.elapsed());
+        one_child(d.pid());
         assert_ne!(serving_pid(d.pid()), old);
         assert_eq!(a.attr.ino, f.attr.ino);
         assert_eq!(c.read(f.nodeid, fh, 7, 3).unwrap(), b"the");
@@ -93,5 +115,6 @@ fn a_serving_process_killed_before_any_frontend_is_replaced() {
     std::fs::write(d.path("f"), b"x").unwrap();
     let c = d.client();
     c.lookup(ROOT, "f").expect("a new serving process serves");
+    one_child(d.pid());
     assert_ne!(serving_pid(d.pid()), first);
 }
