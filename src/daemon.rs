@@ -273,8 +273,10 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         // SAFETY: setting a signal's disposition to ignored.
         unsafe { libc::signal(libc::SIGUSR2, libc::SIG_IGN) };
     }
-    sandbox::reset_inherited_signals();
+    // The handlers first: a termination signal the supervisor relays at once (one sent
+    // to vfsd the moment its socket exists) waits blocked across the exec until here.
     sandbox::remember_early_signals();
+    sandbox::reset_inherited_signals();
     opt.apply_compat_options().map_err(E::Option)?;
     opt.check_supported().map_err(E::Option)?;
     let syslog_fd = init_logging(&opt);

@@ -732,9 +732,14 @@ impl State {
                         return Err(io::Error::last_os_error());
                     }
                 }
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                // Only the termination signals stay blocked, across the exec, until the
+                // new process's handlers exist (`daemon::run`): one relayed before would
+                // kill it half started.
+                let mut early: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut early);
+                libc::sigaddset(&mut early, libc::SIGTERM);
+                libc::sigaddset(&mut early, libc::SIGINT);
+                libc::sigprocmask(libc::SIG_SETMASK, &early, std::ptr::null_mut());
                 // SIGUSR2 is the supervisor's (`pkill -USR2 vfsd` reaches every vfsd
                 // process); ignored from the start, and across exec.
                 libc::signal(libc::SIGUSR2, libc::SIG_IGN);

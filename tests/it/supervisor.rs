@@ -43,6 +43,15 @@ fn hostile_serving_process() {
     let Ok(mode) = std::env::var("VFSD_HOSTILE") else {
         return;
     };
+    // As vfsd's own start-up does: the supervisor leaves the termination signals
+    // blocked across the exec until a serving process's handlers exist.
+    // SAFETY: sigset_t is plain data set up by sigemptyset; sigprocmask takes valid
+    // pointers.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
     let fd: i32 = std::env::var("VFSD_HOSTILE_FD").unwrap().parse().unwrap();
     let out = PathBuf::from(std::env::var("VFSD_HOSTILE_OUT").unwrap());
     // SAFETY: the supervisor passed this listening socket for this process alone.
