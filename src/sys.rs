@@ -24,6 +24,23 @@ pub fn errno(e: i32) -> io::Error {
 pub const EMPTY: &CStr = c"";
 
 /// `pipe2(2)` with O_CLOEXEC: the read end, then the write end.
+/// Takes ownership of fds an SCM_RIGHTS message just installed, each made close-on-exec
+/// (recvmsg without MSG_CMSG_CLOEXEC gives them without).
+///
+/// # Safety
+/// Every fd in `fds` must be open and owned by nothing else.
+pub unsafe fn adopt_received(fds: &[RawFd]) -> Vec<OwnedFd> {
+    fds.iter()
+        .map(|&f| {
+            // SAFETY: the caller owns `f` and hands it over; fcntl on it only sets a flag.
+            unsafe {
+                libc::fcntl(f, libc::F_SETFD, libc::FD_CLOEXEC);
+                OwnedFd::from_raw_fd(f)
+            }
+        })
+        .collect()
+}
+
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two new fds into the array, which we then own.

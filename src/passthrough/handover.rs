@@ -399,14 +399,7 @@ pub fn receive(
         // SAFETY: `iov` points at `len`, which outlives the call; `fds` has room for BATCH.
         let (n, nfds) = unsafe { s.recv_with_fds(&mut iov, &mut fds) }.map_err(io::Error::other)?;
         // SAFETY: recvmsg gave us these `nfds` fds; nothing else owns them.
-        let owned: Vec<OwnedFd> = fds[..nfds]
-            .iter()
-            .map(|&f| unsafe { OwnedFd::from_raw_fd(f) })
-            .collect();
-        for f in &owned {
-            // SAFETY: plain fcntl on an fd we own (recvmsg gave it without CLOEXEC).
-            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-        }
+        let owned = unsafe { sys::adopt_received(&fds[..nfds]) };
         if std::time::Instant::now() > deadline {
             return Err(io::Error::other("the handover took too long"));
         }

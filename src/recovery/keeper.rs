@@ -130,14 +130,7 @@ impl Client {
         let (n, nfds) =
             unsafe { self.s.recv_with_fds(&mut iov, &mut fds) }.map_err(io::Error::other)?;
         // SAFETY: recvmsg gave us these `nfds` fds; nothing else owns them.
-        let owned: Vec<OwnedFd> = fds[..nfds]
-            .iter()
-            .map(|&f| unsafe { OwnedFd::from_raw_fd(f) })
-            .collect();
-        for f in &owned {
-            // SAFETY: plain fcntl on an fd we own (recvmsg gave it without CLOEXEC).
-            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-        }
+        let owned = unsafe { crate::sys::adopt_received(&fds[..nfds]) };
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

@@ -187,14 +187,7 @@ pub fn recv(s: &UnixStream) -> io::Result<Option<Msg>> {
     // SAFETY: `iov` points at `hdr`, which outlives the call; `raw` has room for MAX_FDS.
     let (n, nfds) = unsafe { s.recv_with_fds(&mut iov, &mut raw) }.map_err(io::Error::other)?;
     // SAFETY: recvmsg installed these `nfds` fds for us; nothing else owns them.
-    let fds: Vec<OwnedFd> = raw[..nfds]
-        .iter()
-        .map(|&f| unsafe { OwnedFd::from_raw_fd(f) })
-        .collect();
-    for f in &fds {
-        // SAFETY: plain fcntl on an fd we own (recvmsg gave it without CLOEXEC).
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+    let fds = unsafe { crate::sys::adopt_received(&raw[..nfds]) };
     if n == 0 {
         return Ok(None);
     }
