@@ -23,9 +23,9 @@ trap 'rm -f "$OUT"' EXIT
 # is still non-zero if any test failed. Then one line per binary with its counts.
 run_tests() {
     local rc=0
-    # crash-hook: the test build's way to make a serving process die at a chosen request
-    # (the crash-survival tests); inert unless a test sets VFSD_TEST_CRASH.
-    cargo test --release --no-fail-fast --features crash-hook "$@" 2>&1 | tee "$OUT" || rc=$?
+    # test-hooks: the test build's fault injection (a serving process that dies, a request
+    # that panics, at a chosen request); inert unless a test sets its variable.
+    cargo test --release --no-fail-fast --features test-hooks "$@" 2>&1 | tee "$OUT" || rc=$?
     echo "== tests per binary"
     awk '
         /^ *Running / { name = ($2 == "unittests") ? $3 : $2 }

@@ -303,14 +303,14 @@ impl FuseServer {
             }
             Ok(req) => {
                 let op = req.hdr.opcode;
-                #[cfg(feature = "crash-hook")]
+                #[cfg(feature = "test-hooks")]
                 crash_hook::check(crash_hook::When::Popped, op);
                 // For the lock stall rule: a lock holder that sends anything is busy.
                 self.fs.note_caller(req.hdr.pid);
                 let served = panic::catch_unwind(AssertUnwindSafe(|| {
                     nowait::with_open_wait(wait, || self.serve(mem, descs, &bufs, req, defer, wait))
                 }));
-                #[cfg(feature = "crash-hook")]
+                #[cfg(feature = "test-hooks")]
                 crash_hook::check(crash_hook::When::Served, op);
                 match served {
                     Ok(Served::Answered(Some(a))) => {
@@ -610,9 +610,9 @@ impl FuseServer {
         let (descs, Ok(req)) = popped.parts(mem) else {
             return None;
         };
-        #[cfg(feature = "crash-hook")]
+        #[cfg(feature = "test-hooks")]
         crash_hook::check(crash_hook::When::Popped, req.hdr.opcode);
-        #[cfg(feature = "crash-hook")]
+        #[cfg(feature = "test-hooks")]
         let op = req.hdr.opcode;
         if descs.overlong() {
             return None;
@@ -639,7 +639,7 @@ impl FuseServer {
         self.stats
             .reads_on_queue_thread
             .fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "crash-hook")]
+        #[cfg(feature = "test-hooks")]
         crash_hook::check(crash_hook::When::Served, op);
         Some(len)
     }
@@ -927,14 +927,14 @@ fn reply_address(bufs: &[(GuestAddress, u32)]) -> Option<GuestAddress> {
 /// The reply to a request that failed before its handler could answer it: `errno`,
 /// unless the opcode takes no reply (then nothing is written, and the length is 0).
 /// A test build's way to make the serving process die at a chosen request (cargo feature
-/// `crash-hook`, never in a release of vfsd): `VFSD_TEST_CRASH=popped:OPCODE[:N]` dies
+/// `test-hooks`, never in a release of vfsd): `VFSD_TEST_CRASH=popped:OPCODE[:N]` dies
 /// before serving the Nth request of that opcode (default the first), `served:...` after
 /// the file system acted and before its reply goes on the used ring; with a last `:every`
 /// the supervisor passes the variable on to the processes that replace a dead one (else
 /// they never get it). The death is an
 /// abort, a real one even for a pid namespace's init, which ignores signals it sends
 /// itself.
-#[cfg(feature = "crash-hook")]
+#[cfg(feature = "test-hooks")]
 mod crash_hook {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::OnceLock;

@@ -7,7 +7,7 @@
 //! an O_APPEND handle, ...), no reply for FORGET. More than ten crashes within 60 s end
 //! the connection, as any crash did before.
 //!
-//! The per-opcode tests need the test hook (`--features crash-hook`):
+//! The per-opcode tests need the test hook (`--features test-hooks`):
 //! `VFSD_TEST_CRASH=<when>:<opcode number>[:<nth>][:every]` has the first serving process
 //! die (abort) at the nth request of that opcode, `popped` right after popping it,
 //! `served` once the file system acted and before the answer is on the used ring; with
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::common::{errno, host_flock, host_ofd_lock, is_root, pattern, Daemon, HostLease, ROOT};
 use fuse_backend_rs::abi::fuse_abi::OpenOut;
 use vfsd::frontend::fuse::{decode, FuseClient, Lock, FUSE_GETATTR};
-#[cfg(feature = "crash-hook")]
+#[cfg(feature = "test-hooks")]
 use vfsd::frontend::fuse::{
     FUSE_CREATE, FUSE_FORGET, FUSE_FSYNC, FUSE_MKDIR, FUSE_READ, FUSE_RENAME, FUSE_SETLKW,
     FUSE_UNLINK, FUSE_WRITE,
@@ -673,7 +673,7 @@ fn upgrades_before_and_after_a_crash_keep_nodes_handles_and_locks() {
 
 /// Requests in flight at a crash the test hook causes at a chosen point: each gets the
 /// answer the table says, once.
-#[cfg(feature = "crash-hook")]
+#[cfg(feature = "test-hooks")]
 mod hook {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
