@@ -13,17 +13,10 @@
 # Exit status: 0 if every check passed, 1 otherwise.
 
 LABEL=${1:-}
+NAME=chattr
+. /guest-tests/lib.sh
 DIR=${VFSD_SHARE:?VFSD_SHARE unset}
 T=$DIR/chattr.$$
-PASS=0
-FAIL=0
-
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "chattr: FAIL${LABEL:+ [$LABEL]}: $*"; }
-check() {  # check DESCRIPTION EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
-nobody() { su -s /bin/sh nobody -c "$1"; }
 # The attribute letters of PATH (the first word of lsattr -d).
 attrs() { lsattr -d "$1" 2>/dev/null | { read -r a _ && echo "$a"; }; }
 # has PATH LETTER: yes if lsattr shows the attribute.
@@ -115,5 +108,5 @@ run nobody "lsattr -d $F"
 
 chattr -i -a "$F" "$A" "$D" "$N" 2>/dev/null
 rm -rf "$T"
-echo "chattr: $PASS checks passed, $FAIL failed${LABEL:+ ($LABEL)}"
-[ "$FAIL" -eq 0 ]
+counts "$LABEL"
+passed

@@ -9,26 +9,23 @@
 # Exit status: 0 if every check passed, 1 otherwise.
 
 LABEL=${1:-}
+NAME=fdwalk
+. /guest-tests/lib.sh
 DIRS=${2:-60}
 PER=${3:-100}
 D=${VFSD_SHARE:?VFSD_SHARE unset}/fdwalk.$$
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "fdwalk: FAIL${LABEL:+ [$LABEL]}: $*"; }
-check() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
 START=$(date +%s)
-say() { echo "fdwalk: $* (t=$(( $(date +%s) - START ))s)"; }
+progress() { echo "fdwalk: $* (t=$(( $(date +%s) - START ))s)"; }
 
 if [ -d "$VFSD_SHARE/fdwalk-tree" ]; then
     # Made by the host before the boot (tests/guest/fdwalk.rs): nothing of it is known
     # to the guest yet.
     D=$VFSD_SHARE/fdwalk-tree
-    say "walking the host-made tree"
+    progress "walking the host-made tree"
 else
     mkdir -p "$D" || { echo "fdwalk: FAIL: cannot create $D"; exit 1; }
     chmod 0777 "$D"
-    say "making $((DIRS * PER)) files in $DIRS directories"
+    progress "making $((DIRS * PER)) files in $DIRS directories"
     errs=0
     d=0
     while [ $d -lt $DIRS ]; do
@@ -43,7 +40,7 @@ else
     check "files made without an error" 0 "$errs"
     [ -s "$D.err" ] && bad "create errors: $(sort "$D.err" | uniq -c | head -3 | tr '\n' ' ')"
 fi
-say "walking"
+progress "walking"
 n=$(find "$D" -type f 2>"$D.err" | wc -l)
 check "find sees every file" $((DIRS * PER)) "$n"
 [ -s "$D.err" ] && bad "find: $(head -c 200 "$D.err")"
@@ -53,7 +50,7 @@ check "every file read" $((DIRS * PER)) "$n"
 n=$(find "$D" -type f -exec stat -c %i {} + 2>"$D.err" | sort -u | wc -l)
 check "every file stat'ed, each its own inode" $((DIRS * PER)) "$n"
 check "file d7/f42 holds its own name" "7/42" "$(cat "$D/d7/f42")"
-say "creating more"
+progress "creating more"
 i=0
 while [ $i -lt 60 ]; do
     echo new > "$D/new$i" 2>>"$D.err" || bad "create new$i: $(tail -n1 "$D.err")"
@@ -68,6 +65,6 @@ n=$(ls "$D" | wc -l)
 extra=0; [ -e "$D/by-nobody" ] && extra=1
 check "the new files are there" $((DIRS + 60 + extra)) "$n"
 rm -rf "$D" "$D.err" || bad "rm -rf of the tree failed"
-say "done"
-echo "fdwalk: $PASS checks passed, $FAIL failed${LABEL:+ ($LABEL)}"
-[ "$FAIL" = 0 ]
+progress "done"
+counts "$LABEL"
+passed

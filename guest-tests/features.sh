@@ -26,18 +26,12 @@
 
 DIR=${VFSD_SHARE:?VFSD_SHARE unset}
 T=$DIR/features.$$
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "features: FAIL: $*"; }
-check() {  # check DESCRIPTION EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
+NAME=features
+. /guest-tests/lib.sh
 run() {  # run DESCRIPTION CMD...: must succeed
     d=$1; shift
     if "$@" > /tmp/features.out 2>&1; then ok; else bad "$d: '$*' failed: $(tail -n 3 /tmp/features.out)"; fi
 }
-nobody() { su -s /bin/sh nobody -c "$1"; }
 
 rm -rf "$T"
 mkdir "$T" && chmod 0777 "$T" || { echo "features: FAIL: cannot create $T"; exit 1; }
@@ -172,5 +166,5 @@ for s in $SECTIONS; do
     esac
 done
 cd / && rm -rf "$T"
-echo "features: $PASS checks passed, $FAIL failed"
-[ "$FAIL" = 0 ]
+counts
+passed

@@ -14,13 +14,12 @@
 MODE=$1 AFTER=${2:-20} LIMIT=${3:-3000}
 D=$VFSD_SHARE/lv
 cd "$D" || { echo "lv: FAIL no $D"; exit 1; }
-PASS=0 FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "lv: FAIL: $*"; }
+NAME=lv
+. /guest-tests/lib.sh
 finish() {
-    echo "lv: $PASS checks passed, $FAIL failed"
+    counts
     if [ "$FAIL" = 0 ] && [ "$PASS" -gt 0 ]; then r=PASS; else r=FAIL; fi
-    echo "lv: $r"
+    say "$r"
     echo "$r $PASS $FAIL $*" > guest.result.tmp && mv guest.result.tmp guest.result
     exit 0
 }

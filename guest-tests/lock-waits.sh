@@ -10,10 +10,8 @@
 M=${1:?usage: lock-waits.sh MOUNT}
 N=1024
 SHARE=512 # half of the queue's 1,024 entries
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "lock-waits: FAIL: $*"; }
+NAME=lock-waits
+. /guest-tests/lib.sh
 S=$M/sync
 for _ in $(seq 600); do [ -e "$S/host.held" ] && break; sleep 1; done
 [ -e "$S/host.held" ] || { echo "lock-waits: FAIL: the host never took the lock"; exit 1; }
@@ -60,5 +58,5 @@ echo "lock-waits: after the host let go: $total of $N ended, $granted got the lo
 [ "$total" -eq "$N" ] && ok || bad "$((N - total)) waiters never ended after the host let go"
 [ "$granted" -eq "$((N - done_n))" ] && ok || bad "$granted waiters got the lock, $((N - done_n)) waited for it"
 rm -rf "$R" "$M/other-dir"
-echo "lock-waits: $PASS checks passed, $FAIL failed"
-[ "$FAIL" = 0 ]
+counts
+passed

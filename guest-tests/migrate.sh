@@ -59,19 +59,17 @@ for x in "$@"; do
     esac
 done
 D=${VFSD_SHARE:?VFSD_SHARE unset}
-PASS=0 FAIL=0
-
-say() { echo "migrate: $*"; }
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
+# The markers: the host's host.migrated and host.done, the guest's guest.released and
+# guest.abort, in mig/ (tests/guest/migration.rs).
+NAME=migrate MARKS=$D/mig
+. /guest-tests/lib.sh
+succeeds() {  # succeeds DESCRIPTION COMMAND...: the command must succeed
     desc=$1; shift
     if out=$("$@" 2>&1); then ok; else bad "$desc: $(echo "$out" | tr '\n' ' ')"; fi
 }
-centis() { read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }  # uptime in 1/100 s
 finish() {
-    say "$PASS checks passed, $FAIL failed"
-    if [ "$FAIL" -eq 0 ] && [ "$PASS" -gt 0 ]; then say PASS; exit 0; fi
+    counts
+    if passed && [ "$PASS" -gt 0 ]; then say PASS; exit 0; fi
     say FAIL; exit 1
 }
 
@@ -90,7 +88,7 @@ if command -v vfsd-lock >/dev/null; then
     vfsd-lock -q -m /tmp/ofd.held -u /tmp/release ofd-file owr:0:0 & LOCKPIDS="$LOCKPIDS $!"
     n=0
     while [ ! -e /tmp/flock.held ] || [ ! -e /tmp/posix.held ] || [ ! -e /tmp/ofd.held ]; do
-        n=$((n + 1)); [ $n -gt 300 ] && { bad "the locks were not granted within 30 s"; : > guest.abort; finish; }
+        n=$((n + 1)); [ $n -gt 300 ] && { bad "the locks were not granted within 30 s"; marker guest.abort; finish; }
         usleep 100000
     done
     say "locks held: flock ex on flock-file, POSIX wr 0-EOF on posix-file, OFD wr 0-EOF on ofd-file"
@@ -227,7 +225,7 @@ while :; do
     [ "$gap" -gt "$maxgap" ] && { maxgap=$gap; maxgap_at=$i; }
     [ $((i % 10)) = 0 ] && say "wrote $i lines ($(( (now - t0) / 100 ))s)"
     if [ "$after" -lt 0 ]; then
-        if [ -e host.migrated ]; then
+        if has_marker host.migrated; then
             say "host says the migration is done (at line $i); writing $AFTER more lines"
             after=$AFTER
             mig_line=$i
@@ -237,7 +235,7 @@ while :; do
                 say "fio: $fio_at_switch at host.migrated ($(( (fio_tmig - fio_t0) / 100 )) s after it started)"
             fi
         elif [ $(( (now - t0) / 100 )) -ge "$LIMIT" ]; then
-            bad "no host.migrated after ${LIMIT}s"; : > guest.abort; break
+            bad "no host.migrated after ${LIMIT}s"; marker guest.abort; break
         fi
     else
         after=$((after - 1))
@@ -315,31 +313,31 @@ fi
 res=$(awk -v n="$i" '$0 != "line " NR { print "line " NR " is \"" $0 "\""; bad = 1; exit }
     END { if (!bad && NR != n) print NR " lines, expected " n }' data.log 2>&1)
 if [ -z "$res" ]; then ok; else bad "data.log: $res"; fi
-check "data.log size" test "$(wc -l < data.log)" -eq "$i"
+succeeds "data.log size" test "$(wc -l < data.log)" -eq "$i"
 
 # The cwd (a node the destination had to find again) and readdir.
-check "pwd" test "$(pwd)" = "$D/mig"
-check "ls . lists data.log" sh -c 'ls . | grep -qx data.log'
-check "ls of the share lists mig" sh -c "ls '$D' | grep -qx mig"
-check "readdir sees every file" sh -c 'for f in data.log flock-file posix-file ofd-file host.migrated; do ls -a | grep -qx "$f" || { echo "missing $f"; exit 1; }; done'
+succeeds "pwd" test "$(pwd)" = "$D/mig"
+succeeds "ls . lists data.log" sh -c 'ls . | grep -qx data.log'
+succeeds "ls of the share lists mig" sh -c "ls '$D' | grep -qx mig"
+succeeds "readdir sees every file" sh -c 'for f in data.log flock-file posix-file ofd-file host.migrated; do ls -a | grep -qx "$f" || { echo "missing $f"; exit 1; }; done'
 # New work on the destination.
-check "create+write" sh -c 'echo after-migration > new-file'
-check "read back" test "$(cat new-file)" = after-migration
-check "append through a new fd" sh -c 'echo "line $(( $(wc -l < data.log) + 1 ))" >> data.log'
-check "rename" mv new-file new-file2
-check "read renamed" test "$(cat new-file2)" = after-migration
-check "unlink" rm new-file2
-check "mkdir" mkdir newdir
-check "create in new dir" sh -c 'echo x > newdir/f && test "$(cat newdir/f)" = x'
-check "rmdir" sh -c 'rm newdir/f && rmdir newdir'
-check "stat data.log" stat data.log
+succeeds "create+write" sh -c 'echo after-migration > new-file'
+succeeds "read back" test "$(cat new-file)" = after-migration
+succeeds "append through a new fd" sh -c 'echo "line $(( $(wc -l < data.log) + 1 ))" >> data.log'
+succeeds "rename" mv new-file new-file2
+succeeds "read renamed" test "$(cat new-file2)" = after-migration
+succeeds "unlink" rm new-file2
+succeeds "mkdir" mkdir newdir
+succeeds "create in new dir" sh -c 'echo x > newdir/f && test "$(cat newdir/f)" = x'
+succeeds "rmdir" sh -c 'rm newdir/f && rmdir newdir'
+succeeds "stat data.log" stat data.log
 
 if [ "$MANY" -gt 0 ]; then
     res=$(j=0; while [ $j -lt "$MANY" ]; do
         c=$(cat many/f$j 2>&1); [ "$c" = "file $j" ] || { echo "many/f$j: '$c'"; exit 1; }; j=$((j + 1)); done 2>&1)
     [ -z "$res" ] && ok || bad "many: $res"
-    for p in $HOLDPIDS; do check "many: holder $p alive" kill -0 "$p"; done
-    check "many: readdir count" test "$(ls many | wc -l)" -eq "$MANY"
+    for p in $HOLDPIDS; do succeeds "many: holder $p alive" kill -0 "$p"; done
+    succeeds "many: readdir count" test "$(ls many | wc -l)" -eq "$MANY"
     for p in $HOLDPIDS; do kill "$p" 2>/dev/null; done
 fi
 if [ "$UNLINKED" != 0 ]; then
@@ -377,7 +375,7 @@ fi
 
 if [ "$LOCKS" = 1 ]; then
     # The lock holders still run and their locks still conflict for this guest's others.
-    for p in $LOCKPIDS; do check "lock holder $p alive" kill -0 "$p"; done
+    for p in $LOCKPIDS; do succeeds "lock holder $p alive" kill -0 "$p"; done
     # vfsd-lock: 1 = busy (refused), 0 = granted, 2 = error.
     vfsd-lock -q flock-file ex; rc=$?
     [ "$rc" = 1 ] && ok || bad "flock ex on flock-file by another open file: expected busy (1), got $rc"
@@ -400,11 +398,7 @@ if [ "$LOCKS" = 1 ]; then
     [ "$rc" = 0 ] && ok || bad "OFD wr on ofd-file after the release: expected granted (0), got $rc"
 fi
 
-: > guest.released
-n=0
-while [ ! -e host.done ]; do
-    n=$((n + 1)); [ $n -gt 1200 ] && { bad "no host.done within 120 s"; break; }
-    usleep 100000
-done
-[ -e host.done ] && say "host.done: $(cat host.done)"
+marker guest.released
+await_marker host.done 120 || bad "no host.done within 120 s"
+has_marker host.done && say "host.done: $(cat host.done)"
 finish

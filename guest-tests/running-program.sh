@@ -5,10 +5,8 @@
 # is checked (shares, and the guest's /tmp as the local file system to match).
 # Usage: /guest-tests/running-program.sh DIR...
 # Prints "running-program: N checks passed, M failed"; exits 1 if any check failed.
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "running-program: FAIL: $*"; }
+NAME=running-program
+. /guest-tests/lib.sh
 as_user() { if [ "$1" = root ]; then sh -c "$2"; else su -s /bin/sh nobody -c "$2"; fi; }
 size() { stat -c %s "$1"; }
 SRC=$(which sleep)
@@ -39,5 +37,5 @@ for d in "$@"; do
     done
     rm -rf "$T"
 done
-echo "running-program: $PASS checks passed, $FAIL failed"
-[ "$FAIL" = 0 ]
+counts
+passed

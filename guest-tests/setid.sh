@@ -16,18 +16,10 @@
 # Exit status: 0 if every check passed, 1 otherwise.
 
 LABEL=${1:-}
+NAME=setid
+. /guest-tests/lib.sh
 DIR=${VFSD_SHARE:?VFSD_SHARE unset}
 T=$DIR/setid.$$
-PASS=0
-FAIL=0
-
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "setid: FAIL${LABEL:+ [$LABEL]}: $*"; }
-check() {  # check DESCRIPTION EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
-# Runs a shell command as nobody (uid and gid 65534, no capabilities).
-nobody() { su -s /bin/sh nobody -c "$1"; }
 run_as() {  # run_as USER DESCRIPTION COMMAND: the command must succeed
     if [ "$1" = root ]; then sh -c "$3"; else nobody "$3"; fi
     rc=$?
@@ -100,5 +92,5 @@ check "renamed away" no "$([ -e "$S/f" ] && echo yes || echo no)"
 run_as nobody "remove" "rm -r $S/d $S/g $S/h $S/p $S/s"
 
 rm -rf "$T"
-echo "setid: $PASS checks passed, $FAIL failed${LABEL:+ ($LABEL)}"
-[ "$FAIL" -eq 0 ]
+counts "$LABEL"
+passed

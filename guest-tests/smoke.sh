@@ -10,15 +10,9 @@
 
 DIR=${1:-${VFSD_SHARE:?no directory given and VFSD_SHARE unset}}
 T=$DIR/smoke.$$
-PASS=0
-FAIL=0
+NAME=smoke
+. /guest-tests/lib.sh
 
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "smoke: FAIL: $*"; }
-# check DESCRIPTION EXPECTED ACTUAL
-check() {
-    if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
 # run DESCRIPTION CMD... : the command must succeed
 run() {
     d=$1; shift
@@ -222,5 +216,5 @@ sync
 run "manifest written" test -s smoke-manifest.md5
 
 rm -rf "$T" /tmp/rand1m
-echo "smoke: $PASS checks passed, $FAIL failed ($(( $(date +%s) - START ))s)"
-[ "$FAIL" -eq 0 ]
+counts "$(( $(date +%s) - START ))s"
+passed

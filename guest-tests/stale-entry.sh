@@ -8,14 +8,8 @@
 # Prints "stale-entry: N checks passed, M failed"; exits 1 if any check failed.
 A=${1:?usage: stale-entry.sh A B}
 B=${2:?usage: stale-entry.sh A B}
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); echo "stale-entry: FAIL: $*"; }
-check() {  # check DESCRIPTION EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
-nobody() { su -s /bin/sh nobody -c "$1"; }
+NAME=stale-entry
+. /guest-tests/lib.sh
 
 T=stale-entry.$$
 mkdir "$A/$T" && chmod 0777 "$A/$T" || { echo "stale-entry: FAIL: cannot make $A/$T"; exit 1; }
@@ -39,5 +33,5 @@ echo " and root" >> "$A/$T/secret" || bad "root cannot append through a stale en
 check "root's 0600 file after root's append" "root's data and root" "$(cat "$B/$T/secret")"
 
 rm -rf "${A:?}/$T"
-echo "stale-entry: $PASS checks passed, $FAIL failed"
-[ "$FAIL" = 0 ]
+counts
+passed

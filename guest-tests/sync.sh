@@ -1,28 +1,25 @@
-# Sourced by the two-guest tests (coherence.sh, locks.sh): check counts and the
+# Sourced by the two-guest tests (coherence.sh, locks.sh), on top of lib.sh: the
 # marker files the two guests (and the host) meet by on a shared sync directory.
 # The caller sets TEST (its name in messages), ROLE (A or B), OTHER (the other
 # role) and S (the sync directory); AWAIT_SECS is await's default limit.
 
-PASS=0
-FAIL=0
+NAME="$TEST[$ROLE]" MARKS=$S
+. /guest-tests/lib.sh
 START=$(date +%s)
 
-say() { echo "$TEST[$ROLE]: $*"; }
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
 # The counts, printed and written to S/ROLE.summary for the host to collect.
 summary() {
-    say "$PASS checks passed, $FAIL failed ($(( $(date +%s) - START ))s)"
+    counts "$(( $(date +%s) - START ))s"
     echo "$PASS $FAIL" > "$S/$ROLE.summary"
 }
 finish() {
     [ "$PASS" -gt 0 ] || bad "no check ran"
     summary
-    [ "$FAIL" -eq 0 ]; exit $?
+    passed; exit $?
 }
 # Give up, and tell the other guest to, through S/ROLE.abort.
-abort() { bad "$*"; : > "$S/$ROLE.abort"; finish; }
-mark() { : > "$S/$ROLE.$1" || abort "cannot create marker $ROLE.$1"; }
+abort() { bad "$*"; marker "$ROLE.abort"; finish; }
+mark() { marker "$ROLE.$1" || abort "cannot create marker $ROLE.$1"; }
 await() {  # await NAME [SECS]: wait for S/NAME, written by the other guest or the host
     n=0 lim=$(( ${2:-${AWAIT_SECS:-300}} * 20 ))
     while [ ! -e "$S/$1" ]; do

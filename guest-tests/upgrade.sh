@@ -44,14 +44,11 @@ fi
 ROLE=$2 LIMIT=$3
 AFTER=20
 T=/tmp/upgrade.$ROLE
-PASS=0 FAIL=0
-say() { echo "upgrade[$ROLE]: $*"; }
-ok() { PASS=$((PASS + 1)); }
-bad() { FAIL=$((FAIL + 1)); say "FAIL: $*"; }
-centis() { read -r u _ < /proc/uptime; echo "${u%.*}${u#*.}"; }  # uptime in 1/100 s
+NAME="upgrade[$ROLE]"
+. /guest-tests/lib.sh
 finish() {
-    say "$PASS checks passed, $FAIL failed"
-    [ "$FAIL" -eq 0 ] && [ "$PASS" -gt 0 ]
+    counts
+    passed && [ "$PASS" -gt 0 ]
     exit $?
 }
 give_up() { : > "$UP/guest.abort"; finish; }
