@@ -11,7 +11,7 @@
 #   NAME: N checks passed, M failed[ (X)]  the summary, once at the end
 #
 # Markers: a file in the directory MARKS (on a share) that one side creates and the
-# other polls for.
+# other polls for; the host's side is fixture::Markers (tests/guest/fixture/markers.rs).
 # A marker's content, if any, is one line for the log.
 
 PASS=0

@@ -26,6 +26,7 @@
 //! rewrites docs/benchmarks.md and its plots (tests/report/benchmarks.rs).
 
 #[path = "../guest/fixture/mod.rs"]
+#[allow(dead_code, unused_imports)] // the part of the fixture it needs
 mod fixture;
 #[path = "../report/benchmarks.rs"]
 mod report;
@@ -542,7 +543,7 @@ fn instr(dir: &TestDir, rec: &mut Record) {
     let (a, b) = (1000, 3000);
     for (label, bin) in [
         ("vfsd", fixture::vfsd_bin()),
-        ("virtiofsd", fixture::daemon::virtiofsd_bin()),
+        ("virtiofsd", fixture::virtiofsd_bin()),
     ] {
         eprintln!("io: instructions per untar operation of {label} ({a} then {b} operations under callgrind)");
         let per_op = (instructions(dir, &bin, b) - instructions(dir, &bin, a)) / f64::from(b - a);

@@ -24,6 +24,7 @@
 //! repository's results.
 
 #[path = "../guest/fixture/mod.rs"]
+#[allow(dead_code, unused_imports)] // the part of the fixture it needs
 mod fixture;
 #[path = "../report/benchmarks.rs"]
 mod report;

@@ -17,6 +17,7 @@
 //! (tests/report/benchmarks.rs).
 
 #[path = "../guest/fixture/mod.rs"]
+#[allow(dead_code, unused_imports)] // the part of the fixture it needs
 mod fixture;
 #[path = "../report/benchmarks.rs"]
 mod report;

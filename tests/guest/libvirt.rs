@@ -80,7 +80,7 @@ impl Setup {
         let dir = TestDir::new(test);
         let daemon = dir.path.join("daemon");
         let source = match daemon_under_test() {
-            DaemonKind::Virtiofsd => crate::fixture::daemon::virtiofsd_bin(),
+            DaemonKind::Virtiofsd => crate::fixture::virtiofsd_bin(),
             _ => crate::fixture::vfsd_bin(),
         };
         std::fs::copy(&source, &daemon).unwrap();

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use qapi::qmp;
 
-use crate::fixture::{daemon_under_test, DaemonKind, Guest, Share, TestDir, Vm};
+use crate::fixture::{daemon_under_test, DaemonKind, Guest, Markers, Share, TestDir, Vm};
 
 /// Lines the guest writes before the host migrates.
 const AFTER_LINES: u64 = 30;
@@ -1075,23 +1075,26 @@ pub fn run(name: &str, plan: &Plan) {
 
     // The guest's own checks on the last VM.
     let (mut dst_daemons, mut dst) = (cur_daemons, cur);
-    std::fs::write(mig.join("host.migrated"), "migrated by the host\n").unwrap();
-    let t = Instant::now();
-    while !mig.join("guest.released").exists() && !mig.join("guest.abort").exists() {
-        assert!(
-            dst.is_running(),
-            "the guest's QEMU exited:\n{}",
-            dst.console_text()
-        );
-        assert!(
-            t.elapsed() < Duration::from_secs(240),
-            "the guest did not finish its checks within 240 s of host.migrated:\n{}",
-            dst.console_text()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let markers = Markers::new(&mig);
+    markers.put("host.migrated", "migrated by the host\n");
+    let seen = markers.await_any(
+        &["guest.released", "guest.abort"],
+        Duration::from_secs(240),
+        || {
+            assert!(
+                dst.is_running(),
+                "the guest's QEMU exited:\n{}",
+                dst.console_text()
+            )
+        },
+    );
     assert!(
-        mig.join("guest.released").exists(),
+        seen.is_some(),
+        "the guest did not finish its checks within 240 s of host.migrated:\n{}",
+        dst.console_text()
+    );
+    assert!(
+        markers.has("guest.released"),
         "the guest gave up:\n{}",
         dst.console_text()
     );
@@ -1100,7 +1103,7 @@ pub fn run(name: &str, plan: &Plan) {
         released.iter().all(|l| l == "free"),
         "after the guest released its locks the host sees {released:?}"
     );
-    std::fs::write(mig.join("host.done"), "").unwrap();
+    markers.put("host.done", "");
     let t = Instant::now();
     let console = loop {
         let c = dst.console_text();

@@ -2,6 +2,7 @@
 //! `scripts/run-vm.sh` runs (`cargo run --release --example run-vm -- --help`).
 
 #[path = "fixture/mod.rs"]
+#[allow(dead_code, unused_imports)] // the part of the fixture it needs
 mod fixture;
 
 use std::path::PathBuf;

@@ -4,11 +4,26 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use vfsd::frontend::fuse::{Caller, FuseClient};
 use vfsd::frontend::{Frontend, FrontendConfig};
+
+#[path = "../support/daemon.rs"]
+mod support;
+use support::read_stats;
+pub use support::DaemonProcess;
+
+/// How long a daemon gets between SIGTERM and SIGKILL when a test drops it.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A vfsd a test spawned itself, to be stopped as `Daemon`s are.
+impl From<std::process::Child> for DaemonProcess {
+    fn from(child: std::process::Child) -> DaemonProcess {
+        DaemonProcess::adopt(child, STOP_GRACE)
+    }
+}
 
 /// The share's root: FUSE's node id 1.
 pub const ROOT: u64 = 1;
@@ -30,8 +45,10 @@ pub const NOBODY: Caller = Caller {
 /// FUSE_SECURITY_CTX, an INIT flag of the high word (flags2).
 pub const SECURITY_CTX: u64 = 1 << 32;
 
+/// vfsd on a share in a temporary directory, with `--stats` there; stopped (SIGTERM, then
+/// SIGKILL after 5 s) when dropped, before the directory goes.
 pub struct Daemon {
-    pub child: Option<Child>,
+    pub process: DaemonProcess,
     pub dir: tempfile::TempDir,
     pub share: PathBuf,
     pub sock: PathBuf,
@@ -158,26 +175,17 @@ impl Daemon {
                     .split_whitespace(),
             )
             .stdin(Stdio::null());
-        // A copy of the binary another test thread just wrote may still be open for
-        // writing in a child that thread forked and has not exec'd yet (ETXTBSY).
-        let mut tries = 0;
-        let child = loop {
-            match cmd.spawn() {
-                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                r => break r.expect("spawn vfsd"),
-            }
-        };
-        let d = Daemon {
-            child: Some(child),
+        let process = DaemonProcess::spawn(&mut cmd, STOP_GRACE).expect("spawn vfsd");
+        let mut d = Daemon {
+            process,
             dir,
             share,
             sock,
             stats,
         };
-        wait_for_socket(&d.sock);
+        if let Err(e) = d.process.wait_for_socket(&d.sock, Duration::from_secs(20)) {
+            panic!("vfsd did not create its socket: {e:?}");
+        }
         d
     }
 
@@ -207,10 +215,8 @@ impl Daemon {
         loop {
             if let Ok(m) = std::fs::metadata(&self.stats) {
                 if m.modified().unwrap() > start {
-                    if let Ok(s) = std::fs::read_to_string(&self.stats) {
-                        if let Ok(v) = serde_json::from_str(&s) {
-                            return v;
-                        }
+                    if let Some(v) = read_stats(&self.stats) {
+                        return v;
                     }
                 }
             }
@@ -221,35 +227,11 @@ impl Daemon {
 
     /// Waits for the daemon to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let t = Instant::now();
-        let child = self.child.as_mut().unwrap();
-        loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                return Some(st);
-            }
-            if t.elapsed() > timeout {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.process.wait_exit(timeout)
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SIGTERM first so a sandboxed daemon (a child of the spawned process) exits too,
-        // before the temporary directory goes away.
-        if self.child.is_some() {
-            unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-            if self.wait_exit(Duration::from_secs(5)).is_none() {
-                let _ = self.child.as_mut().unwrap().kill();
-            }
-            let _ = self.child.take().unwrap().wait();
-        }
+        self.process.pid() as i32
     }
 }
 

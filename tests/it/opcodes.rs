@@ -874,7 +874,7 @@ fn a_socket_of_the_same_name_in_another_mount_namespace_is_not_in_use() {
         .spawn()
         .unwrap();
     let mut d = Daemon {
-        child: Some(child),
+        process: child.into(),
         stats: dir.path().join("stats.json"),
         share,
         sock,
