@@ -41,7 +41,6 @@ fn write(root: &Path) -> Result<()> {
         "io",
         "gluster",
         "ceph",
-        "device",
         "tree",
         "tree-fewer-requests",
         "tree-noflush",
@@ -49,6 +48,7 @@ fn write(root: &Path) -> Result<()> {
         "migration",
         "upgrade",
         "crash",
+        "tests",
     ] {
         let lines = load(&data, name)?;
         if lines.is_empty() {
@@ -58,7 +58,6 @@ fn write(root: &Path) -> Result<()> {
             "io" => io_section(&data, name, &lines, &IO)?,
             "gluster" => io_section(&data, name, &lines, &GLUSTER)?,
             "ceph" => io_section(&data, name, &lines, &CEPH)?,
-            "device" => device_section(&data, &lines)?,
             "tree" => tree_section(&data, &lines)?,
             "tree-fewer-requests" | "tree-noflush" => {
                 requests_section(name, &lines, &load(&data, "tree")?)?
@@ -66,6 +65,7 @@ fn write(root: &Path) -> Result<()> {
             "walk" => (walk_section(&data, &lines)?, vec![]),
             "upgrade" => (upgrade_section(&lines), vec![]),
             "crash" => (crash_section(&lines), vec![]),
+            "tests" => (tests_section(&lines), vec![]),
             _ => migration_section(&data, &lines)?,
         };
         parts += &md;
@@ -80,7 +80,7 @@ fn write(root: &Path) -> Result<()> {
         + "<!-- Written by `cargo bench --bench report` from docs/benchmarks/*/results.jsonl: \
            edit tests/report/benchmarks.rs or re-run a bench, not this page. -->\n\n"
         + "vfsd against virtiofsd 1.14, and the limit beside them (native on the host, or the \
-           guest's own ceiling). Every figure was measured on the project's 2-core, 24 GiB \
+           guest's own tmpfs). Every figure was measured on the project's 2-core, 24 GiB \
            machine, guests under QEMU TCG (2 vCPUs, Debian's cloud kernel): absolute figures are \
            far below a KVM host's, so read the ratios, each taken within one run. Each section \
            names the commit and date its figures were measured at and the command that measures \
@@ -88,8 +88,8 @@ fn write(root: &Path) -> Result<()> {
         + "Regenerate the page and plots from the saved data: `cargo bench --bench report`.\n\n"
         + "## Summary\n\n"
         + "Each ratio is of speeds, so above 1 vfsd is the faster (for times, the ratio of \
-           seconds is turned over); the limit is native, the guest's tmpfs or the guest's \
-           ceiling, as each section says. The ranges run over the section's rows.\n\n"
+           seconds is turned over); the limit is native or the guest's tmpfs, as each section \
+           says. The ranges run over the section's rows.\n\n"
         + &table(
             &[
                 "workload",
@@ -361,8 +361,7 @@ const GLUSTER: IoSection = IoSection {
     cmd: "scripts/gluster.sh up && cargo bench --bench io -- --share-root /srv/vfsd-gluster/a \
           --out docs/benchmarks/gluster",
     bounds: "GlusterFS's client (a FUSE mount on the same 2 cores, replica 2 on loopback) for \
-             the load generator; in the guest, the TCG guest itself, whose ceiling is vfsd \
-             serving the guest from a tmpfs.",
+             the load generator; in the guest, the TCG guest's own CPU time per I/O.",
     limit_cfg: "tmpfs",
     limit_name: "guest ceiling (vfsd on tmpfs)",
     fio_note: "",
@@ -374,7 +373,7 @@ const CEPH: IoSection = IoSection {
           --out docs/benchmarks/ceph",
     bounds: "ceph-fuse (the host's CephFS client, a FUSE daemon) and the one-node cluster \
              behind it share the 2 cores with the daemon and the load generator; in the guest, \
-             the TCG guest itself, whose ceiling is vfsd serving the guest from a tmpfs.",
+             the TCG guest's own CPU time per I/O.",
     limit_cfg: "tmpfs",
     limit_name: "guest ceiling (vfsd on tmpfs)",
     fio_note: "",
@@ -439,8 +438,8 @@ fn io_section(
                the same concurrency (a psync thread per request in flight, buffered, as the \
                daemons do). CPU is each daemon's µs per operation. Queues, requests in flight and \
                block size per workload are WORKLOADS in tests/bench/io.rs (4 KiB at 32 in flight \
-               for the `-shared` rows and lookup-getattr, 1 MiB at 4 for seqread and seqwrite; \
-               the GlusterFS rows name theirs), `--cache=never`.\n\n";
+               for the `-shared` rows and lookup-getattr, 1 MiB at 4 for seqread and seqwrite), \
+               `--cache=never`.\n\n";
         md += &table(
             &[
                 "workload",
@@ -464,8 +463,12 @@ fn io_section(
         let has_limit = lines
             .iter()
             .any(|x| text(x, "part") == "fio" && text(x, "config") == s.limit_cfg);
-        let lim = if has_limit { s.limit_cfg } else { "native" };
-        let name = s.limit_name;
+        // Without the section's own limit in the data, native is the limit, and named so.
+        let (lim, name) = if has_limit {
+            (s.limit_cfg, s.limit_name)
+        } else {
+            ("native", "native")
+        };
         let (mut rows, mut rv, mut rn, mut dn) = (vec![], vec![], vec![], vec![]);
         for r in &fio {
             let (v, d, n) = (
@@ -529,78 +532,11 @@ fn io_section(
     }
     let head = format!(
         "## {title}\n\nMeasured at {}. To run again: `{}`.\n\n**What bounds it:** {}\n\n",
-        measured(lines, Some(s.cmd), true),
+        measured(lines, None, true),
         s.cmd,
         s.bounds
     );
     Ok((head + &md, summary))
-}
-
-fn device_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
-    let m = Medians::new(lines);
-    let groups = distinct(lines.iter(), "row");
-    let get = |r: &str, c: &str| m.get("device", r, c, VALUE);
-    let (mut rows, mut rv, mut rn, mut rd) = (vec![], vec![], vec![], vec![]);
-    for r in &groups {
-        let (v, d, n) = (get(r, "vfsd"), get(r, "virtiofsd"), get(r, "native"));
-        rows.push(vec![
-            r.clone(),
-            fmt(n),
-            fmt(v),
-            fmt(d),
-            ratio(v, n),
-            ratio(d, n),
-            ratio(v, d),
-        ]);
-        rv.push(over(v, d));
-        rn.push(over(v, n));
-        rd.push(over(d, n));
-    }
-    let svg = ratio_bars(
-        data,
-        ("device", "device.svg"),
-        &groups,
-        vec![("vfsd", rn.clone()), ("virtiofsd", rd)],
-        "O_DIRECT on a device: ops/s relative to native".into(),
-        "÷ native".into(),
-        "native",
-    )?;
-    let cmd = "git show 7da17a8:scripts/bench-device.sh > /tmp/bench-device.sh && bash \
-               /tmp/bench-device.sh --runs 3";
-    let mut md = format!(
-        "## The load generator against a device\n\nMeasured at {}. That script is not in the \
-         tree any more; to run it again: `{cmd}`.\n\n",
-        measured(lines, Some(cmd), true)
-    );
-    md += "The share is ext4 on a loop device doing direct I/O to a file on the host's disk; \
-           every side does O_DIRECT: native fio with a psync thread per request in flight, and \
-           the load generator (`--direct`) through each daemon, both `--cache never \
-           --allow-direct-io`. Rows are workload, block size and requests in flight; medians of \
-           3 interleaved runs, ops/s.\n\n\
-           **What bounds it:** the device sets the pace; what is left is per-request CPU on 2 \
-           cores that the load generator shares with the daemon, and virtiofsd without a pool \
-           serves one request at a time per queue.\n\n";
-    md += &table(
-        &[
-            "workload",
-            "native",
-            "vfsd",
-            "virtiofsd",
-            "vfsd ÷ native",
-            "virtiofsd ÷ native",
-            "vfsd ÷ virtiofsd",
-        ],
-        &rows,
-    );
-    md += &format!("\n![device]({svg})\n\n");
-    Ok((
-        md,
-        vec![Summary::new(
-            "Load generator against a device (O_DIRECT)",
-            rv,
-            rn,
-        )],
-    ))
 }
 
 /// The tree bench's figures: the last line of each daemon, mode and step, and of each
@@ -1031,6 +967,28 @@ fn crash_section(lines: &[Line]) -> String {
     md + "\n"
 }
 
+/// Figures that tests print beside what they check, saved by hand in
+/// docs/benchmarks/tests/results.jsonl: a line per figure, with what it is, the commit and
+/// date it was measured at and the command that prints it again.
+fn tests_section(lines: &[Line]) -> String {
+    let mut md = String::from(
+        "## Figures the tests print\n\nSome tests print what they measure beside what they \
+         check (`--nocapture` shows it); these figures were saved from such runs, and the \
+         command under each prints them again.\n\n",
+    );
+    for x in lines {
+        md += &format!(
+            "### {}\n\nMeasured at commit {}, {}. To run again: `{}`.\n\n{}\n\n",
+            text(x, "what"),
+            text(x, "commit"),
+            text(x, "date"),
+            text(x, "command"),
+            text(x, "figure"),
+        );
+    }
+    md
+}
+
 fn migration_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary>)> {
     let rows: Vec<Vec<String>> = lines
         .iter()
@@ -1045,19 +1003,21 @@ fn migration_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary
                 format!("{} MiB", text(x, "ram_mib")),
                 text(x, "lines_written"),
                 text(x, "result"),
-                format!("`{}`", text(x, "command")),
                 format!("[{raw}](benchmarks/migration/{raw})"),
             ]
         })
         .collect();
-    let cmd = "cargo test --release --test guest -- --include-ignored --nocapture \
-               migration::live_migration_through_a_socket";
-    let commit = text(&lines[0], "commit");
+    let on_a_directory = "cargo test --release --test guest -- --include-ignored --nocapture \
+                          migration::live_migration_through_a_socket";
+    let on_gluster = "scripts/gluster.sh up && cargo test --release --features gluster-tests \
+                      --test guest -- --include-ignored --nocapture \
+                      gluster::gluster_live_migration";
     let mut md = format!(
-        "## Live migration\n\nMeasured at {} with the commands in the table (`git show \
-         {commit}:scripts/guest-migrate.sh`; the vfsd and virtiofsd 1.14 rows alike). The guest \
-         tests that migrate print the same figures: `{cmd}` (and `VFSD_TEST_DAEMON=virtiofsd` \
-         for virtiofsd).\n\n",
+        "## Live migration\n\nMeasured at {}. To run again: `{on_a_directory}` for a host \
+         directory (fio across the switch), `{on_gluster}` for GlusterFS, and the same with \
+         `VFSD_TEST_DAEMON=virtiofsd` in front for virtiofsd 1.14: these guest tests print \
+         each migration's total time, downtime and RAM sent from the source's \
+         `query-migrate`.\n\n",
         measured(lines, None, false)
     );
     md += "A TCG guest (2 vCPUs, 1 GiB) moves between two QEMU 10.0.2 processes on this host, \
@@ -1075,7 +1035,6 @@ fn migration_section(data: &Path, lines: &[Line]) -> Result<(String, Vec<Summary
             "RAM sent",
             "guest lines",
             "result",
-            "command",
             "raw summary",
         ],
         &rows,
@@ -1299,6 +1258,94 @@ mod tests {
         );
         assert!(!md.contains("at 1,000 files known"), "{md}");
         assert!(!md.contains("## Upgrade in place"), "{md}");
+    }
+
+    #[test]
+    fn without_the_sections_own_limit_native_is_the_limit_and_named_so() {
+        use super::*;
+        let line = |config: &str, value: f64| {
+            format!(
+                r#"{{"commit":"eee","date":"2026-04-05","part":"fio","row":"seqread-1m","config":"{config}","run":1,"value":{value}}}"#
+            )
+        };
+        let results = [
+            line("vfsd", 300.0),
+            line("virtiofsd", 200.0),
+            line("native", 600.0),
+        ]
+        .join("\n");
+        let dir = crate::tree_with(&[("docs/benchmarks/gluster/results.jsonl", &results)]);
+        assert!(write_page(dir.path()));
+        let md = std::fs::read_to_string(dir.path().join("docs/benchmarks.md")).unwrap();
+        assert!(
+            md.contains("| fio job | vfsd IOPS | virtiofsd IOPS | native IOPS | vfsd ÷ virtiofsd | vfsd ÷ native |\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| seqread-1m | 300 | 200 | 600 | 1.50 | 0.50 |\n"),
+            "{md}"
+        );
+        assert!(!md.contains("guest ceiling"), "{md}");
+    }
+
+    #[test]
+    fn each_printed_figure_comes_with_its_commit_and_command() {
+        use super::*;
+        let results = r#"{"commit":"fff","date":"2026-05-06","what":"A flood","figure":"9 of 10 refused.","command":"cargo test --test it -- flood"}"#;
+        let dir = crate::tree_with(&[("docs/benchmarks/tests/results.jsonl", results)]);
+        assert!(write_page(dir.path()));
+        let md = std::fs::read_to_string(dir.path().join("docs/benchmarks.md")).unwrap();
+        assert!(
+            md.contains(
+                "### A flood\n\nMeasured at commit fff, 2026-05-06. To run again: \
+                 `cargo test --test it -- flood`.\n\n9 of 10 refused.\n"
+            ),
+            "{md}"
+        );
+    }
+
+    /// The page written from the repository's own results names, in every section, a
+    /// command that runs here: each script and bench it names is in the tree.
+    #[test]
+    fn every_section_of_the_page_can_be_run_again_from_the_tree() {
+        use super::*;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = vec![];
+        for dir in std::fs::read_dir(repo.join("docs/benchmarks")).unwrap() {
+            let dir = dir.unwrap().path();
+            for f in std::fs::read_dir(&dir).into_iter().flatten() {
+                let f = f.unwrap().path();
+                if let Ok(text) = std::fs::read_to_string(&f) {
+                    let rel = f.strip_prefix(repo).unwrap().to_str().unwrap().to_string();
+                    files.push((rel, text));
+                }
+            }
+        }
+        let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (&p[..], &t[..])).collect();
+        let dir = crate::tree_with(&files);
+        assert!(write_page(dir.path()));
+        let md = std::fs::read_to_string(dir.path().join("docs/benchmarks.md")).unwrap();
+        assert!(!md.contains("git show"), "{md}");
+        for section in md.split("\n## ").skip(2) {
+            let title = section.lines().next().unwrap();
+            assert!(section.contains("To run again: `"), "no command in {title}");
+        }
+        for word in md.split(|c: char| c.is_whitespace() || c == '`') {
+            if let Some(script) = word.strip_prefix("scripts/") {
+                assert!(
+                    repo.join("scripts").join(script).exists(),
+                    "{word} is not in the tree"
+                );
+            }
+        }
+        for bench in md.split("cargo bench --bench ").skip(1) {
+            let name: String = bench
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            let path = repo.join("tests/bench").join(format!("{name}.rs"));
+            assert!(path.exists(), "no bench {name}");
+        }
     }
 
     #[test]
