@@ -8,13 +8,24 @@
 //! memory, and a queue on the guest's descriptor table pops them from there. Their
 //! buffers are the guest's: replies go where the chains say.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread;
 
+use log::{info, warn};
+use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryRegion, GuestRegionMmap, MmapRegion};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemory, GuestMemoryLoadGuard, GuestMemoryRegion, GuestRegionMmap,
+    MmapRegion,
+};
 
+use super::pool::Job;
+use super::resume::avail_slot;
+use super::vring::Ticket;
+use super::{FsDevice, TrackedVring};
 use crate::recovery::record::RingState;
-use crate::server::GuestMem;
+use crate::server::{GuestMem, Opcode, Popped};
 
 /// The requests a ring's dead server held, and where the ring goes on from.
 pub struct TakenOver {
@@ -126,6 +137,122 @@ pub fn pop_all(q: &mut Queue, mem: &Arc<GuestMem>) -> Vec<DescriptorChain<Arc<Gu
         out.push(c);
     }
     out
+}
+
+impl FsDevice {
+    /// The first time ring `queue` runs after its serving process died: it goes on from
+    /// where that one left it, and the requests it held are served again, or answered
+    /// as `FuseServer::serve_again` says.
+    pub(super) fn take_up(
+        &self,
+        vring: &TrackedVring,
+        queue: usize,
+        mem: &GuestMemoryLoadGuard<GuestMem>,
+    ) {
+        let (taken, table, size, tickets) = {
+            let mut state = vring.get_mut();
+            if !state.is_enabled() || !state.get_queue().ready() {
+                return;
+            }
+            let Some(st) = self
+                .taken_over
+                .lock()
+                .unwrap()
+                .get_mut(queue)
+                .and_then(Option::take)
+            else {
+                return;
+            };
+            let q = state.get_queue_mut();
+            let size = q.size();
+            let (Ok(used), Ok(avail)) = (
+                q.used_idx(&**mem, Ordering::Acquire),
+                q.avail_idx(&**mem, Ordering::Acquire),
+            ) else {
+                warn!(
+                    "queue {queue}: its rings can't be read; what the dead process held is dropped"
+                );
+                return;
+            };
+            let t = take_over(&st, size, used.0, avail.0, |p| avail_slot(mem, q, p));
+            q.set_next_avail(t.next_avail);
+            q.set_next_used(t.next_used);
+            // All at the ring's next index: a stop while one still runs then finds no span
+            // of positions to move the base back over (those entries were answered).
+            let tickets: Vec<Ticket> = (t.heads.iter())
+                .map(|_| vring.popped(t.next_avail, 1)[0])
+                .collect();
+            vring.record_popped_again(size, t.next_avail, t.next_used, t.heads.iter().copied());
+            (t, q.desc_table(), size, tickets)
+        };
+        // A death between a used entry and its interrupt would leave the guest unaware of
+        // an answer: it hears once now, whatever follows (a spare interrupt is harmless).
+        let _ = vring.signal_used_queue();
+        info!(
+            "queue {queue}: taken over at avail {} used {}, {} request(s) the dead process held, {} of them in flight at the death before too",
+            taken.next_avail,
+            taken.next_used,
+            taken.heads.len(),
+            taken.twice.len()
+        );
+        if taken.heads.is_empty() {
+            return;
+        }
+        let (with, mut q) = match scratch_queue(mem, table, size, &taken.heads) {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("queue {queue}: {e}; the requests the dead process held get no answer");
+                return;
+            }
+        };
+        let chains = pop_all(&mut q, &with);
+        let mut done = Vec::new();
+        for (chain, ticket) in chains.into_iter().zip(tickets) {
+            let head = chain.head_index();
+            let popped = Popped::new(&with, chain);
+            let twice = taken.twice.contains(&head);
+            let queue = queue as u16;
+            // An OPEN or CREATE may wait for a host lease's break (up to the host's
+            // lease-break-time): on a thread of its own, as the pool would take it, so the
+            // others and the ring's new requests go on meanwhile.
+            if matches!(popped.opcode(), Some(Opcode::Open | Opcode::Create)) {
+                let (server, with) = (self.server.clone(), with.clone());
+                let job = Job {
+                    vring: vring.clone(),
+                    ticket,
+                    head,
+                    queue,
+                };
+                let spawned =
+                    thread::Builder::new()
+                        .name("vfsd-taken-over".into())
+                        .spawn(move || {
+                            job.complete(
+                                server.serve_again(&with, popped, twice, &mut || job.later()),
+                            )
+                        });
+                if let Err(e) = spawned {
+                    warn!("queue {queue}: a request the dead process held gets no answer: {e}");
+                }
+                continue;
+            }
+            let job = Job {
+                vring,
+                ticket,
+                head,
+                queue,
+            };
+            if let Some(len) = self
+                .server
+                .serve_again(&with, popped, twice, &mut || job.later())
+            {
+                done.push((ticket, head, len));
+            }
+        }
+        vring.complete(&done);
+        // The guest learns of the answers even if it asked not to be told of each.
+        let _ = vring.signal_used_queue();
+    }
 }
 
 #[cfg(test)]

@@ -296,7 +296,7 @@ pub fn place(chain: &Chain, queue: Queue) -> Place {
 
 /// `place`, from the opcode (None: one vfsd doesn't know, or no readable header) and
 /// whether it is a COPY_FILE_RANGE of at most `SHORT_COPY` bytes.
-fn decide(op: Option<Opcode>, short_copy: bool, queue: Queue) -> Place {
+pub(super) fn decide(op: Option<Opcode>, short_copy: bool, queue: Queue) -> Place {
     match op {
         Some(Opcode::Read) => Place::NoWaitRead {
             if_it_would_block: if queue.alone {
