@@ -113,6 +113,58 @@ struct Job {
     pos: u64,
 }
 
+/// Why a run failed.
+#[derive(Debug)]
+enum BenchError {
+    /// Preparing the files or connecting to the socket.
+    Io(std::io::Error),
+    /// A request failed, or its reply didn't decode.
+    Fuse(FuseError),
+    /// The named setup request failed.
+    Setup(&'static str, FuseError),
+    /// The daemon did something the workload doesn't expect.
+    Unexpected(String),
+}
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchError::Io(e) => e.fmt(f),
+            BenchError::Fuse(e) => e.fmt(f),
+            BenchError::Setup(what, e) => write!(f, "{what}: {e}"),
+            BenchError::Unexpected(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for BenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BenchError::Io(e) => Some(e),
+            BenchError::Fuse(e) | BenchError::Setup(_, e) => Some(e),
+            BenchError::Unexpected(_) => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for BenchError {
+    fn from(e: std::io::Error) -> Self {
+        BenchError::Io(e)
+    }
+}
+
+impl From<FuseError> for BenchError {
+    fn from(e: FuseError) -> Self {
+        BenchError::Fuse(e)
+    }
+}
+
+impl From<&str> for BenchError {
+    fn from(why: &str) -> Self {
+        BenchError::Unexpected(why.into())
+    }
+}
+
 fn main() {
     let a = Args::parse();
     if let Err(e) = run(&a) {
@@ -183,7 +235,7 @@ fn prepare_file(path: &std::path::Path, size: u64) -> std::io::Result<()> {
     f.sync_all()
 }
 
-fn run(a: &Args) -> Result<(), String> {
+fn run(a: &Args) -> Result<(), BenchError> {
     let shared = matches!(
         a.workload,
         Workload::RandwriteShared | Workload::RandreadShared
@@ -200,18 +252,18 @@ fn run(a: &Args) -> Result<(), String> {
     let jobs = a.queues * a.depth;
     let file_size = a.file_mib << 20;
     let dir = a.shared_dir.join("vfsd-bench");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir)?;
     if data {
         let files = if shared { 1 } else { jobs };
         for j in 0..files {
-            prepare_file(&dir.join(format!("data{j}")), file_size).map_err(|e| e.to_string())?;
+            prepare_file(&dir.join(format!("data{j}")), file_size)?;
         }
     }
     if a.workload == Workload::LookupGetattr {
         for i in 0..1000 {
             let p = dir.join(format!("m{i}"));
             if !p.exists() {
-                std::fs::write(p, b"").map_err(|e| e.to_string())?;
+                std::fs::write(p, b"")?;
             }
         }
     }
@@ -224,7 +276,7 @@ fn run(a: &Args) -> Result<(), String> {
         buf_size: buf,
         event_idx: true,
     };
-    let fe = Frontend::connect(&a.socket, cfg).map_err(|e| e.to_string())?;
+    let fe = Frontend::connect(&a.socket, cfg)?;
     let mut client = FuseClient::new(fe);
     if a.direct {
         // A WRITE's data after InHeader and WriteIn, a READ's after OutHeader.
@@ -236,18 +288,18 @@ fn run(a: &Args) -> Result<(), String> {
         ));
     }
     let c = Arc::new(client);
-    c.init().map_err(|e| format!("INIT: {e}"))?;
+    c.init().map_err(|e| BenchError::Setup("INIT", e))?;
     let d = c
         .lookup(1, "vfsd-bench")
-        .map_err(|e| format!("LOOKUP: {e}"))?
+        .map_err(|e| BenchError::Setup("LOOKUP", e))?
         .nodeid;
     let direct_flags = (libc::O_RDWR | if a.direct { libc::O_DIRECT } else { 0 }) as u32;
     let mut job_files = Vec::new();
     let mut serialise_writes = false;
     if data {
         let shared_file = if shared {
-            let e = c.lookup(d, "data0").map_err(|e| e.to_string())?;
-            let o = c.open(e.nodeid, direct_flags).map_err(|e| e.to_string())?;
+            let e = c.lookup(d, "data0")?;
+            let o = c.open(e.nodeid, direct_flags)?;
             serialise_writes = a.guest_locking && o.open_flags & FOPEN_PARALLEL_DIRECT_WRITES == 0;
             Some((e.nodeid, o.fh))
         } else {
@@ -257,10 +309,8 @@ fn run(a: &Args) -> Result<(), String> {
             let (nodeid, fh) = match shared_file {
                 Some(f) => f,
                 None => {
-                    let e = c
-                        .lookup(d, &format!("data{j}"))
-                        .map_err(|e| e.to_string())?;
-                    let o = c.open(e.nodeid, direct_flags).map_err(|e| e.to_string())?;
+                    let e = c.lookup(d, &format!("data{j}"))?;
+                    let o = c.open(e.nodeid, direct_flags)?;
                     (e.nodeid, o.fh)
                 }
             };
@@ -305,23 +355,23 @@ fn run(a: &Args) -> Result<(), String> {
         let (ops_limit, done_ops) = (a.ops, done_ops.clone());
         let gap = Duration::from_micros(a.gap_us);
         handles.push(std::thread::spawn(move || {
-            worker(
-                &c,
-                q + 1,
+            let w = Worker {
+                queue: q + 1,
                 wl,
                 bs,
                 file_size,
-                d,
-                my_jobs,
+                dir: d,
+                jobs: my_jobs,
                 names,
-                &stop,
-                &measuring,
-                &barrier,
-                lock,
+                stop,
+                measuring,
+                barrier,
+                inode_lock: lock,
                 ops_limit,
-                &done_ops,
+                done_ops,
                 gap,
-            )
+            };
+            worker(&c, w)
         }));
     }
     barrier.wait();
@@ -392,26 +442,43 @@ fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-type WorkerResult = Result<(Vec<u32>, u64), String>;
+type WorkerResult = Result<(Vec<u32>, u64), BenchError>;
 
-#[allow(clippy::too_many_arguments)]
-fn worker(
-    c: &FuseClient,
+/// One queue's share of the run, for its worker thread.
+struct Worker {
     queue: usize,
     wl: Workload,
     bs: usize,
     file_size: u64,
     dir: u64,
-    mut jobs: Vec<Job>,
+    jobs: Vec<Job>,
     names: Vec<String>,
-    stop: &AtomicBool,
-    measuring: &AtomicBool,
-    barrier: &Barrier,
+    stop: Arc<AtomicBool>,
+    measuring: Arc<AtomicBool>,
+    barrier: Arc<Barrier>,
     inode_lock: Option<Arc<AtomicBool>>,
     ops_limit: Option<u64>,
-    done_ops: &std::sync::atomic::AtomicU64,
+    done_ops: Arc<std::sync::atomic::AtomicU64>,
     gap: Duration,
-) -> WorkerResult {
+}
+
+fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
+    let Worker {
+        queue,
+        wl,
+        bs,
+        file_size,
+        dir,
+        mut jobs,
+        names,
+        stop,
+        measuring,
+        barrier,
+        inode_lock,
+        ops_limit,
+        done_ops,
+        gap,
+    } = w;
     let depth = c.fe.cfg.slots;
     let payload = vec![0x5au8; bs];
     let mut rng = 0x2545f4914f6cdd1du64 ^ queue as u64;
@@ -435,7 +502,6 @@ fn worker(
     let mut lats = Vec::with_capacity(1 << 20);
     let mut bytes = 0u64;
     let mut counter = 0u64;
-    let err = |e: FuseError| e.to_string();
 
     // Builds the next request for `job` (step for multi-request workloads).
     let mut build = |job: usize,
@@ -584,8 +650,8 @@ fn worker(
                   start: Instant,
                   inflight: &mut HashMap<usize, Inflight>,
                   req: (u64, Vec<u8>, usize)|
-     -> Result<(), String> {
-        let t = c.submit_bytes(queue, &req.1, req.2, req.0).map_err(err)?;
+     -> Result<(), BenchError> {
+        let t = c.submit_bytes(queue, &req.1, req.2, req.0)?;
         inflight.insert(
             t.slot,
             Inflight {
@@ -617,7 +683,7 @@ fn worker(
             let r = build(job, 0, 0, 0, &mut jobs);
             submit(job, 0, 0, 0, start, &mut inflight, r)?;
         }
-        let done = c.poll_done(queue).map_err(err)?;
+        let done = c.poll_done(queue)?;
         if done.is_empty() {
             if inode_lock.is_some() {
                 std::thread::yield_now();
@@ -640,17 +706,23 @@ fn worker(
                     data: Vec::new(),
                 }
             } else {
-                parse_reply(&raw, f.unique).map_err(err)?
+                parse_reply(&raw, f.unique)?
             };
             if reply.error != 0 && !expected(f.step, -reply.error) {
-                return Err(format!("{wl:?} step {}: errno {}", f.step, -reply.error));
+                return Err(BenchError::Unexpected(format!(
+                    "{wl:?} step {}: errno {}",
+                    f.step, -reply.error
+                )));
             }
             let (mut nodeid, mut fh) = (f.nodeid, f.fh);
             if wl == Workload::Untar && f.step == 1 {
                 // EntryOut (128 bytes), then OpenOut.
                 let field = |at: usize| reply.data.get(at..at + 8).map(|b| b.try_into().unwrap());
                 let (Some(n), Some(h)) = (field(0), field(128)) else {
-                    return Err(format!("CREATE reply of {} bytes", reply.data.len()));
+                    return Err(BenchError::Unexpected(format!(
+                        "CREATE reply of {} bytes",
+                        reply.data.len()
+                    )));
                 };
                 (nodeid, fh) = (u64::from_ne_bytes(n), u64::from_ne_bytes(h));
             } else if f.step == 0
@@ -708,7 +780,7 @@ fn worker(
     // Drain what is still in flight so the daemon is idle when we disconnect.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !inflight.is_empty() && Instant::now() < deadline {
-        for (slot, _) in c.poll_done(queue).map_err(err)? {
+        for (slot, _) in c.poll_done(queue)? {
             inflight.remove(&slot);
         }
         c.fe.wait_call(queue, Duration::from_millis(5));
