@@ -24,6 +24,7 @@
 
 use std::fmt;
 use std::io;
+use std::num::ParseIntError;
 use std::str::FromStr;
 
 /// One command-line rule, as given.
@@ -37,10 +38,33 @@ pub enum Rule {
     ForbidGuest { guest: u32, count: u32 },
 }
 
-impl FromStr for Rule {
-    type Err = String;
+/// Why a rule does not parse; each names the rule as given.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    #[error("'{0}': expected <type>:<id>:<id>[:<count>] (types: map, guest, host, squash-guest, squash-host, forbid-guest)")]
+    Syntax(String),
+    #[error("'{rule}': '{value}' is not an id or count ({source})")]
+    Number {
+        rule: String,
+        value: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("'{rule}': unknown type '{kind}' (expected map, guest, host, squash-guest, squash-host or forbid-guest)")]
+    Kind { rule: String, kind: String },
+    #[error("'{rule}': {kind} takes {want} numbers, got {got}")]
+    Count {
+        rule: String,
+        kind: String,
+        want: usize,
+        got: usize,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Rule, String> {
+impl FromStr for Rule {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Rule, RuleError> {
         let mut kind = String::new();
         let mut rest = None;
         for (i, c) in s.char_indices() {
@@ -52,18 +76,18 @@ impl FromStr for Rule {
             }
         }
         let Some((sep, rest)) = rest else {
-            return Err(format!(
-                "'{s}': expected <type>:<id>:<id>[:<count>] (types: map, guest, host, \
-                 squash-guest, squash-host, forbid-guest)"
-            ));
+            return Err(RuleError::Syntax(s.to_string()));
         };
         let nums = rest
             .split(sep)
             .map(|v| {
-                v.parse::<u32>()
-                    .map_err(|e| format!("'{s}': '{v}' is not an id or count ({e})"))
+                v.parse::<u32>().map_err(|source| RuleError::Number {
+                    rule: s.to_string(),
+                    value: v.to_string(),
+                    source,
+                })
             })
-            .collect::<Result<Vec<u32>, String>>()?;
+            .collect::<Result<Vec<u32>, RuleError>>()?;
         let want = if kind == "forbid-guest" { 2 } else { 3 };
         let known = [
             "guest",
@@ -74,16 +98,18 @@ impl FromStr for Rule {
             "forbid-guest",
         ];
         if !known.contains(&kind.as_str()) {
-            return Err(format!(
-                "'{s}': unknown type '{kind}' (expected map, guest, host, squash-guest, \
-                 squash-host or forbid-guest)"
-            ));
+            return Err(RuleError::Kind {
+                rule: s.to_string(),
+                kind,
+            });
         }
         if nums.len() != want {
-            return Err(format!(
-                "'{s}': {kind} takes {want} numbers, got {}",
-                nums.len()
-            ));
+            return Err(RuleError::Count {
+                rule: s.to_string(),
+                kind,
+                want,
+                got: nums.len(),
+            });
         }
         let (a, b) = (nums[0], nums[1]);
         let c = nums.get(2).copied().unwrap_or(0);
@@ -381,7 +407,7 @@ mod tests {
 
     #[test]
     fn bad_rules_are_refused_with_the_reason() {
-        let err = |s: &str| s.parse::<Rule>().unwrap_err();
+        let err = |s: &str| s.parse::<Rule>().unwrap_err().to_string();
         assert!(err("").contains("expected"));
         assert!(err("map").contains("expected"));
         assert!(err("mapx:1:2:3").contains("unknown type"));
