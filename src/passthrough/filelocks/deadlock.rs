@@ -277,3 +277,88 @@ impl<H> Flocks<H> {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(start: u64, end: u64) -> Range {
+        Range {
+            start,
+            end,
+            typ: libc::F_WRLCK,
+        }
+    }
+
+    /// Owner `owner` holding `range` of `node` in `by_node`.
+    fn hold(by_node: &mut HashMap<u64, HashMap<u64, RangeSet>>, node: u64, owner: u64, r: Range) {
+        let set = by_node.entry(node).or_default().entry(owner).or_default();
+        let plan = set.plan(r);
+        set.commit(plan);
+    }
+
+    /// A chain of `len` owners each waiting for the next one's range, the last one for a
+    /// range of owner 0: owner 0 waiting for owner 1's closes a cycle `len + 1` hops long.
+    fn chain(len: u64) -> (HashMap<u64, HashMap<u64, RangeSet>>, Waits) {
+        let (mut by_node, mut waits) = (HashMap::new(), Waits::default());
+        for k in 0..=len {
+            hold(&mut by_node, 100 + k, k, w(0, 9));
+        }
+        for k in 1..=len {
+            let next = if k == len { 100 } else { 100 + k + 1 };
+            waits.add(k, next, w(0, 9), 0);
+        }
+        (by_node, waits)
+    }
+
+    #[test]
+    fn a_wait_closing_a_cycle_of_posix_waits_is_found_within_the_depth() {
+        let (by_node, waits) = chain(1);
+        assert!(waits.closes_cycle(&by_node, 0, 101, w(5, 5)));
+        // A range owner 1 does not hold blocks nothing.
+        assert!(!waits.closes_cycle(&by_node, 0, 101, w(10, 19)));
+        let (by_node, waits) = chain(DEADLOCK_DEPTH as u64 - 1);
+        assert!(waits.closes_cycle(&by_node, 0, 101, w(0, 0)));
+        // One hop longer than the walk follows: not found.
+        let (by_node, waits) = chain(DEADLOCK_DEPTH as u64);
+        assert!(!waits.closes_cycle(&by_node, 0, 101, w(0, 0)));
+    }
+
+    #[test]
+    fn a_wait_whose_holder_waits_for_nobody_closes_no_cycle() {
+        let (by_node, mut waits) = chain(2);
+        let ids: Vec<u64> = waits.by_owner[&2].iter().map(|r| r.id).collect();
+        waits.remove(2, ids[0]);
+        assert!(!waits.closes_cycle(&by_node, 0, 101, w(0, 9)));
+        // Two read locks don't conflict.
+        let (by_node, waits) = chain(1);
+        let read = Range {
+            typ: libc::F_RDLCK,
+            ..w(0, 9)
+        };
+        let mut reads = HashMap::new();
+        hold(&mut reads, 101, 1, read);
+        hold(&mut reads, 100, 0, read);
+        assert!(!waits.closes_cycle(&reads, 0, 101, read));
+        assert!(waits.closes_cycle(&by_node, 0, 101, read));
+    }
+
+    #[test]
+    fn a_flock_wait_closing_a_cycle_of_processes_is_found() {
+        let (a, b) = (Arc::new(()), Arc::new(()));
+        let mut f: Flocks<()> = Flocks::default();
+        // Process 10 holds node 2 through handle 1, process 20 node 3 through handle 2,
+        // and 20 waits for node 2 through handle 3.
+        f.set(2, 1, 10, libc::F_WRLCK, &a);
+        f.set(3, 2, 20, libc::F_WRLCK, &b);
+        f.add_wait(20, 2, 3, libc::F_WRLCK);
+        assert!(f.closes_cycle(10, 3, 4, libc::F_WRLCK));
+        // Shared flocks don't conflict.
+        f.set(3, 2, 20, libc::F_RDLCK, &b);
+        assert!(!f.closes_cycle(10, 3, 4, libc::F_RDLCK));
+        assert!(f.closes_cycle(10, 3, 4, libc::F_WRLCK));
+        // A released handle holds nothing.
+        drop(b);
+        assert!(!f.closes_cycle(10, 3, 4, libc::F_WRLCK));
+    }
+}
