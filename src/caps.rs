@@ -17,6 +17,11 @@ const DEFAULT: &[Capability] = &[
     Capability::CAP_LINUX_IMMUTABLE,
 ];
 
+/// The process's capabilities could not be read or set.
+#[derive(Debug, thiserror::Error)]
+#[error("capabilities")]
+pub struct CapsError(#[from] caps::errors::CapsError);
+
 /// Parses `+name:-name:…` (names with or without the `cap_` prefix, any case).
 pub fn parse_modcaps(spec: &str) -> Result<Vec<(bool, Capability)>, String> {
     spec.split(':')
@@ -43,7 +48,7 @@ pub fn parse_modcaps(spec: &str) -> Result<Vec<(bool, Capability)>, String> {
 
 /// Reduces the process's capabilities to the default set adjusted by `modcaps`.
 /// A no-op when not root (an unprivileged daemon has none to drop).
-pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), String> {
+pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), CapsError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
@@ -63,7 +68,7 @@ pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), String> {
             keep.remove(&cap);
         }
     }
-    let have = caps::read(None, CapSet::Permitted).map_err(|e| format!("capabilities: {e}"))?;
+    let have = caps::read(None, CapSet::Permitted)?;
     let keep: CapsHashSet = keep.intersection(&have).copied().collect();
     for cap in caps::all() {
         if !keep.contains(&cap) {
@@ -71,9 +76,9 @@ pub fn drop_to(modcaps: &[(bool, Capability)]) -> Result<(), String> {
             let _ = caps::drop(None, CapSet::Bounding, cap);
         }
     }
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("capabilities: {e}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("capabilities: {e}"))?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("capabilities: {e}"))?;
+    caps::set(None, CapSet::Effective, &keep)?;
+    caps::set(None, CapSet::Permitted, &keep)?;
+    caps::clear(None, CapSet::Inheritable)?;
     Ok(())
 }
 

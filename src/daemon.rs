@@ -14,8 +14,9 @@ use vm_memory::GuestMemoryAtomic;
 
 use crate::cli::Opt;
 use crate::device::{DeviceConfig, FsDevice};
-use crate::error::StartupError;
+use crate::error::{Chain, StartupError};
 use crate::passthrough::{Config, PassthroughFs};
+use crate::sandbox::SandboxError;
 use crate::sandbox::{self, SocketName, StatsFile};
 use crate::server::{FuseServer, GuestMem};
 
@@ -71,19 +72,22 @@ pub fn init_logging(opt: &Opt) -> Option<RawFd> {
         log::set_max_level(log::max_level().min(log::LevelFilter::Debug));
     }
     if let Some(e) = syslog_err {
-        log::warn!("{e}; logging to stderr instead");
+        log::warn!("{}; logging to stderr instead", Chain(&e));
     }
     syslog_fd
 }
 
-fn check_shared_dir(dir: &Path) -> Result<(), String> {
+fn check_shared_dir(dir: &Path) -> Result<(), StartupError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(format!(
+        Ok(_) => Err(StartupError::shared_dir(format!(
             "shared directory '{}' is not a directory",
             dir.display()
+        ))),
+        Err(e) => Err(StartupError::shared_dir_from(
+            format!("shared directory '{}'", dir.display()),
+            e,
         )),
-        Err(e) => Err(format!("shared directory '{}': {e}", dir.display())),
     }
 }
 
@@ -99,18 +103,19 @@ fn check_shared_dir(dir: &Path) -> Result<(), String> {
 /// before anything is queued, so the owner of a listening socket never sees a
 /// connection (a stream connect would look like a frontend to it). A socket file vfsd
 /// may not write to can't be asked about: an error, rather than a guess.
-fn socket_bound(path: &Path) -> Result<bool, String> {
+fn socket_bound(path: &Path) -> Result<bool, StartupError> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {}
         // Nothing there, or no socket for one to be bound to.
         _ => return Ok(false),
     }
+    // The error goes inside the sentence, which ends with what to do.
     let cannot_tell = |e: std::io::Error| {
-        format!(
+        StartupError::socket(format!(
             "socket path '{}': cannot tell whether a socket is bound to it ({e}); remove it if it is stale",
             path.display()
-        )
+        ))
     };
     let probe = std::os::unix::net::UnixDatagram::unbound().map_err(cannot_tell)?;
     match probe.connect(path) {
@@ -126,31 +131,36 @@ fn socket_bound(path: &Path) -> Result<bool, String> {
 }
 
 /// Binds the socket path, refusing one a live socket is bound to.
-fn bind(path: &Path) -> Result<UnixListener, String> {
+fn bind(path: &Path) -> Result<UnixListener, StartupError> {
     if socket_bound(path)? {
-        return Err(format!(
+        return Err(StartupError::socket(format!(
             "socket path '{}' is in use by another process",
             path.display()
-        ));
+        )));
     }
     // A stale socket from an earlier run is replaced, as virtiofsd does.
     let _ = std::fs::remove_file(path);
-    UnixListener::bind(path).map_err(|e| format!("cannot listen on '{}': {e}", path.display()))
+    UnixListener::bind(path)
+        .map_err(|e| StartupError::socket_from(format!("cannot listen on '{}'", path.display()), e))
 }
 
 /// `--socket-group`: the socket belongs to GROUP (a name or a number), which may connect.
 /// The socket is opened O_PATH|O_NOFOLLOW and changed through that fd, so a symlink put in
 /// its place (in a directory others can write) is never followed.
-fn set_socket_group(path: &Path, group: &str) -> Result<(), String> {
+fn set_socket_group(path: &Path, group: &str) -> Result<(), StartupError> {
     let gid = match group.parse::<libc::gid_t>() {
         Ok(g) => g,
         Err(_) => crate::sys::group_id(group)
-            .map_err(|e| format!("--socket-group '{group}': {e}"))?
-            .ok_or_else(|| format!("--socket-group '{group}': no such group"))?,
+            .map_err(|e| StartupError::socket_from(format!("--socket-group '{group}'"), e))?
+            .ok_or_else(|| {
+                StartupError::socket(format!("--socket-group '{group}': no such group"))
+            })?,
     };
-    let fail = |e: std::io::Error| format!("--socket-group '{group}': {}: {e}", path.display());
+    let fail = |e: std::io::Error| {
+        StartupError::socket_from(format!("--socket-group '{group}': {}", path.display()), e)
+    };
     let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| "--socket-group: the socket path contains a NUL byte".to_string())?;
+        .map_err(|_| StartupError::socket("--socket-group: the socket path contains a NUL byte"))?;
     let fd = crate::sys::openat(
         libc::AT_FDCWD,
         &cpath,
@@ -192,7 +202,7 @@ fn write_stats(sink: &StatsFile, server: &FuseServer) {
 /// hold an O_PATH fd. Without a value: 1,000,000 (at most fs.nr_open) unless the soft
 /// limit is already higher, falling back to the hard limit if that can't be set; 0
 /// leaves the limit alone; any other value sets soft and hard limits to it.
-fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
+fn set_rlimit_nofile(want: Option<u64>) -> Result<(), SandboxError> {
     const DEFAULT_NOFILE: u64 = 1_000_000;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -200,8 +210,10 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     };
     // SAFETY: `lim` is a valid out pointer.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("RLIMIT_NOFILE: {e}"));
+        return Err(SandboxError::Limit {
+            context: "RLIMIT_NOFILE".into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     // Without /proc (a bare container) there is no cap to check: setrlimit will say.
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
@@ -211,9 +223,9 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     let target = match want {
         Some(0) => return Ok(()),
         Some(n) if n > nr_open => {
-            return Err(format!(
+            return Err(SandboxError::Refused(format!(
                 "--rlimit-nofile {n}: it cannot be raised above fs.nr_open ({nr_open})"
-            ))
+            )))
         }
         Some(n) => n,
         None if lim.rlim_cur >= DEFAULT_NOFILE => return Ok(()),
@@ -232,7 +244,10 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
     };
     match set(target) {
         Ok(()) => Ok(()),
-        Err(e) if want.is_some() => Err(format!("--rlimit-nofile {target}: {e}")),
+        Err(source) if want.is_some() => Err(SandboxError::Limit {
+            context: format!("--rlimit-nofile {target}"),
+            source,
+        }),
         // Not allowed to raise the hard limit (no CAP_SYS_RESOURCE): use it as it is.
         // Logged at debug only: running at the hard limit is the ordinary case then.
         Err(e) => {
@@ -240,16 +255,24 @@ fn set_rlimit_nofile(want: Option<u64>) -> Result<(), String> {
                 "RLIMIT_NOFILE {target}: {e}; using the hard limit ({})",
                 lim.rlim_max
             );
-            set(lim.rlim_max).map_err(|e| format!("RLIMIT_NOFILE {}: {e}", lim.rlim_max))
+            set(lim.rlim_max).map_err(|source| SandboxError::Limit {
+                context: format!("RLIMIT_NOFILE {}", lim.rlim_max),
+                source,
+            })
         }
     }
 }
 
-/// An fd vfsd's supervisor passed (`--serve-fd` and the like), checked to be open.
-fn inherited_fd(opt: &str, fd: i32) -> Result<OwnedFd, String> {
+/// An fd vfsd's supervisor passed (`--serve-fd` and the like), checked to be open; if it
+/// is not, the error `kind` makes of the message.
+fn inherited_fd(
+    opt: &str,
+    fd: i32,
+    kind: fn(String) -> StartupError,
+) -> Result<OwnedFd, StartupError> {
     // SAFETY: F_GETFD only inspects the fd.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(format!("--{opt} {fd}: not an open file descriptor"));
+        return Err(kind(format!("--{opt} {fd}: not an open file descriptor")));
     }
     // SAFETY: the supervisor passed this fd for this use alone; nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -277,8 +300,8 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     // to vfsd the moment its socket exists) waits blocked across the exec until here.
     sandbox::remember_early_signals();
     sandbox::reset_inherited_signals();
-    opt.apply_compat_options().map_err(E::Option)?;
-    opt.check_supported().map_err(E::Option)?;
+    opt.apply_compat_options().map_err(E::option)?;
+    opt.check_supported().map_err(E::option)?;
     let syslog_fd = init_logging(&opt);
     // A request that panics is answered EIO and the worker goes on (server::handle); the
     // panic itself goes to the log. The default hook would also look for a backtrace
@@ -286,13 +309,14 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     std::panic::set_hook(Box::new(|info| log::error!("{info}")));
     crate::server::install_wake_handler();
     let shared_dir =
-        (opt.shared_dir.clone()).ok_or_else(|| E::Option("--shared-dir is required".into()))?;
-    check_shared_dir(&shared_dir).map_err(E::SharedDir)?;
-    let shared_dir = std::fs::canonicalize(&shared_dir)
-        .map_err(|e| E::SharedDir(format!("shared directory '{}': {e}", shared_dir.display())))?;
+        (opt.shared_dir.clone()).ok_or_else(|| E::option("--shared-dir is required"))?;
+    check_shared_dir(&shared_dir)?;
+    let shared_dir = std::fs::canonicalize(&shared_dir).map_err(|e| {
+        E::shared_dir_from(format!("shared directory '{}'", shared_dir.display()), e)
+    })?;
     if opt.stats_interval <= 0.0 || !opt.stats_interval.is_finite() {
-        return Err(E::Option(
-            "--stats-interval must be a positive number of seconds".into(),
+        return Err(E::option(
+            "--stats-interval must be a positive number of seconds",
         ));
     }
     let mut modcaps = opt
@@ -300,30 +324,28 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         .as_deref()
         .map(crate::caps::parse_modcaps)
         .transpose()
-        .map_err(E::Option)?
+        .map_err(E::option)?
         .unwrap_or_default();
     if opt.inode_file_handles != crate::cli::InodeFileHandles::Never {
         // open_by_handle_at needs it.
         modcaps.insert(0, (true, ::caps::Capability::CAP_DAC_READ_SEARCH));
     }
     // Before the socket exists: a frontend that connects finds the limit in place.
-    set_rlimit_nofile(opt.rlimit_nofile).map_err(E::Sandbox)?;
+    set_rlimit_nofile(opt.rlimit_nofile)?;
     // Opened now: the sandbox hides its path (and keeps no directory outside the share).
     let stats_sink = match (opt.stats_fd, opt.stats.as_deref()) {
-        (Some(fd), _) => Some(StatsFile::from_fd(
-            inherited_fd("stats-fd", fd).map_err(E::Device)?,
-        )),
-        (None, p) => p.map(StatsFile::create).transpose().map_err(E::Device)?,
+        (Some(fd), _) => Some(StatsFile::from_fd(inherited_fd("stats-fd", fd, E::device)?)),
+        (None, p) => (p.map(StatsFile::create).transpose()).map_err(|e| E::Device(e.into()))?,
     };
 
     let metrics_addr = (opt.metrics.as_deref().map(crate::metrics::parse_addr))
         .transpose()
-        .map_err(E::Option)?;
+        .map_err(E::option)?;
     if let (Some(crate::metrics::MetricsAddr::Unix(m)), Some(s)) = (&metrics_addr, &opt.socket_path)
     {
         if std::path::absolute(m).ok() == std::path::absolute(s).ok() {
-            return Err(E::Option(
-                "--metrics and --socket-path name the same socket".into(),
+            return Err(E::option(
+                "--metrics and --socket-path name the same socket",
             ));
         }
     }
@@ -334,13 +356,13 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     let mut socket_name: Option<SocketName> = None;
     let metrics = match &metrics_addr {
         Some(_) if opt.metrics_fd.is_some() => {
-            let fd = inherited_fd("metrics-fd", opt.metrics_fd.unwrap_or(-1)).map_err(E::Socket)?;
-            Some(crate::metrics::MetricsListener::from_fd(fd).map_err(E::Socket)?)
+            let fd = inherited_fd("metrics-fd", opt.metrics_fd.unwrap_or(-1), E::socket)?;
+            Some(crate::metrics::MetricsListener::from_fd(fd).map_err(|e| E::Socket(e.into()))?)
         }
         Some(addr) => {
-            let l = crate::metrics::MetricsListener::bind(addr).map_err(E::Socket)?;
+            let l = crate::metrics::MetricsListener::bind(addr).map_err(|e| E::Socket(e.into()))?;
             if let crate::metrics::MetricsAddr::Unix(p) = addr {
-                socket_name = Some(SocketName::new(p).map_err(E::Socket)?);
+                socket_name = Some(SocketName::new(p).map_err(|e| E::Socket(e.into()))?);
             }
             Some(l)
         }
@@ -354,7 +376,7 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     };
 
     if let Some(fd) = opt.serve_fd {
-        let fd = inherited_fd("serve-fd", fd).map_err(E::Socket)?;
+        let fd = inherited_fd("serve-fd", fd, E::socket)?;
         let listener = Listener::from(UnixListener::from(fd));
         return serve(
             opt, shared_dir, modcaps, listener, metrics, stats_sink, syslog_fd,
@@ -362,44 +384,46 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
     }
     let listener = match (&opt.socket_path, opt.fd) {
         (Some(p), _) => {
-            let l = bind(p).map_err(|e| abandon(&socket_name, E::Socket(e)))?;
+            let l = bind(p).map_err(|e| abandon(&socket_name, e))?;
             let named = match &mut socket_name {
                 Some(n) => n.add(p),
                 None => SocketName::new(p).map(|n| socket_name = Some(n)),
             };
-            named.map_err(|e| abandon(&socket_name, E::Socket(e)))?;
+            named.map_err(|e| abandon(&socket_name, E::Socket(e.into())))?;
             if let Some(g) = &opt.socket_group {
-                set_socket_group(p, g).map_err(|e| abandon(&socket_name, E::Socket(e)))?;
+                set_socket_group(p, g).map_err(|e| abandon(&socket_name, e))?;
             }
             l
         }
         (None, Some(fd)) => {
             // SAFETY: F_GETFD only inspects the fd.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                let e = format!("--fd {fd}: not an open file descriptor");
-                return Err(abandon(&socket_name, E::Socket(e)));
+                let e = E::socket(format!("--fd {fd}: not an open file descriptor"));
+                return Err(abandon(&socket_name, e));
             }
             // SAFETY: the user hands us this fd as a listening socket (as with virtiofsd's
             // --fd); nothing else in the process uses it, and the listener now owns it.
             unsafe { UnixListener::from_raw_fd(fd) }
         }
         (None, None) => {
-            let e = E::Option("one of --socket-path or --fd is required".into());
+            let e = E::option("one of --socket-path or --fd is required");
             return Err(abandon(&socket_name, e));
         }
     };
-    let exe = exe.map_err(|e| abandon(&socket_name, E::Option(format!("vfsd's own path: {e}"))))?;
+    let exe = exe.map_err(|e| abandon(&socket_name, E::option_from("vfsd's own path", e)))?;
     let mut inherited: Vec<(&'static str, OwnedFd)> = Vec::new();
     let dup = |fd: RawFd| {
         // SAFETY: `fd` is open and ours for as long as this borrow; the dup is owned.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
     };
     if let Some(m) = &metrics {
-        let fd = dup(m.fd()).map_err(|e| abandon(&socket_name, E::Socket(e.to_string())))?;
+        let fd =
+            dup(m.fd()).map_err(|e| abandon(&socket_name, E::socket_from("--metrics: dup", e)))?;
         inherited.push(("metrics-fd", fd));
     }
     if let Some(s) = &stats_sink {
-        let fd = dup(s.fd()).map_err(|e| abandon(&socket_name, E::Device(e.to_string())))?;
+        let fd =
+            dup(s.fd()).map_err(|e| abandon(&socket_name, E::device_from("--stats: dup", e)))?;
         inherited.push(("stats-fd", fd));
     }
     drop(metrics);
@@ -413,7 +437,7 @@ pub fn run(mut opt: Opt) -> Result<(), StartupError> {
         socket: socket_name,
         keep_listening: opt.keep_listening,
     };
-    crate::supervisor::run(sup).map_err(E::Device)
+    crate::supervisor::run(sup).map_err(|e| E::Device(e.into()))
 }
 
 /// The serving process: confines itself and serves the one frontend its supervisor
@@ -442,9 +466,8 @@ fn serve(
     // Never closed: in the fd table the keeper shares, a close here would be its too.
     let keeper = opt
         .keeper_fd
-        .map(|fd| inherited_fd("keeper-fd", fd))
-        .transpose()
-        .map_err(E::Device)?
+        .map(|fd| inherited_fd("keeper-fd", fd, E::device))
+        .transpose()?
         .map(|c| c.into_raw_fd());
     // Without a record (no memfd, an address-space limit below its mapping) the
     // daemon serves as before, and a crash ends the session.
@@ -460,20 +483,17 @@ fn serve(
     };
     let recover = opt
         .recover_fd
-        .map(|fd| inherited_fd("recover-fd", fd))
-        .transpose()
-        .map_err(E::Device)?;
+        .map(|fd| inherited_fd("recover-fd", fd, E::device))
+        .transpose()?;
     keep.extend(keeper);
     keep.extend(record_fd);
     keep.extend(recover.as_ref().map(|f| f.as_raw_fd()));
-    sandbox::close_other_fds(&keep).map_err(E::Sandbox)?;
+    sandbox::close_other_fds(&keep)?;
     // Before the sandbox: the fds taken come into the table the new keeper shares.
     let inherited = match recover {
         Some(fd) => Some(
             crate::recovery::collect(std::os::unix::net::UnixStream::from(fd)).map_err(|e| {
-                E::Device(format!(
-                    "cannot take over from the serving process that died: {e}"
-                ))
+                E::device_from("cannot take over from the serving process that died", e)
             })?,
         ),
         None => None,
@@ -503,15 +523,14 @@ fn serve(
         keeper
             .zip(record_fd)
             .map(|(channel, record)| sandbox::Keeper { channel, record }),
-    )
-    .map_err(E::Sandbox)?;
+    )?;
     let record = match record_fd {
         Some(fd) => {
             // SAFETY: the record's fd stays open for the process's life (above); this
             // borrow only dups it.
             let dup = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
                 .try_clone_to_owned()
-                .map_err(|e| E::Device(format!("crash record: {e}")))?;
+                .map_err(|e| E::device_from("crash record", e))?;
             match crate::recovery::record::Record::map(dup, true) {
                 Ok(r) => Some(Arc::new(r)),
                 Err(e) => {
@@ -524,7 +543,7 @@ fn serve(
         }
         None => None,
     };
-    crate::caps::drop_to(&modcaps).map_err(E::Sandbox)?;
+    crate::caps::drop_to(&modcaps).map_err(SandboxError::from)?;
 
     let mut cfg = Config::new(confined.root.clone());
     cfg.runtime_dir = confined.runtime_dir.take().map(Arc::new);
@@ -552,10 +571,9 @@ fn serve(
     if opt.no_open {
         use crate::passthrough::CachePolicy as C;
         if matches!(cfg.cache, C::Never | C::Metadata) {
-            return Err(E::Option(
+            return Err(E::option(
                 "--no-open keeps file data in the guest's page cache across opens: \
-                 use it with --cache=auto or --cache=always"
-                    .into(),
+                 use it with --cache=auto or --cache=always",
             ));
         }
         cfg.no_open = true;
@@ -567,8 +585,8 @@ fn serve(
         }
     }
     if opt.max_locks == 0 || opt.max_locks_per_file == 0 || opt.max_lock_waiters == 0 {
-        return Err(E::Option(
-            "--max-locks, --max-locks-per-file and --max-lock-waiters must be at least 1".into(),
+        return Err(E::option(
+            "--max-locks, --max-locks-per-file and --max-lock-waiters must be at least 1",
         ));
     }
     cfg.max_locks = opt.max_locks;
@@ -582,7 +600,7 @@ fn serve(
     cfg.xattr |= opt.posix_acl;
     cfg.security_label = opt.security_label;
     cfg.xattr |= opt.security_label;
-    cfg.id_translate = opt.id_translate().map_err(E::Option)?;
+    cfg.id_translate = opt.id_translate().map_err(E::option)?;
     cfg.migration = crate::passthrough::migration::MigrationConfig {
         mode: match opt.migration_mode {
             crate::cli::MigrationMode::FindPaths => crate::passthrough::migration::Mode::FindPaths,
@@ -602,10 +620,11 @@ fn serve(
     if let Some(rules) = &opt.xattrmap {
         // check_supported has parsed it already.
         cfg.xattrmap = crate::passthrough::xattrmap::XattrMap::parse(rules)
-            .map_err(|e| E::Option(format!("--xattrmap: {e}")))?;
+            .map_err(|e| E::option_from("--xattrmap", e))?;
     }
-    let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd)
-        .map_err(|e| E::SharedDir(format!("shared directory '{}': {e}", shared_dir.display())))?;
+    let fs = PassthroughFs::with_proc_fd(cfg, confined.proc_self_fd).map_err(|e| {
+        E::shared_dir_from(format!("shared directory '{}'", shared_dir.display()), e)
+    })?;
     let server = Arc::new(FuseServer::new(Arc::new(fs)));
     let device = Arc::new(
         FsDevice::new(
@@ -616,7 +635,8 @@ fn serve(
                 thread_pool_size: opt.thread_pool_size,
             },
         )
-        .map_err(|e| E::Option(e.to_string()))?
+        // Its errors are bad option values (the message is the whole of them).
+        .map_err(|e| E::option(e.to_string()))?
         .with_record_opt(record),
     );
     if let Some(inh) = inherited {
@@ -627,9 +647,10 @@ fn serve(
                 r.nodes, r.handles, r.owners, r.failed
             ),
             Err(e) => {
-                return Err(E::Device(format!(
-                    "cannot take over from the serving process that died: {e}"
-                )))
+                return Err(E::device_from(
+                    "cannot take over from the serving process that died",
+                    e,
+                ))
             }
         }
         device.take_over_rings(rings);
@@ -637,12 +658,11 @@ fn serve(
 
     if let Some(m) = metrics {
         m.spawn(device.clone())
-            .map_err(|e| E::Device(e.to_string()))?;
+            .map_err(|e| E::device_from("--metrics: cannot start serving", e))?;
     }
     let stats_sink = stats_sink.map(Arc::new);
     let socket_entry = confined.socket.take().map(Arc::new);
-    spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())
-        .map_err(E::Device)?;
+    spawn_signal_thread(server.clone(), stats_sink.clone(), socket_entry.clone())?;
     if let Some(sig) = sandbox::early_signal() {
         // SAFETY: raise has no preconditions; the handlers just installed take it.
         unsafe { libc::raise(sig) };
@@ -656,7 +676,7 @@ fn serve(
                 write_stats(&sink, &server);
                 std::thread::sleep(every);
             })
-            .map_err(|e| E::Device(e.to_string()))?;
+            .map_err(|e| E::device_from("cannot start the statistics thread", e))?;
     }
 
     let mut daemon = VhostUserDaemon::new(
@@ -664,13 +684,13 @@ fn serve(
         device.clone(),
         GuestMemoryAtomic::new(GuestMem::new()),
     )
-    .map_err(|e| E::Device(format!("cannot create the vhost-user device: {e}")))?;
+    // Its error is not Sync (a thread's panic payload): carried as its message.
+    .map_err(|e| E::device_from("cannot create the vhost-user device", e.to_string()))?;
     crate::seccomp::apply(
         opt.seccomp,
         opt.inode_file_handles != crate::cli::InodeFileHandles::Never
             || opt.migration_mode == crate::cli::MigrationMode::FileHandles,
-    )
-    .map_err(E::Seccomp)?;
+    )?;
 
     info!(
         "sharing '{}' on {} (sandbox {:?}, seccomp {:?}); waiting for the vhost-user frontend",
@@ -684,7 +704,7 @@ fn serve(
     );
     daemon
         .start(&mut listener)
-        .map_err(|e| E::Device(format!("vhost-user connection failed: {e}")))?;
+        .map_err(|e| E::device_from("vhost-user connection failed", e.to_string()))?;
     info!("frontend connected");
     // The listener's Drop would unlink its path, which inside the sandbox names something
     // else (and is not in the seccomp allowlist): the socket is removed through its
@@ -718,7 +738,10 @@ fn serve(
             log::error!("vhost-user connection failed: {e}; listening for the next frontend");
             Ok(())
         }
-        Err(e) => Err(E::Device(format!("vhost-user connection failed: {e}"))),
+        Err(e) => Err(E::device_from(
+            "vhost-user connection failed",
+            e.to_string(),
+        )),
     }
 }
 
@@ -726,9 +749,9 @@ fn spawn_signal_thread(
     server: Arc<FuseServer>,
     stats: Option<Arc<StatsFile>>,
     socket: Option<Arc<SocketName>>,
-) -> Result<(), String> {
+) -> Result<(), StartupError> {
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGUSR1])
-        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        .map_err(|e| StartupError::device_from("cannot install signal handlers", e))?;
     std::thread::Builder::new()
         .name("vfsd-signals".into())
         .spawn(move || {
@@ -754,6 +777,6 @@ fn spawn_signal_thread(
                 std::process::exit(0);
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StartupError::device_from("cannot start the signal thread", e))?;
     Ok(())
 }

@@ -13,6 +13,42 @@ use std::os::unix::net::UnixStream;
 
 use crate::sys::cvt;
 
+/// Why the id maps could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum IdMapError {
+    /// The helper could not be started.
+    #[error("id maps: {step}")]
+    Start {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The helper failed, and said why on stderr.
+    #[error("could not set up --uid-map/--gid-map (see the line above)")]
+    Helper,
+    /// (In the helper.) The daemon closed its end before saying its pid.
+    #[error("id maps: the daemon went away")]
+    DaemonGone,
+    #[error("id maps: writing {file} ({text})")]
+    Write {
+        file: &'static str,
+        text: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("id maps: {tool} failed ({status}); are the ranges in /etc/sub{}id?", if *.tool == "newuidmap" { "u" } else { "g" })]
+    ToolFailed {
+        tool: &'static str,
+        status: std::process::ExitStatus,
+    },
+    #[error("id maps: cannot run {tool} (package uidmap)")]
+    ToolMissing {
+        tool: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// One map line: `count` ids from `inside` (in the namespace) onto `outside` (on the host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdRange {
@@ -65,17 +101,18 @@ pub struct MapHelper {
 
 impl MapHelper {
     /// Forks the helper. Must run while the process has one thread.
-    pub fn fork(uid_maps: Vec<IdRange>, gid_maps: Vec<IdRange>) -> Result<MapHelper, String> {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("id maps: socketpair: {e}"))?;
+    pub fn fork(uid_maps: Vec<IdRange>, gid_maps: Vec<IdRange>) -> Result<MapHelper, IdMapError> {
+        let start = |step| move |source| IdMapError::Start { step, source };
+        let (ours, theirs) = UnixStream::pair().map_err(start("socketpair"))?;
         // SAFETY: the process is single-threaded here (start-up, before any thread), so the
         // child's copy of it is consistent; the child only runs `helper` and then _exit.
-        let pid = cvt(unsafe { libc::fork() }).map_err(|e| format!("id maps: fork: {e}"))?;
+        let pid = cvt(unsafe { libc::fork() }).map_err(start("fork"))?;
         if pid == 0 {
             drop(ours);
             let code = match helper(theirs, &uid_maps, &gid_maps) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("vfsd: {e}");
+                    eprintln!("vfsd: {}", crate::error::Chain(&e));
                     1
                 }
             };
@@ -86,7 +123,7 @@ impl MapHelper {
     }
 
     /// After unshare(CLONE_NEWUSER): has the helper write our maps, and waits for it.
-    pub fn map(mut self) -> Result<(), String> {
+    pub fn map(mut self) -> Result<(), IdMapError> {
         let pid = std::process::id();
         let sent = self.sock.write_all(&pid.to_le_bytes());
         let mut status = 0;
@@ -97,36 +134,40 @@ impl MapHelper {
             || !libc::WIFEXITED(status)
             || libc::WEXITSTATUS(status) != 0
         {
-            return Err("could not set up --uid-map/--gid-map (see the line above)".into());
+            return Err(IdMapError::Helper);
         }
         Ok(())
     }
 }
 
-fn helper(mut sock: UnixStream, uid_maps: &[IdRange], gid_maps: &[IdRange]) -> Result<(), String> {
+fn helper(
+    mut sock: UnixStream,
+    uid_maps: &[IdRange],
+    gid_maps: &[IdRange],
+) -> Result<(), IdMapError> {
     let mut b = [0u8; 4];
     sock.read_exact(&mut b)
-        .map_err(|_| "id maps: the daemon went away".to_string())?;
+        .map_err(|_| IdMapError::DaemonGone)?;
     let pid = u32::from_le_bytes(b);
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let write = |file: &str, text: &str| {
-        std::fs::write(format!("/proc/{pid}/{file}"), text)
-            .map_err(|e| format!("id maps: writing {file} ({}): {e}", text.trim()))
+    let write = |file: &'static str, text: &str| {
+        std::fs::write(format!("/proc/{pid}/{file}"), text).map_err(|source| IdMapError::Write {
+            file,
+            text: text.trim().to_string(),
+            source,
+        })
     };
-    let tool = |name: &str, maps: &[IdRange]| -> Result<(), String> {
-        let mut c = std::process::Command::new(name);
+    let tool = |tool: &'static str, maps: &[IdRange]| -> Result<(), IdMapError> {
+        let mut c = std::process::Command::new(tool);
         c.arg(pid.to_string());
         for m in maps {
             c.args([m.inside, m.outside, m.count].map(|x| x.to_string()));
         }
         match c.status() {
             Ok(s) if s.success() => Ok(()),
-            Ok(s) => Err(format!(
-                "id maps: {name} failed ({s}); are the ranges in /etc/sub{}id?",
-                if name == "newuidmap" { "u" } else { "g" }
-            )),
-            Err(e) => Err(format!("id maps: cannot run {name} (package uidmap): {e}")),
+            Ok(status) => Err(IdMapError::ToolFailed { tool, status }),
+            Err(source) => Err(IdMapError::ToolMissing { tool, source }),
         }
     };
     if !gid_maps.is_empty() {

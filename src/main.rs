@@ -1,5 +1,7 @@
 use clap::Parser;
 
+use vfsd::error::Chain;
+
 fn main() {
     let opt = vfsd::cli::Opt::parse();
     if opt.print_capabilities {
@@ -17,7 +19,8 @@ fn main() {
         std::process::exit(1);
     }
     if let Err(e) = vfsd::daemon::run(opt) {
-        eprintln!("vfsd: {e}");
+        // One line: what failed, then why.
+        eprintln!("vfsd: {}", Chain(&e));
         std::process::exit(1);
     }
 }

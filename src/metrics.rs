@@ -47,8 +47,38 @@ pub enum MetricsAddr {
     Tcp(Vec<SocketAddr>),
 }
 
+/// Why `--metrics` can't be served where it says.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// Something is at the socket's path that must stay.
+    #[error("--metrics '{}': {why}", .path.display())]
+    Occupied { path: PathBuf, why: String },
+    /// A stale socket there could not be removed.
+    #[error("--metrics '{}'", .path.display())]
+    Stale {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--metrics '{}': cannot listen", .path.display())]
+    ListenUnix {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--metrics {addr}: cannot listen")]
+    ListenTcp {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--metrics-fd")]
+    Fd(#[source] io::Error),
+}
+
 /// Parses `--metrics`: a unix socket path (any value with a `/`: `./metrics.sock` for one
-/// in the working directory), or else a loopback `host:port`.
+/// in the working directory), or else a loopback `host:port`. A value parser: the message
+/// says all.
 pub fn parse_addr(s: &str) -> Result<MetricsAddr, String> {
     if s.contains('/') {
         return Ok(MetricsAddr::Unix(PathBuf::from(s)));
@@ -83,12 +113,12 @@ pub enum MetricsListener {
 impl MetricsListener {
     /// Binds `addr`. A unix path another process listens on is refused; a stale socket
     /// there is replaced; anything else there is refused.
-    pub fn bind(addr: &MetricsAddr) -> Result<Self, String> {
+    pub fn bind(addr: &MetricsAddr) -> Result<Self, MetricsError> {
         match addr {
             MetricsAddr::Unix(p) => bind_unix(p).map(MetricsListener::Unix),
             MetricsAddr::Tcp(a) => {
                 let l = TcpListener::bind(&a[..])
-                    .map_err(|e| format!("--metrics {}: cannot listen: {e}", a[0]))?;
+                    .map_err(|source| MetricsError::ListenTcp { addr: a[0], source })?;
                 if let Ok(at) = l.local_addr() {
                     log::info!("metrics on http://{at}/metrics");
                 }
@@ -99,7 +129,7 @@ impl MetricsListener {
 
     /// The listener the supervisor bound (`--metrics-fd`): a unix or a TCP socket, as its
     /// address family says.
-    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Self, String> {
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Self, MetricsError> {
         use std::os::fd::AsRawFd;
         let mut domain: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -114,7 +144,7 @@ impl MetricsListener {
             )
         };
         if r != 0 {
-            return Err(format!("--metrics-fd: {}", std::io::Error::last_os_error()));
+            return Err(MetricsError::Fd(io::Error::last_os_error()));
         }
         Ok(match domain {
             libc::AF_UNIX => MetricsListener::Unix(UnixListener::from(fd)),
@@ -284,18 +314,27 @@ fn paced_render(endpoint: &Endpoint) -> String {
 /// for it: it is never more open than that, and never chmod'ed by path (which would
 /// follow a symlink put in its place). Start-up has no other thread yet, so no file of
 /// another thread is made under that umask.
-fn bind_unix(p: &Path) -> Result<UnixListener, String> {
+fn bind_unix(p: &Path) -> Result<UnixListener, MetricsError> {
     use std::os::unix::fs::FileTypeExt;
-    let fail = |why: &str| format!("--metrics '{}': {why}", p.display());
+    let occupied = |why: String| MetricsError::Occupied {
+        path: p.to_path_buf(),
+        why,
+    };
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.file_type().is_socket() => match UnixStream::connect(p) {
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-                std::fs::remove_file(p).map_err(|e| fail(&e.to_string()))?
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => std::fs::remove_file(p)
+                .map_err(|source| MetricsError::Stale {
+                    path: p.to_path_buf(),
+                    source,
+                })?,
+            Ok(_) => return Err(occupied("in use by another process".into())),
+            Err(e) => {
+                return Err(occupied(format!(
+                    "a socket in use or of another kind ({e})"
+                )))
             }
-            Ok(_) => return Err(fail("in use by another process")),
-            Err(e) => return Err(fail(&format!("a socket in use or of another kind ({e})"))),
         },
-        Ok(_) => return Err(fail("exists and is not a socket")),
+        Ok(_) => return Err(occupied("exists and is not a socket".into())),
         Err(_) => {}
     }
     // SAFETY: umask only swaps the process's file creation mask.
@@ -303,7 +342,10 @@ fn bind_unix(p: &Path) -> Result<UnixListener, String> {
     let bound = UnixListener::bind(p);
     // SAFETY: as above, putting the launcher's mask back.
     unsafe { libc::umask(launchers) };
-    bound.map_err(|e| fail(&format!("cannot listen: {e}")))
+    bound.map_err(|source| MetricsError::ListenUnix {
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 /// A scraper's connection: a stream with timeouts.

@@ -47,17 +47,69 @@ fn runtime_dir(path: Option<&Path>, confined: bool) -> Option<crate::passthrough
         .ok()
 }
 
-fn err(what: &str, e: io::Error) -> String {
-    format!("sandbox: {what}: {e}")
+/// Why the sandbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A step of setting it up failed.
+    #[error("sandbox: {step}")]
+    Step {
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The options ask for confinement this process can't have.
+    #[error("{0}")]
+    Refused(String),
+    /// A resource limit could not be set (`daemon`'s `--rlimit-nofile`).
+    #[error("{context}")]
+    Limit {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error(transparent)]
+    IdMap(#[from] crate::idmap::IdMapError),
+    #[error(transparent)]
+    Caps(#[from] crate::caps::CapsError),
 }
 
-fn cpath(p: &Path) -> Result<CString, String> {
-    CString::new(p.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("path '{}' contains NUL", p.display()))
+/// A path the sandbox, a socket's name or the statistics file can't use.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    #[error("path '{}' contains NUL", .0.display())]
+    Nul(PathBuf),
+    #[error("'{}' has no file name", .0.display())]
+    NoFileName(PathBuf),
+    #[error("NUL in file name")]
+    NulInName,
+    /// Opening or checking it failed; the context names it.
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn err(what: &str, e: io::Error) -> SandboxError {
+    SandboxError::Step {
+        step: what.to_string(),
+        source: e,
+    }
+}
+
+fn refused(why: &str) -> SandboxError {
+    SandboxError::Refused(why.to_string())
+}
+
+fn cpath(p: &Path) -> Result<CString, PathError> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| PathError::Nul(p.to_path_buf()))
 }
 
 /// Closes every fd but stdio and `keep`.
-pub fn close_other_fds(keep: &[RawFd]) -> Result<(), String> {
+pub fn close_other_fds(keep: &[RawFd]) -> Result<(), SandboxError> {
     let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map_err(|e| err("list open fds", e))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -72,7 +124,7 @@ pub fn close_other_fds(keep: &[RawFd]) -> Result<(), String> {
     Ok(())
 }
 
-fn open_proc_self_fd() -> Result<OwnedFd, String> {
+fn open_proc_self_fd() -> Result<OwnedFd, SandboxError> {
     sys::openat(
         libc::AT_FDCWD,
         c"/proc/self/fd",
@@ -91,19 +143,21 @@ pub fn enter(
     socket: Option<SocketName>,
     runtime: Option<&Path>,
     keeper: Option<Keeper>,
-) -> Result<Confined, String> {
+) -> Result<Confined, SandboxError> {
     if id_maps.is_some() && mode != Sandbox::Namespace {
-        return Err("--uid-map/--gid-map need --sandbox namespace".into());
+        return Err(refused("--uid-map/--gid-map need --sandbox namespace"));
     }
     if let Some(k) = keeper {
         // The child shares the parent's fd table: a socket's directory, held by the
         // parent, would be the child's way out. The supervisor holds the names instead.
         if socket.is_some() {
-            return Err("a keeper with the socket's name in the sandbox's parent".into());
+            return Err(refused(
+                "a keeper with the socket's name in the sandbox's parent",
+            ));
         }
         KEEPER
             .set(k)
-            .map_err(|_| "the sandbox entered twice".to_string())?;
+            .map_err(|_| refused("the sandbox entered twice"))?;
     }
     match mode {
         Sandbox::None => {
@@ -121,7 +175,9 @@ pub fn enter(
         Sandbox::Chroot => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
-                return Err("--sandbox chroot needs root; use --sandbox namespace or none".into());
+                return Err(refused(
+                    "--sandbox chroot needs root; use --sandbox namespace or none",
+                ));
             }
             // A chrooted process holding a directory outside its root walks out through
             // it, so the socket's directory stays with a parent that never serves.
@@ -154,7 +210,7 @@ struct ParentWatch {
 }
 
 impl ParentWatch {
-    fn new() -> Result<Self, String> {
+    fn new() -> Result<Self, SandboxError> {
         let (read, write) = sys::pipe().map_err(|e| err("pipe", e))?;
         Ok(ParentWatch { read, write })
     }
@@ -190,8 +246,8 @@ impl ParentWatch {
 /// the parent still holds every fd the child opened when the child dies.
 fn fork_supervised(
     socket: Option<SocketName>,
-    take_ids: impl FnOnce() -> Result<(), String>,
-) -> Result<(), String> {
+    take_ids: impl FnOnce() -> Result<(), SandboxError>,
+) -> Result<(), SandboxError> {
     // The termination signals stay blocked across the fork: one arriving before the
     // parent's relay is in place waits for it instead of killing the parent alone.
     // (So the parent can't die of one before the child below has set its death signal;
@@ -255,7 +311,7 @@ enum Watch {
 }
 
 /// The process's which the child of a shared-table fork watches (`die_with`).
-fn own_pidfd() -> Result<OwnedFd, String> {
+fn own_pidfd() -> Result<OwnedFd, SandboxError> {
     // SAFETY: pidfd_open of this process; getpid has no preconditions.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
     if fd < 0 {
@@ -294,7 +350,7 @@ pub struct Keeper {
 
 static KEEPER: std::sync::OnceLock<Keeper> = std::sync::OnceLock::new();
 
-fn write_file(path: &str, data: &str) -> Result<(), String> {
+fn write_file(path: &str, data: &str) -> Result<(), SandboxError> {
     std::fs::write(path, data).map_err(|e| err(&format!("write {path}"), e))
 }
 
@@ -303,7 +359,7 @@ fn namespace(
     id_maps: Option<(Vec<IdRange>, Vec<IdRange>)>,
     socket: Option<SocketName>,
     runtime: Option<&Path>,
-) -> Result<Confined, String> {
+) -> Result<Confined, SandboxError> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
@@ -629,24 +685,26 @@ pub struct SocketName {
 
 impl SocketName {
     /// For the socket just bound at `path`.
-    pub fn new(path: &Path) -> Result<Self, String> {
+    pub fn new(path: &Path) -> Result<Self, PathError> {
         let mut s = SocketName { names: Vec::new() };
         s.add(path)?;
         Ok(s)
     }
 
     /// Another socket just bound, at `path`, removed with the others.
-    pub fn add(&mut self, path: &Path) -> Result<(), String> {
+    pub fn add(&mut self, path: &Path) -> Result<(), PathError> {
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
         let name = path
             .file_name()
-            .ok_or_else(|| format!("'{}' has no file name", path.display()))?;
-        let name =
-            CString::new(name.as_encoded_bytes()).map_err(|_| "NUL in file name".to_string())?;
-        let fail = |e: io::Error| format!("'{}': {e}", path.display());
+            .ok_or_else(|| PathError::NoFileName(path.to_path_buf()))?;
+        let name = CString::new(name.as_encoded_bytes()).map_err(|_| PathError::NulInName)?;
+        let fail = |e: io::Error| PathError::Io {
+            context: format!("'{}'", path.display()),
+            source: e,
+        };
         let dir = sys::openat(
             libc::AT_FDCWD,
             &cpath(parent)?,
@@ -711,8 +769,11 @@ pub struct StatsFile {
 }
 
 impl StatsFile {
-    pub fn create(path: &Path) -> Result<Self, String> {
-        let fail = |e: io::Error| format!("--stats '{}': {e}", path.display());
+    pub fn create(path: &Path) -> Result<Self, PathError> {
+        let fail = |e: io::Error| PathError::Io {
+            context: format!("--stats '{}'", path.display()),
+            source: e,
+        };
         // O_NOFOLLOW: a symlink planted there is refused rather than followed; O_NONBLOCK:
         // a FIFO there can't stall start-up before the file-type check below.
         let fd = sys::openat(

@@ -188,17 +188,29 @@ const IOCTLS: [u64; 6] = [
     crate::passthrough::ioctl::HOST_REQUESTS[3] as u64,
 ];
 
-fn cond(arg: u8, len: Len, op: Op, value: u64) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
+/// The seccomp filter could not be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("seccomp")]
+    Build(#[from] seccompiler::BackendError),
+    #[error("seccomp")]
+    Install(#[from] seccompiler::Error),
 }
 
-fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
-    SeccompRule::new(conds).map_err(|e| format!("seccomp: {e}"))
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> Result<SeccompCondition, SeccompError> {
+    Ok(SeccompCondition::new(arg, len, op, value)?)
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
+    Ok(SeccompRule::new(conds)?)
 }
 
 /// Every allowed syscall, with the conditions on its arguments (none: any). `pid` is the
 /// daemon's own pid (in its pid namespace).
-fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+fn rules(
+    file_handles: bool,
+    pid: libc::pid_t,
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
         .chain(ALLOWED_ARCH)
@@ -237,7 +249,7 @@ fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<Secco
     );
     // Signals to itself only (abort's SIGABRT, raise): never to the supervising parent,
     // the process group (0) or anyone else.
-    let own = |nr| -> Result<(i64, Vec<SeccompRule>), String> {
+    let own = |nr| -> Result<(i64, Vec<SeccompRule>), SeccompError> {
         Ok((
             nr,
             vec![rule(vec![cond(0, Len::Dword, Op::Eq, pid as u64)?])?],
@@ -270,21 +282,20 @@ fn rules(file_handles: bool, pid: libc::pid_t) -> Result<BTreeMap<i64, Vec<Secco
     Ok(rules)
 }
 
-fn arch() -> Result<TargetArch, String> {
-    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))
+fn arch() -> Result<TargetArch, SeccompError> {
+    Ok(TargetArch::try_from(std::env::consts::ARCH)?)
 }
 
-fn compile(filter: Result<SeccompFilter, seccompiler::BackendError>) -> Result<BpfProgram, String> {
-    filter
-        .map_err(|e| format!("seccomp: {e}"))?
-        .try_into()
-        .map_err(|e| format!("seccomp: {e}"))
+fn compile(
+    filter: Result<SeccompFilter, seccompiler::BackendError>,
+) -> Result<BpfProgram, SeccompError> {
+    Ok(filter?.try_into()?)
 }
 
 /// The filters for `mode`, in the order they are installed: clone3 answered ENOSYS (and
 /// everything else passed on), then the allowlist. Stacked filters all run and the
 /// strictest answer wins, so clone3 gets ENOSYS even though the allowlist lets it by.
-fn filters(mode: SeccompMode, file_handles: bool) -> Result<Vec<BpfProgram>, String> {
+fn filters(mode: SeccompMode, file_handles: bool) -> Result<Vec<BpfProgram>, SeccompError> {
     let mismatch = match mode {
         SeccompMode::None => return Ok(vec![]),
         SeccompMode::Kill => SeccompAction::KillProcess,
@@ -311,10 +322,10 @@ fn filters(mode: SeccompMode, file_handles: bool) -> Result<Vec<BpfProgram>, Str
 /// Applies the filters to every thread of the process (TSYNC); threads started later
 /// inherit them. `file_handles`: whether the daemon opens files by handle
 /// (`--inode-file-handles` other than `never`).
-pub fn apply(mode: SeccompMode, file_handles: bool) -> Result<(), String> {
+pub fn apply(mode: SeccompMode, file_handles: bool) -> Result<(), SeccompError> {
     // The allowlist goes last: it does not allow seccomp itself.
     for prog in filters(mode, file_handles)? {
-        seccompiler::apply_filter_all_threads(&prog).map_err(|e| format!("seccomp: {e}"))?;
+        seccompiler::apply_filter_all_threads(&prog)?;
     }
     Ok(())
 }

@@ -47,12 +47,13 @@ pub struct SyslogWriter {
 }
 
 impl SyslogWriter {
-    pub fn connect() -> Result<SyslogWriter, String> {
+    pub fn connect() -> Result<SyslogWriter, crate::error::IoContext> {
+        use crate::error::Context;
         let path = socket_path();
         let sock = UnixDatagram::unbound()
             .and_then(|s| s.connect(&path).map(|_| s))
             .and_then(|s| s.set_nonblocking(true).map(|_| s))
-            .map_err(|e| format!("--syslog: cannot connect to '{}': {e}", path.display()))?;
+            .context(|| format!("--syslog: cannot connect to '{}'", path.display()))?;
         Ok(SyslogWriter {
             sock,
             dropped: 0,
