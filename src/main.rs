@@ -15,7 +15,7 @@ fn main() {
         // A supervisor that just ran its own upgrade: it goes on where it was.
         vfsd::daemon::init_logging(&opt);
         let e = vfsd::supervisor::resume(fd);
-        eprintln!("vfsd: {e}");
+        eprintln!("vfsd: {}", Chain(&e));
         std::process::exit(1);
     }
     if let Err(e) = vfsd::daemon::run(opt) {

@@ -15,23 +15,23 @@ use log::{error, info};
 
 use super::record::Record;
 use super::signals::signal_fd;
-use super::{open_pidfd, wire, Child, State, Supervisor, ANSWER_WAIT};
+use super::{open_pidfd, wire, Child, ImageError, State, Supervisor, SupervisorError, ANSWER_WAIT};
 use crate::sandbox::SocketName;
 
 /// Goes on as the supervisor whose state `fd` holds (`State::reexec`); returns only if
 /// that state can't be read.
-pub fn resume(fd: RawFd) -> String {
+pub fn resume(fd: RawFd) -> SupervisorError {
     // SAFETY: the fd is the memfd the previous image of this process left open for it.
     let file = std::fs::File::from(unsafe { wire::adopt(fd) });
     let (image, record): (Image, Record) = match read_image(file) {
         Ok(i) => i,
-        Err(e) => return format!("cannot read the supervisor's state: {e}"),
+        Err(e) => return SupervisorError::ReadImage(e),
     };
     if image.version != IMAGE_VERSION {
-        return format!(
-            "the supervisor's state is version {}, this binary reads {IMAGE_VERSION}",
-            image.version
-        );
+        return SupervisorError::ImageVersion {
+            found: image.version,
+            reads: IMAGE_VERSION,
+        };
     }
     let sigfd = match signal_fd() {
         Ok(f) => f,
@@ -58,7 +58,12 @@ pub fn resume(fd: RawFd) -> String {
     let conn = UnixStream::from(unsafe { wire::adopt(image.child_conn) });
     let pidfd = match open_pidfd(image.child) {
         Ok(p) => p,
-        Err(e) => return format!("the serving process {}: {e}", image.child),
+        Err(source) => {
+            return SupervisorError::ServingProcess {
+                pid: image.child,
+                source,
+            }
+        }
     };
     let st = State {
         sup,
@@ -117,22 +122,18 @@ pub(super) const IMAGE_VERSION: u32 = 2;
 /// The most a supervisor's image can take: far over what the record's bounds allow.
 pub(super) const MAX_IMAGE: u64 = 64 << 20;
 
-pub(super) fn read_image(file: std::fs::File) -> Result<(Image, Record), String> {
+fn read_image(file: std::fs::File) -> Result<(Image, Record), ImageError> {
     use std::io::{Read, Seek};
     let mut file = file;
-    file.rewind().map_err(|e| e.to_string())?;
+    file.rewind()?;
     let mut buf = Vec::new();
-    (&mut file)
-        .take(MAX_IMAGE)
-        .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
-    let (version, _) = postcard::take_from_bytes::<u32>(&buf).map_err(|e| e.to_string())?;
+    (&mut file).take(MAX_IMAGE).read_to_end(&mut buf)?;
+    let (version, _) = postcard::take_from_bytes::<u32>(&buf)?;
     if version == 1 {
-        let (old, record): (ImageV1, Record) =
-            postcard::from_bytes(&buf).map_err(|e| e.to_string())?;
+        let (old, record): (ImageV1, Record) = postcard::from_bytes(&buf)?;
         return Ok((old.into(), record));
     }
-    postcard::from_bytes(&buf).map_err(|e| e.to_string())
+    Ok(postcard::from_bytes(&buf)?)
 }
 
 /// `Image` as version 1 wrote it: its serving process has no keeper.

@@ -10,6 +10,7 @@
 //! through the lock handover; the supervisor then sets the new one's rings up at the
 //! indices where the old one stopped. The frontend sees no new connection and no message.
 
+mod error;
 mod image;
 mod record;
 mod requests;
@@ -28,7 +29,10 @@ use std::time::{Duration, Instant};
 
 use log::{error, warn};
 
+use crate::error::Chain;
 use crate::sandbox::SocketName;
+use error::StepError;
+pub use error::{ImageError, SupervisorError};
 pub use image::resume;
 use record::Record;
 use requests::poll;
@@ -116,7 +120,7 @@ struct State {
 }
 
 /// Runs the supervisor; returns only on a start-up error (otherwise it exits).
-pub fn run(sup: Supervisor) -> Result<(), String> {
+pub fn run(sup: Supervisor) -> Result<(), SupervisorError> {
     let sigfd = signal_fd()?;
     let st = State {
         sup,
@@ -138,9 +142,7 @@ pub fn run(sup: Supervisor) -> Result<(), String> {
     if st.terminating {
         st.exit(0);
     }
-    let child = st
-        .spawn(None)
-        .map_err(|e| format!("cannot start the serving process: {e}"))?;
+    let child = st.spawn(None).map_err(SupervisorError::Spawn)?;
     st.main_loop(child, None)
 }
 
@@ -288,7 +290,7 @@ impl State {
                 match self.take_over(child, status) {
                     Ok(()) => continue,
                     Err(e) => {
-                        error!("{e}; the frontend's connection ends");
+                        error!("{}; the frontend's connection ends", Chain(&e));
                         if let Some(k) = &child.keeper {
                             let _ = k.shutdown(std::net::Shutdown::Both);
                         }
@@ -488,7 +490,7 @@ enum KeeperSaid {
 }
 
 /// Kills and reaps a serving process that will not serve; gives back `e`.
-fn kill(child: Child, e: String) -> String {
+fn kill(child: Child, e: StepError) -> StepError {
     // SAFETY: kill of our own child, not yet reaped.
     unsafe { libc::kill(child.pid, libc::SIGKILL) };
     reap_within(child.pid, ANSWER_WAIT);

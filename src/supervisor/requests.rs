@@ -6,7 +6,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::takeover::{DIED, WATCHED};
+use super::error::StepError;
+use super::takeover::WATCHED;
 use super::wire::{self, code, Msg};
 use super::ANSWER_WAIT;
 
@@ -30,61 +31,60 @@ pub(super) fn poll(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
 }
 
 /// The next message from the serving process, by `deadline`.
-pub(super) fn recv_by(conn: &UnixStream, deadline: Instant) -> io::Result<Msg> {
+pub(super) fn recv_by(conn: &UnixStream, deadline: Instant) -> Result<Msg, StepError> {
     let left = deadline.saturating_duration_since(Instant::now());
     let ready = poll(&[conn.as_raw_fd(), WATCHED.get()], Some(left));
     if ready[1] && !ready[0] {
-        return Err(io::Error::other(DIED));
+        return Err(StepError::Died);
     }
     if !ready[0] {
-        return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"));
+        return Err(StepError::NoAnswer);
     }
-    wire::recv(conn)?.ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited"))
+    wire::recv(conn)?.ok_or(StepError::Exited)
 }
 
-/// Sends a request that is always answered and waits for the answer.
-pub(super) fn ask(conn: &UnixStream, m: &Msg) -> io::Result<Msg> {
-    wire::send(conn, m)?;
-    let r = recv_by(conn, Instant::now() + ANSWER_WAIT)?;
+/// Whether `r` answers `m`.
+fn answers(r: &Msg, m: &Msg) -> Result<(), StepError> {
     if !r.is_reply() || r.code != m.code {
-        return Err(io::Error::other(format!(
-            "answer {} to request {}",
-            r.code, m.code
-        )));
-    }
-    Ok(r)
-}
-
-/// `probe`, waiting up to `wait` for the answer.
-pub(super) fn probe_within(conn: &UnixStream, wait: Duration) -> Result<(), String> {
-    let m = Msg::request(code::GET_FEATURES, Vec::new(), Vec::new());
-    wire::send(conn, &m).map_err(|e| e.to_string())?;
-    let r = recv_by(conn, Instant::now() + wait).map_err(|e| e.to_string())?;
-    if !r.is_reply() || r.code != m.code {
-        return Err(format!("answer {} to request {}", r.code, m.code));
+        return Err(StepError::WrongAnswer {
+            got: r.code,
+            asked: m.code,
+        });
     }
     Ok(())
 }
 
+/// Sends a request that is always answered and waits for the answer.
+pub(super) fn ask(conn: &UnixStream, m: &Msg) -> Result<Msg, StepError> {
+    wire::send(conn, m)?;
+    let r = recv_by(conn, Instant::now() + ANSWER_WAIT)?;
+    answers(&r, m)?;
+    Ok(r)
+}
+
+/// `probe`, waiting up to `wait` for the answer.
+pub(super) fn probe_within(conn: &UnixStream, wait: Duration) -> Result<(), StepError> {
+    let m = Msg::request(code::GET_FEATURES, Vec::new(), Vec::new());
+    wire::send(conn, &m)?;
+    let r = recv_by(conn, Instant::now() + wait)?;
+    answers(&r, &m)
+}
+
 /// Waits until the serving process has handled everything sent before: its requests
 /// are handled in order, and GET_FEATURES is always answered.
-pub(super) fn probe(conn: &UnixStream) -> Result<(), String> {
-    ask(
-        conn,
-        &Msg::request(code::GET_FEATURES, Vec::new(), Vec::new()),
-    )
-    .map(|_| ())
-    .map_err(|e| e.to_string())
+pub(super) fn probe(conn: &UnixStream) -> Result<(), StepError> {
+    let m = Msg::request(code::GET_FEATURES, Vec::new(), Vec::new());
+    ask(conn, &m).map(drop)
 }
 
 /// Sends recorded requests, taking the answers of those that get one, and waits until
 /// all are handled.
-pub(super) fn replay(conn: &UnixStream, msgs: io::Result<Vec<Msg>>) -> Result<(), String> {
-    for m in msgs.map_err(|e| e.to_string())? {
+pub(super) fn replay(conn: &UnixStream, msgs: io::Result<Vec<Msg>>) -> Result<(), StepError> {
+    for m in msgs? {
         if m.expects_reply(false) {
-            ask(conn, &m).map_err(|e| e.to_string())?;
+            ask(conn, &m)?;
         } else {
-            wire::send(conn, &m).map_err(|e| e.to_string())?;
+            wire::send(conn, &m)?;
         }
     }
     probe(conn)

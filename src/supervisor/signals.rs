@@ -3,8 +3,10 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use super::SupervisorError;
+
 /// Blocks the signals the supervisor acts on and gives a signalfd for them.
-pub(super) fn signal_fd() -> Result<OwnedFd, String> {
+pub(super) fn signal_fd() -> Result<OwnedFd, SupervisorError> {
     // SAFETY: sigset_t is plain data set up by sigemptyset/sigaddset; sigprocmask and
     // signalfd take valid pointers; the supervisor has no other thread.
     unsafe {
@@ -23,7 +25,7 @@ pub(super) fn signal_fd() -> Result<OwnedFd, String> {
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
         if fd < 0 {
-            return Err(format!("signalfd: {}", io::Error::last_os_error()));
+            return Err(SupervisorError::SignalFd(io::Error::last_os_error()));
         }
         Ok(OwnedFd::from_raw_fd(fd))
     }

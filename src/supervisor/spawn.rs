@@ -31,12 +31,8 @@ impl State {
             cmd.arg(format!("--recover-fd={}", r.as_raw_fd()));
             pass.push(r.as_raw_fd());
         }
-        // A test hook armed with `:every` goes on to every replacement, as a request
-        // that kills each process serving it would.
-        let every = std::env::var(CRASH_HOOK_VAR).is_ok_and(|v| v.ends_with(":every"));
-        if (recover.is_some() || !self.crashes.is_empty()) && !every {
-            cmd.env_remove(CRASH_HOOK_VAR);
-        }
+        #[cfg(feature = "test-hooks")]
+        pass_crash_hook(&mut cmd, recover.is_some() || !self.crashes.is_empty());
         for (opt, fd) in &self.sup.inherited {
             cmd.arg(format!("--{opt}={}", fd.as_raw_fd()));
             pass.push(fd.as_raw_fd());
@@ -117,5 +113,14 @@ pub(super) fn private_pair() -> io::Result<(UnixListener, UnixStream)> {
     Ok((l, c))
 }
 
-/// The crash test hook's variable (`recovery`): a replacement process never inherits it.
-pub(super) const CRASH_HOOK_VAR: &str = "VFSD_TEST_CRASH";
+/// The crash test hook (`server`, test builds only): a replacement for a process that
+/// died never inherits it, unless it is armed with `:every`, as a request that kills each
+/// process serving it would.
+#[cfg(feature = "test-hooks")]
+fn pass_crash_hook(cmd: &mut std::process::Command, replacement: bool) {
+    const CRASH_HOOK_VAR: &str = "VFSD_TEST_CRASH";
+    let every = std::env::var(CRASH_HOOK_VAR).is_ok_and(|v| v.ends_with(":every"));
+    if replacement && !every {
+        cmd.env_remove(CRASH_HOOK_VAR);
+    }
+}

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use log::info;
 
+use super::error::{StepContext, StepError};
 use super::requests::{probe_within, replay};
 use super::{
     keeper_fd, kill, log_death, read_death, reap_within, wire, Child, KeeperSaid, State,
@@ -20,28 +21,27 @@ impl State {
         &mut self,
         child: &mut Child,
         status: libc::c_int,
-    ) -> Result<(), String> {
+    ) -> Result<(), StepError> {
         let started = Instant::now();
         log_death(status);
         if self.terminating {
-            return Err("it died while vfsd was stopping".into());
+            return Err(StepError::cannot("it died while vfsd was stopping"));
         }
         if self.awaited_msgs.iter().any(Option::is_none) {
-            return Err(
-                "it died with the frontend waiting for an answer to a request not kept".into(),
-            );
-        }
-        if let Some(why) = self.record.busy() {
-            return Err(format!("no take-over: {why}"));
-        }
-        if !self.note_crash() {
-            return Err(format!(
-                "serving processes died more than {CRASH_LOOP} times within {} s",
-                CRASH_WINDOW.as_secs()
+            return Err(StepError::cannot(
+                "it died with the frontend waiting for an answer to a request not kept",
             ));
         }
+        if let Some(why) = self.record.busy() {
+            return Err(StepError::cannot(format!("no take-over: {why}")));
+        }
+        if !self.note_crash() {
+            return Err(crash_loop());
+        }
         if child.keeper.is_none() {
-            return Err("it was started by an older vfsd, which kept nothing of it".into());
+            return Err(StepError::cannot(
+                "it was started by an older vfsd, which kept nothing of it",
+            ));
         }
         // A new process may die during its own take-over (a request the dead one held
         // kills it too): its keeper then holds all the first one did, and the next takes
@@ -49,7 +49,7 @@ impl State {
         let new = loop {
             let new = self
                 .spawn(child.keeper.as_ref())
-                .map_err(|e| format!("cannot start a serving process: {e}"))?;
+                .step(|| "cannot start a serving process".into())?;
             // It takes the dead one's nodes over before it answers anything: a large
             // session takes longer than a plain answer.
             let set_up = watching_death(&new, || {
@@ -59,20 +59,17 @@ impl State {
             });
             match set_up {
                 Ok(()) => break new,
-                Err(e) if e == DIED => {
+                Err(StepError::Died) => {
                     let status = match read_death(&new) {
                         KeeperSaid::Died(s) => s,
-                        _ => return Err(kill(new, "the new serving process died".into())),
+                        _ => {
+                            let e = StepError::cannot("the new serving process died");
+                            return Err(kill(new, e));
+                        }
                     };
                     log_death(status);
                     if !self.note_crash() {
-                        return Err(kill(
-                            new,
-                            format!(
-                                "serving processes died more than {CRASH_LOOP} times within {} s",
-                                CRASH_WINDOW.as_secs()
-                            ),
-                        ));
+                        return Err(kill(new, crash_loop()));
                     }
                     // The one that died now is the one to take over from.
                     let old = std::mem::replace(child, new);
@@ -80,15 +77,14 @@ impl State {
                     drop(old.keeper);
                     reap_within(old.pid, ANSWER_WAIT);
                 }
-                Err(e) => return Err(kill(new, format!("the new serving process: {e}"))),
+                Err(e) => return Err(kill(new, e.in_step("the new serving process"))),
             }
         };
         // What the frontend still waits for, asked again: the answers go to it as usual.
         for m in self.awaited_msgs.iter().flatten() {
-            let again = m.try_clone().map_err(|e| e.to_string());
-            if let Err(e) = again.and_then(|m| wire::send(&new.conn, &m).map_err(|e| e.to_string()))
-            {
-                return Err(kill(new, format!("the new serving process: {e}")));
+            let again = m.try_clone().and_then(|m| wire::send(&new.conn, &m));
+            if let Err(e) = again.step(|| "the new serving process".into()) {
+                return Err(kill(new, e));
             }
         }
         for k in self.record.kicks() {
@@ -115,16 +111,21 @@ thread_local! {
     pub(super) static WATCHED: std::cell::Cell<RawFd> = const { std::cell::Cell::new(-1) };
 }
 
-/// What a set-up step fails with when the process it sets up dies meanwhile (its
-/// keeper reported; the report is left for `read_death`).
-pub(super) const DIED: &str = "it died";
+/// Too many serving processes died too soon: no more are started.
+fn crash_loop() -> StepError {
+    StepError::cannot(format!(
+        "serving processes died more than {CRASH_LOOP} times within {} s",
+        CRASH_WINDOW.as_secs()
+    ))
+}
 
 /// Runs `f` (a set-up of `child`), ending any wait for its answer as soon as its keeper
-/// reports its death: its connection stays open in the keeper, so only the keeper tells.
+/// reports its death (`StepError::Died`): its connection stays open in the keeper, so
+/// only the keeper tells.
 pub(super) fn watching_death<T>(
     child: &Child,
-    f: impl FnOnce() -> Result<T, String>,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, StepError>,
+) -> Result<T, StepError> {
     WATCHED.set(keeper_fd(child));
     let r = f();
     WATCHED.set(-1);

@@ -9,10 +9,17 @@ use std::time::Instant;
 
 use log::{error, info};
 
+use super::error::{StepContext, StepError};
 use super::requests::{ask, recv_by, replay};
 use super::signals::read_signals;
 use super::wire::{self, code, Msg};
 use super::{kill, kill_strays, reap_within, Child, State, ANSWER_WAIT};
+use crate::error::Chain;
+
+/// SET_DEVICE_STATE_FD's directions and the phase it is used in.
+const SAVE: u32 = 0;
+const LOAD: u32 = 1;
+const STOPPED: u32 = 0;
 
 impl State {
     /// A second SIGUSR2 during a handover is not a second request: dropped; other
@@ -65,7 +72,10 @@ impl State {
                 self.reexec(Some(frontend), child);
             }
             Err(e) => {
-                error!("upgrade refused: {e}; the running binary goes on serving");
+                error!(
+                    "upgrade refused: {}; the running binary goes on serving",
+                    Chain(&e)
+                );
                 self.drop_second_requests(child);
             }
         }
@@ -75,34 +85,33 @@ impl State {
         &mut self,
         frontend: &UnixStream,
         old: &mut Child,
-    ) -> Result<Child, String> {
+    ) -> Result<Child, StepError> {
         if let Some(why) = self.record.busy() {
-            return Err(why.into());
+            return Err(StepError::cannot(why));
         }
         if !crate::passthrough::RuntimeDir::path().is_some_and(|p| p.is_dir()) {
-            return Err(
-                "no runtime directory for the lock handover ($XDG_RUNTIME_DIR/vfsd or /run/vfsd)"
-                    .into(),
-            );
+            return Err(StepError::cannot(
+                "no runtime directory for the lock handover ($XDG_RUNTIME_DIR/vfsd or /run/vfsd)",
+            ));
         }
         // The new process starts and takes the device's set-up while the old one still
         // serves: its start-up is no part of the pause.
         let new = self
             .spawn(None)
-            .map_err(|e| format!("cannot start the new binary: {e}"))?;
+            .step(|| "cannot start the new binary".into())?;
         if let Err(e) = replay(&new.conn, self.record.replay_device()) {
-            return Err(kill(new, format!("new process: {e}")));
+            return Err(kill(new, e.in_step("new process")));
         }
         // The frontend waits for nothing from the old process any more.
         let deadline = Instant::now() + ANSWER_WAIT;
         while !self.awaited.is_empty() {
             let m = match recv_by(&old.conn, deadline) {
                 Ok(m) => m,
-                Err(e) => return Err(kill(new, format!("serving process: {e}"))),
+                Err(e) => return Err(kill(new, e.in_step("serving process"))),
             };
             if self.answered(&m) {
                 if let Err(e) = wire::send(frontend, &m) {
-                    return Err(kill(new, format!("frontend: {e}")));
+                    return Err(kill(new, StepError::from(e).in_step("frontend")));
                 }
             }
         }
@@ -116,8 +125,8 @@ impl State {
                     self.record.stopped_at(i, base);
                     stopped.push(i);
                 }
-                Ok(None) => r = Err("a short GET_VRING_BASE answer".to_string()),
-                Err(e) => r = Err(format!("stopping ring {i}: {e}")),
+                Ok(None) => r = Err(StepError::ShortBase),
+                Err(e) => r = Err(e.in_step(format!("stopping ring {i}"))),
             }
             if r.is_err() {
                 break;
@@ -128,15 +137,23 @@ impl State {
             Ok(()) => Ok(new),
             Err(e) => {
                 let e = kill(new, e);
-                self.restart_rings(&old.conn, &stopped)
-                    .map_err(|r| format!("{e}; and the old process could not go on: {r}"))?;
-                Err(e)
+                match self.restart_rings(&old.conn, &stopped) {
+                    Ok(()) => Err(e),
+                    Err(r) => Err(StepError::NotResumed {
+                        failed: Box::new(e),
+                        source: Box::new(r),
+                    }),
+                }
             }
         }
     }
 
     /// Sets the rings `rings` going again, from where they stopped.
-    pub(super) fn restart_rings(&mut self, conn: &UnixStream, rings: &[u32]) -> Result<(), String> {
+    pub(super) fn restart_rings(
+        &mut self,
+        conn: &UnixStream,
+        rings: &[u32],
+    ) -> Result<(), StepError> {
         self.record.restart(rings);
         replay(conn, self.record.replay_vrings())?;
         for k in self.record.kicks() {
@@ -152,46 +169,39 @@ impl State {
         old: &Child,
         new: &Child,
         rings: &[u32],
-    ) -> Result<(), String> {
-        let (r, w) = crate::sys::pipe().map_err(|e| e.to_string())?;
-        transfer(&old.conn, SAVE, w).map_err(|e| format!("saving the state: {e}"))?;
-        transfer(&new.conn, LOAD, r).map_err(|e| format!("loading the state: {e}"))?;
-        check(&new.conn).map_err(|e| format!("the new binary refused the state: {e}"))?;
-        check(&old.conn).map_err(|e| format!("saving the state: {e}"))?;
+    ) -> Result<(), StepError> {
+        let (r, w) = crate::sys::pipe()?;
+        transfer(&old.conn, SAVE, w).step(|| "saving the state".into())?;
+        transfer(&new.conn, LOAD, r).step(|| "loading the state".into())?;
+        check(&new.conn).step(|| "the new binary refused the state".into())?;
+        check(&old.conn).step(|| "saving the state".into())?;
         self.restart_rings(&new.conn, rings)
-            .map_err(|e| format!("new process: {e}"))
+            .step(|| "new process".into())
     }
 }
 
 /// SET_DEVICE_STATE_FD with `pipe`, for a stopped device.
-pub(super) fn transfer(conn: &UnixStream, direction: u32, pipe: OwnedFd) -> Result<(), String> {
+fn transfer(conn: &UnixStream, direction: u32, pipe: OwnedFd) -> Result<(), StepError> {
     let mut body = direction.to_le_bytes().to_vec();
     body.extend_from_slice(&STOPPED.to_le_bytes());
     let r = ask(
         conn,
         &Msg::request(code::SET_DEVICE_STATE_FD, body, vec![pipe]),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     match r.u64_at(0) {
         Some(v) if v & 0xff == 0 => Ok(()),
-        _ => Err("refused".into()),
+        _ => Err(StepError::Refused),
     }
 }
 
-pub(super) fn check(conn: &UnixStream) -> Result<(), String> {
+/// CHECK_DEVICE_STATE: whether the state went over.
+fn check(conn: &UnixStream) -> Result<(), StepError> {
     let m = Msg::request(code::CHECK_DEVICE_STATE, Vec::new(), Vec::new());
     // A load with many nodes to find takes longer than a plain answer.
-    wire::send(conn, &m).map_err(|e| e.to_string())?;
-    let r = recv_by(conn, Instant::now() + 6 * ANSWER_WAIT).map_err(|e| e.to_string())?;
+    wire::send(conn, &m)?;
+    let r = recv_by(conn, Instant::now() + 6 * ANSWER_WAIT)?;
     match r.u64_at(0) {
         Some(0) => Ok(()),
-        _ => Err("the transfer failed (its log says why)".into()),
+        _ => Err(StepError::TransferFailed),
     }
 }
-
-/// SET_DEVICE_STATE_FD's directions and the phase it is used in.
-pub(super) const SAVE: u32 = 0;
-
-pub(super) const LOAD: u32 = 1;
-
-pub(super) const STOPPED: u32 = 0;
