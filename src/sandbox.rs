@@ -739,8 +739,13 @@ impl SocketName {
             names: (names.into_iter())
                 .filter_map(|(fd, name, id)| {
                     let name = CString::new(name).ok()?;
-                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                    Some((std::os::fd::FromRawFd::from_raw_fd(fd), name, id))
+                    // SAFETY: the caller vouches that each fd is open and ours alone; the
+                    // fcntl only sets its close-on-exec flag.
+                    let dir = unsafe {
+                        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                        std::os::fd::FromRawFd::from_raw_fd(fd)
+                    };
+                    Some((dir, name, id))
                 })
                 .collect(),
         }

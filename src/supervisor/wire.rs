@@ -80,8 +80,12 @@ pub fn inheritable(fd: RawFd) -> RawFd {
 /// # Safety
 /// `fd` must be open and owned by nothing else in this process.
 pub unsafe fn adopt(fd: RawFd) -> OwnedFd {
-    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-    OwnedFd::from_raw_fd(fd)
+    // SAFETY: the caller vouches that `fd` is open and ours alone; the fcntl only sets
+    // its close-on-exec flag.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        OwnedFd::from_raw_fd(fd)
+    }
 }
 
 impl serde::Serialize for Msg {
