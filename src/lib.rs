@@ -1,8 +1,9 @@
 //! vfsd: a virtio-fs device backend (vhost-user-fs) with parallel direct writes.
 //!
 //! Layers, top to bottom: `cli` → `device` (vhost-user queues and workers) → `server`
-//! (FUSE dispatch on fuse-backend-rs, statistics) → `passthrough` (the filesystem) → `sys`
-//! (thin syscall helpers).
+//! (FUSE decoding, dispatch and replies, statistics) → `filesystem` (the trait between the
+//! server and a filesystem) → `passthrough` (the host directory) → `sys` (thin syscall
+//! helpers).
 
 pub mod abi;
 pub mod caps;
@@ -11,6 +12,7 @@ pub mod daemon;
 pub mod device;
 pub mod dirty_log;
 pub mod error;
+pub mod filesystem;
 #[cfg(feature = "test-frontend")]
 pub mod frontend;
 pub mod idmap;

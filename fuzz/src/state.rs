@@ -19,7 +19,7 @@
 //! state it refused leaves no node but the root.
 
 use fuse_backend_rs::abi::fuse_abi::*;
-use fuse_backend_rs::api::filesystem::FileSystem;
+use vfsd::filesystem::FileSystem;
 use vfsd::passthrough::migration::{self, Mode, OnError};
 
 use crate::request::{op, Seq};

@@ -8,9 +8,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fuse_backend_rs::api::filesystem::{
-    Context, Entry, OpenOptions, ZeroCopyReader, ZeroCopyWriter,
-};
+use fuse_backend_rs::api::filesystem::{Context, Entry, OpenOptions, ZeroCopyWriter};
 
 use super::handle::Handle;
 use super::inode::Inode;
@@ -245,28 +243,6 @@ impl PassthroughFs {
         let h = self.handle_for(handle, inode, Need::Read)?;
         let _g = h.inode.io.shared();
         sys::with_file(&h.fd, |f| w.write_from(f, size as usize, offset))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn do_write(
-        &self,
-        inode: u64,
-        handle: u64,
-        r: &mut dyn ZeroCopyReader,
-        size: u32,
-        offset: u64,
-        kill: Option<u32>,
-        guest_flags: u32,
-    ) -> io::Result<usize> {
-        self.write_locked(
-            inode,
-            handle,
-            offset,
-            size as usize,
-            kill,
-            guest_flags,
-            |h| sys::with_file(&h.fd, |f| r.read_to(f, size as usize, offset)),
-        )
     }
 
     /// The rules around every write of `size` bytes at `offset`: the privilege drop, then

@@ -2,7 +2,8 @@
 
 use std::ffi::CString;
 
-use fuse_backend_rs::api::filesystem::{Context, FileSystem, ROOT_ID};
+use crate::filesystem::FileSystem;
+use fuse_backend_rs::api::filesystem::{Context, ROOT_ID};
 
 use super::{Config, PassthroughFs};
 
@@ -45,7 +46,7 @@ fn readdirplus_undoes_the_lookup_of_an_entry_that_did_not_fit() {
     let ctx = Context::default();
     let (fh, _) = fs.opendir(&ctx, ROOT_ID, 0).unwrap();
     let mut delivered = Vec::new();
-    fs.readdirplus(&ctx, ROOT_ID, fh.unwrap(), 4096, 0, &mut |d, e| {
+    fs.readdirplus(&ctx, ROOT_ID, fh, 4096, 0, &mut |d, e| {
         if d.name == b"." || d.name == b".." {
             return Ok(1);
         }
@@ -128,8 +129,15 @@ fn writes_inside_the_known_size_do_not_ask_the_host_again() {
     std::fs::write(&path, vec![0u8; 65536]).unwrap();
     let ctx = Context::default();
     let e = fs.lookup(&ctx, ROOT_ID, &name("f")).unwrap();
-    let (fh, _, _) = fs.open(&ctx, e.inode, libc::O_RDWR as u32, 0).unwrap();
-    let fh = fh.unwrap();
+    let (fh, _) = fs
+        .open_file(
+            &ctx,
+            e.inode,
+            libc::O_RDWR as u32,
+            0,
+            super::OpenWait::Allowed,
+        )
+        .unwrap();
     let buf = vec![7u8; 4096];
     let write = |off: u64| {
         let iov = [libc::iovec {

@@ -1,337 +1,161 @@
-//! GETLK, SETLK, SETLKW and INTERRUPT, served by vfsd (see `passthrough::filelocks`).
-//!
-//! A SETLKW that has to wait never holds a request worker: it gets a waiter thread of its
-//! own (at most `--max-lock-waiters`, then ENOLCK), which answers the request when the
-//! lock is granted, through `Deferred`. INTERRUPT for it, DESTROY or a new INIT cancel
-//! the wait with a signal (EINTR).
-//!
-//! A ring that stops (GET_VRING_BASE: the VM stops, or migrates) suspends its waits: the
-//! waiter stops waiting and leaves the request unanswered, in flight for the guest, as an
-//! `InFlight` the device state carries. When the ring runs again, here (the VM goes on, or
-//! a migration failed) or on a destination, the request is taken up again and answered on
-//! its own descriptors (`FuseServer::resume`): the guest's program never sees the move. A
-//! guest that reset its queue meanwhile no longer waits for it, and it is dropped.
+//! Locks: GETLK, SETLK, SETLKW (which may wait on a waiter thread of its own, `waiters`)
+//! and INTERRUPT, which cancels a waiting SETLKW; and the SETLKWs a ring stop suspended,
+//! taken up again (`resume`).
 
-use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use fuse_backend_rs::abi::fuse_abi::{FileLock, InHeader, InterruptIn, LkIn, LkOut, OutHeader};
+use fuse_backend_rs::abi::fuse_abi::{InHeader, InterruptIn, LkIn, LkOut};
 use log::warn;
-use vm_memory::{ByteValued, Bytes, GuestAddress};
+use vm_memory::{ByteValued, GuestAddress};
 
-use super::request::decode;
-use super::GuestMem;
-use crate::passthrough::filelocks::{Range, Wait};
-use crate::passthrough::migration::InFlight;
-use crate::passthrough::wake::Blocker;
-use crate::passthrough::PassthroughFs;
+use super::waiters::{self, Deferred};
+use super::wire::codec::{args, decode, errno};
+use super::wire::guest::GuestMem;
+use super::wire::reply::reply_address;
+use super::{Call, FuseServer, Opcode, Reply};
+use crate::filesystem::{FileSystem, InFlight};
 
 /// FUSE_LK_FLOCK in `lk_flags`: a whole-file flock rather than a byte range.
 const LK_FLOCK: u32 = 1;
-/// Waiter threads block in the kernel; they need little stack.
-const WAITER_STACK: usize = 64 * 1024;
 
-/// Completes a request answered after its worker moved on (a SETLKW that waited).
-pub trait Deferred: Send {
-    /// Runs `write` (which writes the reply into the guest memory it is given, the map of
-    /// now, and gives its length) and puts the request on the used ring, unless the ring
-    /// was stopped since; then neither happens.
-    fn finish(self: Box<Self>, write: &mut dyn FnMut(&GuestMem) -> u32);
+impl<F: FileSystem> FuseServer<F> {
+    pub(super) fn getlk(&self, c: &Call) -> Reply {
+        let r = args::<LkIn>(c.args).and_then(|a| {
+            let flock = a.lk_flags & LK_FLOCK != 0;
+            let found = self.fs.getlk(c.hdr.nodeid, a.fh, a.owner, a.lk, flock)?;
+            Ok(LkOut { lk: found }.as_slice().to_vec())
+        });
+        Reply::Payload(r)
+    }
 
-    /// Registers what suspends the wait when its ring stops (a VMM's GET_VRING_BASE
-    /// before migration, a reset), so the stop does not wait on it. False: the ring has
-    /// stopped since the request came (its reply would be dropped), and nothing was
-    /// registered.
-    fn on_stop(&self, suspend: Box<dyn Fn() + Send + Sync>) -> bool;
+    pub(super) fn setlk(&self, c: &Call) -> Reply {
+        Reply::Payload(self.set_lock(&c.hdr, c.args, false).map(|_| Vec::new()))
+    }
 
-    /// Where the reply belongs, for `InFlight`.
-    fn slot(&self) -> Slot;
-
-    /// Leaves the request unanswered and no longer in flight on its ring (which is
-    /// stopping and waits for that).
-    fn suspend(self: Box<Self>);
-}
-
-/// Where a suspended request's reply belongs: its queue, chain head and avail position.
-#[derive(Clone, Copy, Debug)]
-pub struct Slot {
-    pub queue: u16,
-    pub head: u16,
-    pub position: u16,
-}
-
-struct Waiter {
-    /// The guest's `unique` of the request (what an INTERRUPT names). Not a key: a guest
-    /// may send two requests under one unique.
-    unique: u64,
-    /// Cancelled by a ring stop: the request is suspended, not answered...
-    suspend: AtomicBool,
-    /// ...unless the guest interrupted it too: then it gets its EINTR.
-    interrupted: AtomicBool,
-    /// Finished when the thread stops waiting, before it answers.
-    blocker: Blocker,
-}
-
-/// The waiting SETLKWs, by an id vfsd gives each, and the suspended ones.
-#[derive(Default)]
-pub struct Waiters {
-    next_id: AtomicU64,
-    by_id: Mutex<HashMap<u64, Arc<Waiter>>>,
-    suspended: Mutex<Vec<InFlight>>,
-    /// Whether `suspended` has any (read by every queue pass, written rarely).
-    any_suspended: AtomicBool,
-}
-
-impl Waiters {
-    /// Cancels the waits of requests sent under `unique` (FUSE_INTERRUPT).
-    pub fn interrupt(&self, unique: u64) {
-        let hit: Vec<Arc<Waiter>> = self
-            .by_id
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|w| w.unique == unique)
-            .cloned()
-            .collect();
-        for w in hit {
-            w.interrupted.store(true, Ordering::SeqCst);
-            w.blocker.cancel();
+    /// SETLKW, which may wait for its lock on a waiter thread of its own.
+    pub(super) fn setlkw(
+        &self,
+        c: &Call,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    ) -> Reply {
+        // A wait's reply is one header written at the first writable buffer: a chain
+        // whose first buffer can't take one is refused now, with an errno in whatever
+        // room it has. SETLKW takes a reply; leaving it unanswered would leave the
+        // guest's caller waiting for good.
+        let Some(at) = reply_address(c.bufs) else {
+            return Reply::Malformed(errno(libc::EINVAL));
+        };
+        match self.lock_or_wait(&c.hdr, c.args, at, defer) {
+            Ok(true) => Reply::Later,
+            Ok(false) => Reply::Payload(Ok(Vec::new())),
+            Err(e) => Reply::Payload(Err(e)),
         }
     }
 
-    /// Ends the wait with vfsd's id `id` with EINTR, if it still waits.
-    fn interrupt_id(&self, id: u64) {
-        let w = self.by_id.lock().unwrap().get(&id).cloned();
-        if let Some(w) = w {
-            w.interrupted.store(true, Ordering::SeqCst);
-            w.blocker.cancel();
+    /// INTERRUPT: cancels the waits of the requests it names.
+    pub(super) fn interrupt(&self, c: &Call) -> Reply {
+        if let Some(i) = decode::<InterruptIn>(c.args) {
+            self.waiters.interrupt(i.unique);
+        }
+        Reply::Nothing { malformed: false }
+    }
+
+    /// SETLK or SETLKW. `Ok(None)`: done; `Ok(Some(wait))`: must wait.
+    fn set_lock(&self, hdr: &InHeader, args: &[u8], wait: bool) -> io::Result<Option<F::LockWait>> {
+        let a: LkIn = decode(args).ok_or_else(|| errno(libc::EINVAL))?;
+        let flock = a.lk_flags & LK_FLOCK != 0;
+        self.fs.setlk(hdr.nodeid, a.fh, a.owner, a.lk, flock, wait)
+    }
+
+    /// A SETLKW: granted now (`Ok(false)`), or waiting on a waiter thread that answers it
+    /// through the `Deferred` that `defer` makes (`Ok(true)`). The request's place in its
+    /// ring's share of lock waits is taken first, so a wait past the share costs no owner
+    /// description, deadlock walk or waiter place: it is tried without waiting, and
+    /// answered ENOLCK if it would wait.
+    fn lock_or_wait(
+        &self,
+        hdr: &InHeader,
+        args: &[u8],
+        at: GuestAddress,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    ) -> io::Result<bool> {
+        let Some(d) = defer() else {
+            return match self.set_lock(hdr, args, false) {
+                Ok(_) => Ok(false),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    self.fs.count_lock_refusal();
+                    Err(errno(libc::ENOLCK))
+                }
+                Err(e) => Err(e),
+            };
+        };
+        match self.set_lock(hdr, args, true)? {
+            None => Ok(false),
+            Some(w) => match waiters::spawn_waiter(&self.waiters, w, *hdr, args, at, d) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    warn!("no lock waiter thread: {e}");
+                    Err(errno(libc::ENOLCK))
+                }
+            },
         }
     }
 
-    /// Suspends the wait with vfsd's id `id`, if it still waits (its ring stops).
-    fn suspend_id(&self, id: u64) {
-        let w = self.by_id.lock().unwrap().get(&id).cloned();
-        if let Some(w) = w {
-            w.suspend.store(true, Ordering::Release);
-            w.blocker.cancel();
-        }
-    }
-
-    /// Cancels every wait and forgets the suspended ones (DESTROY, a new INIT).
-    pub fn cancel_all(&self) {
-        let all: Vec<Arc<Waiter>> = self.by_id.lock().unwrap().values().cloned().collect();
-        for w in all {
-            w.blocker.cancel();
-        }
-        self.set_suspended(Vec::new());
-    }
-
-    /// The suspended requests (for the device state).
-    pub fn suspended(&self) -> Vec<InFlight> {
-        self.suspended.lock().unwrap().clone()
-    }
-
-    /// Replaces the suspended requests (a loaded device state's, or none on a reset).
-    pub fn set_suspended(&self, list: Vec<InFlight>) {
-        let mut s = self.suspended.lock().unwrap();
-        self.any_suspended
-            .store(!list.is_empty(), Ordering::Release);
-        *s = list;
-    }
-
+    /// Whether a ring stop left requests suspended, for the device to resume.
     pub fn any_suspended(&self) -> bool {
-        self.any_suspended.load(Ordering::Acquire)
+        self.waiters.any_suspended()
     }
 
-    /// Takes the suspended requests of `queue` out of the list.
+    /// The suspended requests, for the device state.
+    pub fn suspended(&self) -> Vec<InFlight> {
+        self.waiters.suspended()
+    }
+
+    /// Replaces the suspended requests: a loaded device state's, or none (a reset).
+    pub fn set_suspended(&self, list: Vec<InFlight>) {
+        self.waiters.set_suspended(list)
+    }
+
+    /// Takes the suspended requests of `queue` out, for `resume`.
     pub fn take_suspended(&self, queue: u16) -> Vec<InFlight> {
-        let mut s = self.suspended.lock().unwrap();
-        let (mine, rest) = std::mem::take(&mut *s)
-            .into_iter()
-            .partition(|r| r.queue == queue);
-        *s = rest;
-        self.any_suspended.store(!s.is_empty(), Ordering::Release);
-        mine
+        self.waiters.take_suspended(queue)
     }
 
-    fn push_suspended(&self, r: InFlight) {
-        let mut s = self.suspended.lock().unwrap();
-        s.push(r);
-        self.any_suspended.store(true, Ordering::Release);
+    /// Whether a suspended request is one `resume` takes up: a SETLKW, header and
+    /// LkIn exactly (what `waiters::spawn_waiter` carries).
+    pub fn resumable(&self, r: &InFlight) -> bool {
+        let len = std::mem::size_of::<InHeader>() + std::mem::size_of::<LkIn>();
+        r.request.len() == len
+            && decode::<InHeader>(&r.request)
+                .is_some_and(|h| h.opcode == Opcode::Setlkw as u32 && h.len as usize == len)
     }
-}
 
-/// A waiter thread's place in `Waiters`, for as long as it may be signalled.
-struct Registered<'a> {
-    waiters: &'a Waiters,
-    id: u64,
-    me: &'a Waiter,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.me.blocker.finish();
-        self.waiters
-            .by_id
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
-    }
-}
-
-fn lock_out(r: Range, pid: u32) -> Vec<u8> {
-    LkOut {
-        lk: FileLock {
-            start: r.start,
-            end: r.end,
-            type_: r.typ as u32,
-            pid,
-        },
-    }
-    .as_slice()
-    .to_vec()
-}
-
-/// Writes a lock request's whole reply, a bare `fuse_out_header` with `r`'s errno, at
-/// `at` (checked as a reply address when the request came); gives the used length.
-pub fn write_header(mem: &GuestMem, at: GuestAddress, unique: u64, r: &io::Result<()>) -> u32 {
-    let out = OutHeader {
-        len: std::mem::size_of::<OutHeader>() as u32,
-        error: match r {
-            Ok(()) => 0,
-            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-        },
-        unique,
-    };
-    match mem.write_obj(out, at) {
-        Ok(()) => out.len,
-        Err(e) => {
-            warn!("lock reply: {e}");
-            0
+    /// Takes up a suspended request again: a SETLKW waits anew (a waiter thread, answered
+    /// through `defer`'s `Deferred`), or is answered now. Returns the reply's length when
+    /// answered now. The request is checked as if new: what a state carries is not
+    /// trusted more than a guest.
+    pub fn resume(
+        &self,
+        mem: &GuestMem,
+        r: &InFlight,
+        defer: &mut dyn FnMut() -> Option<Box<dyn Deferred>>,
+    ) -> Option<u32> {
+        let at = GuestAddress(r.reply_at);
+        let hdr_len = std::mem::size_of::<InHeader>();
+        let hdr: Option<InHeader> = r.request.get(..hdr_len).and_then(decode);
+        let Some(hdr) = hdr.filter(|h| h.opcode == Opcode::Setlkw as u32) else {
+            warn!("a suspended request that is not a SETLKW: dropped");
+            return None;
+        };
+        let args = &r.request[hdr_len..];
+        let answer = |e: Option<io::Error>| {
+            let r = e.map_or(Ok(()), Err);
+            waiters::write_header(mem, at, hdr.unique, &r)
+        };
+        match self.lock_or_wait(&hdr, args, at, defer) {
+            Ok(true) => None,
+            Ok(false) => Some(answer(None)),
+            Err(e) => Some(answer(Some(e))),
         }
     }
-}
-
-/// GETLK: the reply's payload.
-pub fn getlk(fs: &PassthroughFs, hdr: &InHeader, args: &[u8]) -> io::Result<Vec<u8>> {
-    let a: LkIn = decode(args).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let r = Range::new(a.lk.start, a.lk.end, a.lk.type_)?;
-    let (found, pid) = fs.getlk(hdr.nodeid, a.fh, a.owner, r, a.lk_flags & LK_FLOCK != 0)?;
-    Ok(lock_out(found, pid))
-}
-
-/// SETLK or SETLKW. `Ok(None)`: answered (empty reply); `Ok(Some(wait))`: must wait.
-pub fn setlk(
-    fs: &PassthroughFs,
-    hdr: &InHeader,
-    args: &[u8],
-    wait: bool,
-) -> io::Result<Option<Wait>> {
-    let a: LkIn = decode(args).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let r = Range::new(a.lk.start, a.lk.end, a.lk.type_)?;
-    fs.setlk(
-        hdr.nodeid,
-        a.fh,
-        a.owner,
-        a.lk.pid,
-        r,
-        a.lk_flags & LK_FLOCK != 0,
-        wait,
-    )
-}
-
-/// INTERRUPT: the unique of the request to cancel.
-pub fn interrupt_target(args: &[u8]) -> Option<u64> {
-    decode::<InterruptIn>(args).map(|i| i.unique)
-}
-
-/// Starts a waiter thread for `wait`; it answers request `hdr` (whose arguments are
-/// `args`) through `d`, which holds the request's place in its ring's share of lock
-/// waits, writing the reply header at `reply_at`. An error means no thread: the caller
-/// answers the request.
-pub fn spawn_waiter(
-    waiters: &Arc<Waiters>,
-    wait: Wait,
-    hdr: InHeader,
-    args: &[u8],
-    reply_at: GuestAddress,
-    d: Box<dyn Deferred>,
-) -> io::Result<()> {
-    // What a suspension carries: the header and the LkIn (whatever else a guest put
-    // after them is not kept for as long as the wait lasts).
-    let lk = args
-        .get(..std::mem::size_of::<LkIn>())
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let mut carried = hdr;
-    carried.len = (std::mem::size_of::<InHeader>() + lk.len()) as u32;
-    let mut request = carried.as_slice().to_vec();
-    request.extend_from_slice(lk);
-    let waiters2 = waiters.clone();
-    let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Deferred>>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
-    std::thread::Builder::new()
-        .name("vfsd-lock-waiter".into())
-        .stack_size(WAITER_STACK)
-        .spawn(move || {
-            let id = waiters2.next_id.fetch_add(1, Ordering::Relaxed);
-            let me = Arc::new(Waiter {
-                unique: hdr.unique,
-                suspend: AtomicBool::new(false),
-                interrupted: AtomicBool::new(false),
-                blocker: Blocker::default(),
-            });
-            waiters2.by_id.lock().unwrap().insert(id, me.clone());
-            // Stops the signals and leaves the table when dropped: on every way out of
-            // the thread, a panic included, so no signal goes to an exited thread.
-            let registered = Registered {
-                waiters: &waiters2,
-                id,
-                me: &me,
-            };
-            let _ = ready_tx.send(id);
-            let Ok(done) = rx.recv() else {
-                return;
-            };
-            // Cancelled already (its ring stopped as it began): `block` says EINTR.
-            me.blocker.start();
-            let r = wait.block(&me.blocker);
-            // No signal reaches this thread after this: the reply's writes and the
-            // guest's notification can't be interrupted.
-            drop(registered);
-            let interrupted = me.interrupted.load(Ordering::SeqCst);
-            // A wait the stall rule ended (EDEADLK) is answered even as its ring stops.
-            let stalled = r
-                .as_ref()
-                .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));
-            if r.is_err() && me.suspend.load(Ordering::SeqCst) && !interrupted && !stalled {
-                // Listed before the ring hears of it: the stop, and the device state saved
-                // after it, must find it.
-                let slot = done.slot();
-                waiters2.push_suspended(InFlight {
-                    queue: slot.queue,
-                    head: slot.head,
-                    position: slot.position,
-                    reply_at: reply_at.0,
-                    request,
-                });
-                done.suspend();
-                return;
-            }
-            done.finish(&mut |mem| write_header(mem, reply_at, hdr.unique, &r));
-        })?;
-    // Registered before the request's worker returns, so an INTERRUPT finds it.
-    let id = ready_rx.recv();
-    if let Ok(id) = id {
-        let w = waiters.clone();
-        if !d.on_stop(Box::new(move || w.suspend_id(id))) {
-            // Its ring stopped and moved on while the request was being served: the
-            // guest gets the request again (or never), so the wait ends now, and its
-            // answer goes nowhere.
-            waiters.interrupt_id(id);
-        }
-    }
-    let _ = tx.send(d);
-    Ok(())
 }

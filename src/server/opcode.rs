@@ -1,5 +1,6 @@
-//! The FUSE opcodes vfsd knows (the kernel's `enum fuse_opcode`, up to STATX), and for
-//! each where it is served: the one list `FuseServer::outcome` matches on.
+//! The FUSE opcodes vfsd knows (the kernel's `enum fuse_opcode`, up to STATX), and what
+//! the server needs to know of each before it serves it: the one list
+//! `FuseServer::dispatch` matches on.
 
 use num_enum::TryFromPrimitive;
 
@@ -125,66 +126,72 @@ impl Opcode {
     /// Its name in the kernel's `enum fuse_opcode` (without `FUSE_`), and where it is
     /// served.
     pub fn about(self) -> (&'static str, &'static str) {
-        const OPS: &str = "ops.rs, onto the passthrough FileSystem methods";
-        const EXT: &str = "create.rs, its extensions passed as a parameter";
+        const ENTRY: &str = "entry.rs";
+        const EXT: &str = "entry.rs, its extensions passed as a parameter";
+        const DATA: &str = "data.rs";
+        const DIR: &str = "dir.rs";
+        const XATTR: &str = "xattr.rs";
         const LOCKS: &str = "locks.rs, host OFD/flock locks";
         match self {
-            Lookup => ("LOOKUP", OPS),
-            Forget => ("FORGET", OPS),
-            Getattr => ("GETATTR", OPS),
-            Setattr => ("SETATTR", OPS),
-            Readlink => ("READLINK", OPS),
+            Lookup => ("LOOKUP", ENTRY),
+            Forget => ("FORGET", ENTRY),
+            Getattr => ("GETATTR", ENTRY),
+            Setattr => ("SETATTR", ENTRY),
+            Readlink => ("READLINK", ENTRY),
             Symlink => ("SYMLINK", EXT),
             Mknod => ("MKNOD", EXT),
             Mkdir => ("MKDIR", EXT),
-            Unlink => ("UNLINK", OPS),
-            Rmdir => ("RMDIR", OPS),
-            Rename => ("RENAME", OPS),
-            Link => ("LINK", OPS),
-            Open => ("OPEN", OPS),
-            Read => ("READ", "fast_read.rs on the queue thread, else ops.rs"),
-            Write => ("WRITE", "write.rs, data straight from guest memory"),
-            Statfs => ("STATFS", OPS),
-            Release => ("RELEASE", OPS),
-            Fsync => ("FSYNC", OPS),
-            Setxattr => ("SETXATTR", "xattr.rs with SETXATTR_EXT, else ops.rs"),
-            Getxattr => ("GETXATTR", OPS),
-            Listxattr => ("LISTXATTR", OPS),
-            Removexattr => ("REMOVEXATTR", OPS),
-            Flush => ("FLUSH", OPS),
-            Init => ("INIT", "init.rs, 64-bit flags, protocol 7.40"),
-            Opendir => ("OPENDIR", OPS),
-            Readdir => ("READDIR", OPS),
-            Releasedir => ("RELEASEDIR", OPS),
-            Fsyncdir => ("FSYNCDIR", OPS),
+            Unlink => ("UNLINK", ENTRY),
+            Rmdir => ("RMDIR", ENTRY),
+            Rename => ("RENAME", ENTRY),
+            Link => ("LINK", ENTRY),
+            Open => ("OPEN", DATA),
+            Read => ("READ", "data.rs, on the queue thread if it need not block"),
+            Write => ("WRITE", "data.rs, data straight from guest memory"),
+            Statfs => ("STATFS", ENTRY),
+            Release => ("RELEASE", DATA),
+            Fsync => ("FSYNC", DATA),
+            Setxattr => ("SETXATTR", "xattr.rs, with SETXATTR_EXT too"),
+            Getxattr => ("GETXATTR", XATTR),
+            Listxattr => ("LISTXATTR", XATTR),
+            Removexattr => ("REMOVEXATTR", XATTR),
+            Flush => ("FLUSH", DATA),
+            Init => (
+                "INIT",
+                "session.rs and wire/init.rs, 64-bit flags, protocol 7.40",
+            ),
+            Opendir => ("OPENDIR", DIR),
+            Readdir => ("READDIR", DIR),
+            Releasedir => ("RELEASEDIR", DIR),
+            Fsyncdir => ("FSYNCDIR", DIR),
             Getlk => ("GETLK", LOCKS),
             Setlk => ("SETLK", LOCKS),
             Setlkw => ("SETLKW", "locks.rs, waits on a waiter thread of its own"),
-            Access => ("ACCESS", OPS),
+            Access => ("ACCESS", ENTRY),
             Create => ("CREATE", EXT),
             Interrupt => ("INTERRUPT", "locks.rs, cancels a waiting SETLKW"),
-            Bmap => ("BMAP", OPS),
-            Destroy => ("DESTROY", "mod.rs, ends the session"),
-            Ioctl => ("IOCTL", "create.rs, reply data made per request"),
-            Poll => ("POLL", OPS),
+            Bmap => ("BMAP", DATA),
+            Destroy => ("DESTROY", "session.rs, ends the session"),
+            Ioctl => ("IOCTL", "data.rs, reply data made per request"),
+            Poll => ("POLL", DATA),
             NotifyReply => (
                 "NOTIFY_REPLY",
-                "mod.rs, takes no reply (vfsd sends no retrieve)",
+                "session.rs, takes no reply (vfsd sends no retrieve)",
             ),
-            BatchForget => ("BATCH_FORGET", OPS),
-            Fallocate => ("FALLOCATE", OPS),
-            Readdirplus => ("READDIRPLUS", OPS),
-            Rename2 => ("RENAME2", OPS),
-            Lseek => ("LSEEK", OPS),
+            BatchForget => ("BATCH_FORGET", ENTRY),
+            Fallocate => ("FALLOCATE", DATA),
+            Readdirplus => ("READDIRPLUS", DIR),
+            Rename2 => ("RENAME2", ENTRY),
+            Lseek => ("LSEEK", DATA),
             CopyFileRange => (
                 "COPY_FILE_RANGE",
-                "mod.rs, with the newer ABI's 64-bit flags",
+                "data.rs, with the newer ABI's 64-bit flags",
             ),
-            Setupmapping => ("SETUPMAPPING", "ENOSYS: no DAX window"),
-            Removemapping => ("REMOVEMAPPING", "ENOSYS: no DAX window"),
-            Syncfs => ("SYNCFS", "mod.rs, newer than the crate's ABI"),
-            Tmpfile => ("TMPFILE", "newer.rs, newer than the crate's ABI"),
-            Statx => ("STATX", "newer.rs, newer than the crate's ABI"),
+            Setupmapping => ("SETUPMAPPING", "data.rs, ENOSYS: no DAX window"),
+            Removemapping => ("REMOVEMAPPING", "data.rs, ENOSYS: no DAX window"),
+            Syncfs => ("SYNCFS", "session.rs, newer than the crate's ABI"),
+            Tmpfile => ("TMPFILE", "entry.rs, newer than the crate's ABI"),
+            Statx => ("STATX", "entry.rs, newer than the crate's ABI"),
         }
     }
 
@@ -194,6 +201,22 @@ impl Opcode {
 
     pub fn served_in(self) -> &'static str {
         self.about().1
+    }
+
+    /// The reply payload size of an opcode that changes something (a file, a node's
+    /// lookup count, a handle) before it replies: its reply's room is checked before the
+    /// filesystem is called.
+    pub fn effect_reply_size(self) -> Option<usize> {
+        use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, OpenOut, WriteOut};
+        use std::mem::size_of;
+        Some(match self {
+            Lookup | Symlink | Mknod | Mkdir | Link => size_of::<EntryOut>(),
+            Create | Tmpfile => size_of::<EntryOut>() + size_of::<OpenOut>(),
+            Open | Opendir => size_of::<OpenOut>(),
+            Write | CopyFileRange => size_of::<WriteOut>(),
+            Setattr => size_of::<AttrOut>(),
+            _ => return None,
+        })
     }
 
     /// Never answered (FUSE spec).
@@ -234,7 +257,7 @@ impl Opcode {
 
     /// Whether the opcode may open a file, which waits only for a host lease break: OPEN
     /// and CREATE, and under `--no-open` a READ, WRITE, LSEEK, truncating SETATTR or
-    /// COPY_FILE_RANGE that needs a node's fd (`passthrough::node_handle`). A queue thread
+    /// COPY_FILE_RANGE that needs a node's fd (the host filesystem's node handles). A queue thread
     /// tries it with O_NONBLOCK and hands it to the pool if it would wait
     /// (`FuseServer::handle_unless_it_waits`); each takes its fd before it changes anything.
     pub fn opens_without_waiting(self) -> bool {

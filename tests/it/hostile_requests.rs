@@ -80,7 +80,9 @@ fn a_header_rewritten_mid_request_is_served_as_one_opcode() {
 }
 
 /// Item 8: a request whose handler panics is answered with EIO and counted, and its worker
-/// goes on serving. VFSD_TEST_PANIC_NODEID makes every request for one node panic.
+/// goes on serving. VFSD_TEST_PANIC_NODEID makes every request for one node panic (in a
+/// build with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_panicking_request_gets_eio_and_the_workers_live_on() {
     std::env::set_var("VFSD_TEST_PANIC_NODEID", "2");

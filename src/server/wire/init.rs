@@ -11,7 +11,7 @@ use std::io;
 
 use vm_memory::ByteValued;
 
-use super::request::decode;
+use super::codec::{decode, inval};
 use crate::abi::flags;
 
 /// The protocol minor vfsd speaks: 7.40 has every flag above, request extensions (7.38)
@@ -89,7 +89,6 @@ pub struct Offer {
 /// Decodes INIT's arguments. A guest that sets INIT_EXT but sends the short form gets
 /// EINVAL rather than flags read from beyond its request.
 pub fn parse(args: &[u8]) -> io::Result<Offer> {
-    let inval = || io::Error::from_raw_os_error(libc::EINVAL);
     let i: InitIn = decode(args).ok_or_else(inval)?;
     let mut flags = i.flags as u64;
     if flags & flags::INIT_EXT != 0 {

@@ -1,11 +1,12 @@
 //! A request's readable part, copied out of guest memory once.
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
-use vm_memory::{Address, ByteValued};
+use vm_memory::Address;
 
-use super::chain::{read_guest, Descs};
-use super::GuestMem;
-use super::Opcode;
+use super::codec::{decode, errno, inval};
+use super::descs::Descs;
+use super::guest::{read_guest, GuestMem};
+use crate::server::opcode::Opcode;
 
 /// The largest request the crate accepts (its MAX_BUFFER_SIZE plus a header page); a
 /// longer readable part is not copied past this.
@@ -37,12 +38,15 @@ impl Request {
     }
 }
 
-/// A `T` from the start of `b`, if it is long enough.
-pub fn decode<T: ByteValued + Default>(b: &[u8]) -> Option<T> {
-    let mut v = T::default();
-    let n = std::mem::size_of::<T>();
-    v.as_mut_slice().copy_from_slice(b.get(..n)?);
-    Some(v)
+/// A request's body: the bytes after its header, as long as the header says. Too long a
+/// request is ENOMEM (the kernel's FUSE never sends one), a header claiming more than was
+/// sent EINVAL.
+pub fn body(req: &Request) -> std::io::Result<&[u8]> {
+    let len = req.hdr.len as usize;
+    if len > MAX_REQUEST {
+        return Err(errno(libc::ENOMEM));
+    }
+    req.bytes.get(HDR_LEN..len).ok_or_else(inval)
 }
 
 /// A request that can't be copied whole.
@@ -92,7 +96,7 @@ pub fn finish(mem: &GuestMem, descs: &Descs, req: &mut Request) -> Result<(), Ba
 }
 
 /// Where the copy of a request whose copy starts with `b` ends, once its header is there:
-/// at its header's length (what a request is, `server::body`; never inside the header),
+/// at its header's length (what a request is, `body`; never inside the header),
 /// for WRITE at its header and arguments (its data stays in guest memory).
 fn request_end(b: &[u8]) -> Option<usize> {
     let h = decode::<InHeader>(b)?;
@@ -148,14 +152,14 @@ fn fill(mem: &GuestMem, descs: &Descs, bytes: &mut Vec<u8>, limit: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{ByteValued, Bytes, GuestAddress};
 
     const MEM: u64 = 0x10000;
 
     /// Copies the request of one chain made of readable descriptors (address, length).
     fn copy_chain(mem: &GuestMem, descs: &[(u64, u32)]) -> Result<Request, BadRequest> {
         let descs: Vec<_> = descs.iter().map(|&(a, l)| (a, l, false)).collect();
-        let chain = crate::server::chain::mock_chain(mem, &descs);
+        let chain = crate::server::wire::descs::mock_chain(mem, &descs);
         copy(mem, &Descs::read(&chain))
     }
 
@@ -245,7 +249,7 @@ mod tests {
         assert_eq!(r.bytes, &req[..n]);
         // The copy at the pop holds no more than the request either.
         let descs: Vec<_> = [(0x1000, 0x4000, false)].to_vec();
-        let chain = crate::server::chain::mock_chain(&mem, &descs);
+        let chain = crate::server::wire::descs::mock_chain(&mem, &descs);
         let r = copy_head(&mem, &Descs::read(&chain)).unwrap();
         assert_eq!(r.bytes.len(), HEAD);
         assert!(!r.whole);

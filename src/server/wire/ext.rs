@@ -15,8 +15,9 @@
 
 use std::ffi::CStr;
 
-use super::request::{decode, Request, HDR_LEN};
-use crate::passthrough::{CreateExt, SecCtx};
+use super::codec::decode;
+use super::request::{Request, HDR_LEN};
+use crate::filesystem::{CreateExt, SecCtx};
 
 /// Types at or below this count security contexts (`fuse_secctx_header.nr_secctx`).
 const MAX_NR_SECCTX: u32 = 31;

@@ -1,109 +1,24 @@
 //! A popped request as the server sees it: its descriptor chain, the chain's descriptors
-//! read from the guest's table once, and the one copy of its readable part (`request`).
-//!
-//! Where the request runs (`device::route`), the check before an effect, the reply and
-//! WRITE's data all use this one reading. Each walk of a chain reads every descriptor
-//! out of guest memory again, and under a guest one walk costs about as much as the rest
-//! of a small request's user-space work; read once, a guest that rewrites its table
-//! meanwhile also gains nothing.
+//! read once (`descs`), and the one copy of its readable part (`request`).
 
 use std::ops::Deref;
 
-use smallvec::SmallVec;
-use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
+use super::descs::Descs;
+use super::guest::GuestMem;
 use super::request::{self, BadRequest, Request, HDR_LEN};
-use super::{GuestMem, Opcode};
-
-/// Descriptors kept on the stack: a FUSE request's chain has 2 to 4, READ and WRITE more.
-const ON_STACK: usize = 8;
-
-/// The most descriptors a chain may have: twice what the largest request needs (INIT's
-/// `MAX_PAGES` pages of data, plus header, arguments and the reply header). A longer
-/// chain is refused (`Descs::overlong`) and never read further, which bounds what one
-/// request costs the host: a guest can make a chain of up to 64 Ki zero-length
-/// descriptors through an indirect table, and name it from every slot of its ring.
-pub const MAX_DESCS: usize = 2 * super::init::MAX_PAGES as usize;
-
-/// Writable buffers (address, length), in chain order.
-pub type Bufs = SmallVec<[(GuestAddress, u32); 4]>;
-
-/// A chain's descriptors, in order, indirect tables followed (as the chain's iterator
-/// yields them), up to `MAX_DESCS`.
-pub struct Descs {
-    list: SmallVec<[Descriptor; ON_STACK]>,
-    overlong: bool,
-}
-
-impl Descs {
-    /// Walks `chain` once, keeping up to `MAX_DESCS` descriptors (and flags a longer
-    /// chain: `overlong`).
-    pub fn read<M>(chain: &DescriptorChain<M>) -> Descs
-    where
-        M: Deref<Target = GuestMem> + Clone,
-    {
-        let mut list: SmallVec<[Descriptor; ON_STACK]> =
-            chain.clone().take(MAX_DESCS + 1).collect();
-        let overlong = list.len() > MAX_DESCS;
-        list.truncate(MAX_DESCS);
-        Descs { list, overlong }
-    }
-
-    /// An overlong chain's list cut to its first writable buffer (for the EINVAL that
-    /// refuses it), so it never leaves the stack and is never read again.
-    fn keep_only_the_reply_room(&mut self) {
-        if self.overlong {
-            let reply = self.list.iter().copied().find(|d| d.is_write_only());
-            self.list = reply.into_iter().collect();
-        }
-    }
-
-    /// The heap the list took (0 while it fits the stack).
-    pub fn heap_bytes(&self) -> usize {
-        if self.list.spilled() {
-            self.list.capacity() * std::mem::size_of::<Descriptor>()
-        } else {
-            0
-        }
-    }
-
-    /// Whether the chain has more than `MAX_DESCS` descriptors (then only its reply
-    /// buffer is here).
-    pub fn overlong(&self) -> bool {
-        self.overlong
-    }
-
-    /// Every descriptor, in order.
-    pub fn all(&self) -> &[Descriptor] {
-        &self.list
-    }
-
-    /// The descriptors the device reads, in order (as the chain's `readable()`).
-    pub fn readable(&self) -> impl Iterator<Item = &Descriptor> {
-        self.list.iter().filter(|d| !d.is_write_only())
-    }
-
-    /// The buffers the device writes, in order (as the chain's `writable()`).
-    pub fn writable_bufs(&self) -> Bufs {
-        self.list
-            .iter()
-            .filter(|d| d.is_write_only())
-            .map(|d| (d.addr(), d.len()))
-            .collect()
-    }
-}
+use crate::server::opcode::Opcode;
 
 /// A request popped from a queue, read once (`Popped::new`).
 pub struct Popped<M> {
-    pub(super) chain: DescriptorChain<M>,
+    pub(crate) chain: DescriptorChain<M>,
     /// The descriptors, read at the pop; None once parked (`park`) until the thread that
     /// serves it reads them again.
     descs: Option<Descs>,
     /// The copy: its head from the pop, the rest from the thread that serves it
     /// (`request::finish`). Placed and served by the same header.
-    pub(super) copy: Result<Request, BadRequest>,
+    pub(crate) copy: Result<Request, BadRequest>,
 }
 
 impl<M> Popped<M>
@@ -139,7 +54,7 @@ where
 
     /// The chain's descriptors (read again if the request was parked) and the copy,
     /// finished (`request::finish`) from those descriptors.
-    pub(super) fn parts(&mut self, mem: &GuestMem) -> (&Descs, &Result<Request, BadRequest>) {
+    pub(crate) fn parts(&mut self, mem: &GuestMem) -> (&Descs, &Result<Request, BadRequest>) {
         let descs = self.descs.get_or_insert_with(|| Descs::read(&self.chain));
         match &mut self.copy {
             // Refused whole (EINVAL): nothing more of it is read.
@@ -178,78 +93,21 @@ where
     pub fn copy_len(&self) -> Option<u64> {
         use fuse_backend_rs::abi::fuse_abi::CopyFileRangeIn;
         match &self.copy {
-            Ok(r) => request::decode::<CopyFileRangeIn>(&r.bytes[HDR_LEN..]).map(|a| a.len),
+            Ok(r) => super::codec::decode::<CopyFileRangeIn>(&r.bytes[HDR_LEN..]).map(|a| a.len),
             _ => None,
         }
     }
 }
 
-/// Reads `buf.len()` bytes at `addr`: one region lookup and a copy where the range lies
-/// in one region (every FUSE header does), vm-memory's general walk where it spans two or
-/// is not all in memory (which then says what is wrong).
-pub fn read_guest(
-    mem: &GuestMem,
-    buf: &mut [u8],
-    addr: GuestAddress,
-) -> Result<(), GuestMemoryError> {
-    match mem.get_slice(addr, buf.len()) {
-        Ok(s) if s.len() == buf.len() => {
-            s.copy_to(buf);
-            Ok(())
-        }
-        _ => mem.read_slice(buf, addr),
-    }
-}
-
-/// Writes `buf` at `addr`, as `read_guest` reads (the dirty-page log marked either way).
-/// Like vm-memory's write, one that reaches outside guest memory may have written the
-/// part inside before its error: check the range first (`in_memory`).
-pub fn write_guest(mem: &GuestMem, buf: &[u8], addr: GuestAddress) -> Result<(), GuestMemoryError> {
-    match mem.get_slice(addr, buf.len()) {
-        Ok(s) if s.len() == buf.len() => {
-            s.copy_from(buf);
-            Ok(())
-        }
-        _ => mem.write_slice(buf, addr),
-    }
-}
-
-/// Whether `len` bytes at `addr` all lie in guest memory.
-pub fn in_memory(mem: &GuestMem, addr: GuestAddress, len: usize) -> bool {
-    mem.get_slice(addr, len).is_ok() || mem.check_range(addr, len)
-}
-
-/// For the server's unit tests: the one chain that `descs` (address, length, writable)
-/// make on a mock queue in `mem`, popped.
-#[cfg(test)]
-pub(super) fn mock_chain<'a>(
-    mem: &'a GuestMem,
-    descs: &[(u64, u32, bool)],
-) -> DescriptorChain<&'a GuestMem> {
-    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::RawDescriptor;
-    use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueOwnedT};
-    let size = descs.len().next_power_of_two().max(16) as u16;
-    let vq = MockSplitQueue::new(mem, size);
-    let raw: Vec<RawDescriptor> = descs
-        .iter()
-        .map(|&(a, l, w)| {
-            let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
-            RawDescriptor::from(Descriptor::new(a, l, flags, 0))
-        })
-        .collect();
-    vq.build_desc_chain(&raw).unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
-    let chain = q.iter(mem).unwrap().next().unwrap();
-    chain
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::wire::descs::mock_chain;
+    use crate::server::wire::descs::MAX_DESCS;
+    use crate::server::wire::guest::{in_memory, read_guest, write_guest};
     use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader};
     use vm_memory::ByteValued;
+    use vm_memory::{Bytes, GuestAddress};
 
     const MEM: u64 = 0x10000;
 
