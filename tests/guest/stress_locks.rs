@@ -15,7 +15,7 @@ fn lock_stressors_finish_and_a_cycle_of_waits_ends_in_edeadlk() {
     let stats = dir.path.join("stats.json");
     let stats_arg = format!("--stats={}", stats.display());
     // A 5 s stall timeout instead of the default 30 s: the rule is the same, and a killed
-    // child's wait ends 25 s sooner (the default's runs: docs/design.md, Locks).
+    // child's wait ends 25 s sooner.
     let args: Vec<&str> = if daemon_under_test().is_vfsd() {
         vec![&stats_arg, "--lock-stall-timeout=5"]
     } else {

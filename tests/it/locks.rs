@@ -364,7 +364,7 @@ fn lock_slab_objects() -> Option<u64> {
 
 /// A guest that locks every other byte of a file, many times over, gets ENOLCK after
 /// `--max-locks`, and the host's lock records stay bounded. VFSD_LOCK_FLOOD sets the
-/// number of requests (default 40,000; docs/design.md has a longer run).
+/// number of requests (default 40,000; docs/benchmarks.md has a longer run).
 #[test]
 fn a_lock_flood_is_bounded_on_the_host() {
     const MAX: u64 = 20_000;
