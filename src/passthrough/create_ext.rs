@@ -1,7 +1,5 @@
-//! What a create request carries beside its arguments (the server decodes the request
-//! extensions, see `server::ext`): the new node's security context and the caller's
-//! supplementary group. The server decodes the create opcodes itself and passes them to
-//! the create paths as a parameter.
+//! What a create's extensions (`filesystem::CreateExt`) do on the host: the caller's
+//! supplementary group for the create, and the new node's security context as an xattr.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -11,29 +9,13 @@ use fuse_backend_rs::api::filesystem::Context;
 
 use super::xattr::Target;
 use super::PassthroughFs;
+use crate::filesystem::SecCtx;
 use crate::sys;
-
-/// A security context for a new node (FUSE_SECURITY_CTX).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecCtx {
-    /// The xattr that holds it on a local filesystem, e.g. `security.selinux`.
-    pub name: CString,
-    pub value: Vec<u8>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CreateExt {
-    pub secctx: Option<SecCtx>,
-    /// Supplementary groups of the caller that matter for this create (FUSE_EXT_GROUPS:
-    /// the parent's group, when the caller is in it only as a supplementary group).
-    pub groups: Vec<u32>,
-}
 
 impl PassthroughFs {
     /// Switches to the guest caller's ids (translated to host ids, `--translate-uid/gid`)
     /// for a create (or a flag change made as the caller), with the supplementary group the
-    /// request carried (FUSE_EXT_GROUPS,
-    /// see `server::ext`).
+    /// request carried (FUSE_EXT_GROUPS, see `server::wire::ext`).
     pub(super) fn creator(&self, ctx: &Context, groups: &[u32]) -> io::Result<sys::FsCred> {
         let ids = &self.cfg.id_translate;
         let groups = groups

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, OpenOptions, ROOT_ID};
 
 use super::handle::Handle;
-use super::{CachePolicy, CreateExt, Inode, PassthroughFs};
+use super::{CachePolicy, Inode, PassthroughFs};
+use crate::filesystem::CreateExt;
 use crate::sys::{self, cvt, errno};
 
 /// FUSE_ATTR_SUBMOUNT (FUSE 7.31): this directory is the root of another mount.

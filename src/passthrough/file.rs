@@ -15,8 +15,9 @@ use super::inode::Inode;
 use super::killpriv;
 use super::lock::IoGuard;
 use super::node_handle::Need;
-use super::nowait::{self, OpenWait};
-use super::{CreateExt, PassthroughFs};
+use super::nowait;
+use super::PassthroughFs;
+use crate::filesystem::{CreateExt, OpenWait};
 use crate::sys::{self, cvt, errno};
 
 impl PassthroughFs {

@@ -14,8 +14,8 @@ use fuse_backend_rs::api::filesystem::{
 };
 
 use super::filelocks::{self, Range, Wait};
-use super::{nowait, sys, CreateExt, OpenWait, PassthroughFs};
-use crate::filesystem::{Blocker, FileSystem, LockWait};
+use super::{nowait, sys, PassthroughFs};
+use crate::filesystem::{Blocker, CreateExt, FileSystem, LockWait, OpenWait};
 use crate::stats::Stats;
 
 impl LockWait for Wait {

@@ -36,7 +36,7 @@ pub struct Handle {
     pub flock: AtomicI32,
     /// A migrated flock not yet granted again: the thread that takes it (`migration`),
     /// which a guest flock call on the handle calls off first.
-    pub flock_pending: std::sync::Mutex<Option<Arc<super::wake::Blocker>>>,
+    pub flock_pending: std::sync::Mutex<Option<Arc<crate::filesystem::Blocker>>>,
     /// A node's fd under `--no-open`: the reaper's tick in which a request last took it
     /// for writing (`node_handle`).
     pub write_tick: AtomicU64,

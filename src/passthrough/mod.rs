@@ -9,7 +9,7 @@
 
 mod acl;
 mod attr;
-pub mod create_ext;
+mod create_ext;
 mod dir;
 mod file;
 pub mod filelocks;
@@ -26,7 +26,6 @@ pub mod migration;
 pub mod node_handle;
 use node_handle::Need;
 pub mod nowait;
-pub mod wake;
 mod xattr;
 pub mod xattrmap;
 
@@ -40,11 +39,10 @@ use std::time::Duration;
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FOPEN_IN_KILL_SUIDGID};
 use fuse_backend_rs::api::filesystem::{Context, Entry, OpenOptions, ROOT_ID};
 
+use crate::filesystem::{CreateExt, OpenWait};
 use crate::sys;
-pub use create_ext::{CreateExt, SecCtx};
 use handle::HandleTable;
 use inode::{Inode, InodeTable};
-pub use nowait::OpenWait;
 
 /// FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): the guest may send several direct writes to
 /// this file at once. fuse-backend-rs has no constant for it.
@@ -240,7 +238,7 @@ pub struct PassthroughFs {
     /// belong to.
     session: std::sync::atomic::AtomicU64,
     /// A migration's lock retakes, called off when the session ends.
-    retakes: std::sync::Mutex<Vec<Arc<wake::Blocker>>>,
+    retakes: std::sync::Mutex<Vec<Arc<crate::filesystem::Blocker>>>,
 }
 
 impl PassthroughFs {
@@ -777,7 +775,7 @@ impl PassthroughFs {
     }
 
     /// OPEN of a file (OPENDIR is `opendir`); `wait` says whether it may wait for a
-    /// host lease break where it runs (`nowait::OpenWait`).
+    /// host lease break where it runs (`OpenWait`, `nowait`).
     pub fn open_file(
         &self,
         ctx: &Context,

@@ -2,7 +2,7 @@
 //!
 //! Handing a request to the worker pool costs a wake-up and two context switches, more than
 //! a READ answered from the host's page cache costs in all. So the queue thread first tries
-//! the usual READ shape (`server::fast_read`) with `preadv2(RWF_NOWAIT)` under a
+//! the usual READ shape (`server::data`) with `preadv2(RWF_NOWAIT)` under a
 //! non-blocking take of the inode's I/O lock. If anything would wait (data not cached, the
 //! lock held for a size change, a short read that may or may not be EOF, a host filesystem
 //! without RWF_NOWAIT) the attempt is abandoned without a reply and the request goes to the
@@ -20,6 +20,8 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
+
+use crate::filesystem::OpenWait;
 
 /// Host filesystems (by mount id) found without RWF_NOWAIT (EOPNOTSUPP, e.g. a GlusterFS
 /// FUSE mount): a handle opened there never tries, so the cost of finding out is paid
@@ -68,16 +70,6 @@ pub(super) unsafe fn preadv2(fd: RawFd, iov: &[libc::iovec], offset: u64) -> io:
     } else {
         Ok(n as usize)
     }
-}
-
-/// Whether an open may wait in the host kernel where it runs (see the module's text).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpenWait {
-    /// It may: a worker.
-    Allowed,
-    /// It must not: a queue thread. An open that would wait fails with `would_wait()`,
-    /// and is left unanswered for the pool.
-    Never,
 }
 
 thread_local! {

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 
-use crate::filesystem::FileSystem;
+use crate::filesystem::{FileSystem, OpenWait};
 use fuse_backend_rs::api::filesystem::{Context, ROOT_ID};
 
 use super::{Config, PassthroughFs};
@@ -130,13 +130,7 @@ fn writes_inside_the_known_size_do_not_ask_the_host_again() {
     let ctx = Context::default();
     let e = fs.lookup(&ctx, ROOT_ID, &name("f")).unwrap();
     let (fh, _) = fs
-        .open_file(
-            &ctx,
-            e.inode,
-            libc::O_RDWR as u32,
-            0,
-            super::OpenWait::Allowed,
-        )
+        .open_file(&ctx, e.inode, libc::O_RDWR as u32, 0, OpenWait::Allowed)
         .unwrap();
     let buf = vec![7u8; 4096];
     let write = |off: u64| {
@@ -210,7 +204,7 @@ fn an_open_that_must_not_wait_keeps_only_the_flags_the_guest_asked_for() {
         assert!(fl >= 0);
         fl & (libc::O_NONBLOCK | libc::O_ACCMODE)
     };
-    for wait in [super::OpenWait::Allowed, super::OpenWait::Never] {
+    for wait in [OpenWait::Allowed, OpenWait::Never] {
         assert_eq!(status(libc::O_RDWR, wait), libc::O_RDWR, "{wait:?}");
         assert_eq!(
             status(libc::O_RDONLY | libc::O_NONBLOCK, wait),

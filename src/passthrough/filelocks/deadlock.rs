@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use super::range_set::{Range, RangeSet};
-use crate::passthrough::wake::Blocker;
+use crate::filesystem::Blocker;
 
 /// The SETLKWs waiting on their threads, by guest lock owner: what each waits for.
 /// An owner here is the guest's lock owner id, whatever node it locks: a process holding

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::host::ofd_lock;
 use super::range_set::{Range, RangeSet};
 use super::table::{Entry, FileLocks, Owner, OwnerState};
-use crate::passthrough::wake::Blocker;
+use crate::filesystem::Blocker;
 use crate::sys::errno;
 
 /// One lock owner as the migration state carries it (`FileLocks::export`).

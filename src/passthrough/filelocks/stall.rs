@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::deadlock::DEADLOCK_STEPS;
 use super::range_set::Range;
 use super::table::{FileLocks, Owners};
-use crate::passthrough::wake::{cancel_all, Blocker};
+use crate::filesystem::wake::{cancel_all, Blocker};
 
 /// Slots of the stall rule's table of guest callers (`FileLocks::note_caller`): 16 KiB.
 const CALLER_SLOTS: usize = 4096;

@@ -14,8 +14,8 @@ use super::host::{ofd_getlk, ofd_lock, ofd_unlock_all};
 use super::range_set::{Plan, Range, RangeSet};
 use super::stall::{Activity, WatchdogWake};
 use super::wait::Wait;
+use crate::filesystem::Blocker;
 use crate::passthrough::handle::Handle;
-use crate::passthrough::wake::Blocker;
 use crate::recovery::record::{OwnerSlot, OwnerState as RecordedOwner, Record};
 use crate::sys::errno;
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use super::host::{flock, ofd_lock, ofd_setlkw};
 use super::range_set::Range;
 use super::table::{FileLocks, Owner};
+use crate::filesystem::wake::{Blocker, Finish};
 use crate::passthrough::handle::Handle;
-use crate::passthrough::wake::{Blocker, Finish};
 use crate::sys::errno;
 
 /// What a SETLKW that must wait leaves for its waiter thread. It holds one of the

@@ -42,9 +42,10 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 
+use crate::filesystem::InFlight;
 pub use format::{
-    parse_header, InFlight, HEADER_LEN, MAGIC, MAX_HANDLES, MAX_IN_FLIGHT_REQUEST, MAX_NODES,
-    MAX_STATE, VERSION,
+    parse_header, HEADER_LEN, MAGIC, MAX_HANDLES, MAX_IN_FLIGHT_REQUEST, MAX_NODES, MAX_STATE,
+    VERSION,
 };
 pub use restore::LoadReport;
 

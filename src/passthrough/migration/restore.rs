@@ -16,11 +16,11 @@ use super::format::{
 };
 use super::retake::LockWait;
 use super::{call, malformed, parse_header, InFlight, ItemError, Mode, OnError, StateError};
+use crate::filesystem::wake::{Blocker, FinishOwned};
 use crate::passthrough::filelocks::{self, OwnerRecord, Range};
 use crate::passthrough::handle::Handle;
 use crate::passthrough::handover::{self, Item};
 use crate::passthrough::inode::Inode;
-use crate::passthrough::wake::{Blocker, FinishOwned};
 use crate::passthrough::PassthroughFs;
 use crate::sys;
 

@@ -6,9 +6,9 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::filesystem::wake::{Blocker, FinishOwned};
 use crate::passthrough::filelocks::{self, OwnerRecord, Range};
 use crate::passthrough::handle::Handle;
-use crate::passthrough::wake::{Blocker, FinishOwned};
 use crate::passthrough::PassthroughFs;
 
 /// A lock the destination must wait for: the source (or someone) holds it now. `retake`
@@ -172,7 +172,7 @@ impl PassthroughFs {
     /// Calls off every lock retake (the session ends) and waits for their threads.
     pub(in crate::passthrough) fn cancel_retakes(&self) {
         let all = std::mem::take(&mut *self.retakes.lock().unwrap());
-        crate::passthrough::wake::cancel_all(&all);
+        crate::filesystem::wake::cancel_all(&all);
     }
 
     /// Whether any of `handles` of `node` is still open.
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn a_retake_holds_no_range_while_it_waits_so_a_third_party_waiting_for_one_goes_on() {
         use std::os::fd::AsRawFd;
-        crate::passthrough::wake::install_wake_handler();
+        crate::filesystem::wake::install_wake_handler();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").unwrap();
@@ -258,7 +258,7 @@ mod tests {
         let retake = Arc::new(Blocker::default());
         let (mine, rt) = (open(), retake.clone());
         let t = std::thread::spawn(move || {
-            let _done = crate::passthrough::wake::Finish(&rt);
+            let _done = crate::filesystem::wake::Finish(&rt);
             assert!(rt.start());
             take_all(&rt, mine.as_raw_fd(), &[a, b]).then_some(mine)
         });

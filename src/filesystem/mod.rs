@@ -11,6 +11,10 @@
 //!
 //! A method a filesystem may go without answers ENOSYS by default (ENOTTY for IOCTL),
 //! so a test's fake filesystem implements only what it serves.
+//!
+//! The shared types live here by topic: `create` (a create's extensions), `open_wait`,
+//! `in_flight` (a request a migration carries) and `wake` (calling off a thread blocked
+//! in a lock call, `Blocker`).
 
 use std::ffi::CStr;
 use std::io;
@@ -24,10 +28,15 @@ use fuse_backend_rs::api::filesystem::{
 
 use crate::stats::Stats;
 
-pub use crate::passthrough::create_ext::{CreateExt, SecCtx};
-pub use crate::passthrough::migration::InFlight;
-pub use crate::passthrough::nowait::OpenWait;
-pub use crate::passthrough::wake::{install_wake_handler, Blocker};
+mod create;
+mod in_flight;
+mod open_wait;
+pub mod wake;
+
+pub use create::{CreateExt, SecCtx};
+pub use in_flight::InFlight;
+pub use open_wait::OpenWait;
+pub use wake::{install_wake_handler, Blocker};
 
 /// The filesystem vfsd's server serves (`server::FuseServer`): the host directory
 /// (`passthrough::PassthroughFs`), or a test's fake.
