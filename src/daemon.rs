@@ -191,7 +191,7 @@ fn set_socket_group(path: &Path, group: &str) -> Result<(), StartupError> {
     std::fs::set_permissions(&via, std::fs::Permissions::from_mode(mode)).map_err(fail)
 }
 
-fn write_stats(sink: &StatsFile, server: &FuseServer) {
+fn write_stats(sink: &StatsFile, server: &FuseServer<PassthroughFs>) {
     let snap = server.stats_snapshot();
     if let Err(e) = sink.replace(serde_json::to_string_pretty(&snap).unwrap().as_bytes()) {
         error!("cannot write statistics: {e}");
@@ -746,7 +746,7 @@ fn serve(
 }
 
 fn spawn_signal_thread(
-    server: Arc<FuseServer>,
+    server: Arc<FuseServer<PassthroughFs>>,
     stats: Option<Arc<StatsFile>>,
     socket: Option<Arc<SocketName>>,
 ) -> Result<(), StartupError> {

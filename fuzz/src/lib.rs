@@ -145,7 +145,7 @@ pub fn write_avail(mem: &GuestMem, size: u16, idx: u16, first: u16, entries: &[u
 
 /// A `FuseServer` over a fresh, small temporary directory.
 pub struct Fixture {
-    pub server: FuseServer,
+    pub server: FuseServer<PassthroughFs>,
     dir: tempfile::TempDir,
     /// Requests served so far that a waiter thread answers later (`settle`).
     later: Mutex<Vec<Expected>>,
@@ -533,7 +533,7 @@ pub enum Served {
 /// hands the request over); anything else unanswered is `Now(0)`, which the checks treat
 /// as no reply.
 pub fn serve_chain<M>(
-    server: &FuseServer,
+    server: &FuseServer<PassthroughFs>,
     mem: &GuestMem,
     chain: virtio_queue::DescriptorChain<M>,
 ) -> Served

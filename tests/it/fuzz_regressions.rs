@@ -19,7 +19,7 @@ const REPLY: u64 = 0x2_0000;
 
 /// Serves one request (an `InHeader` plus body) with a `reply_len`-byte writable buffer;
 /// returns the reply the device wrote (used length bytes).
-fn call(server: &FuseServer, request: &[u8], reply_len: u32) -> Vec<u8> {
+fn call(server: &FuseServer<PassthroughFs>, request: &[u8], reply_len: u32) -> Vec<u8> {
     let mem: GuestMem = GuestMem::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
     mem.write_slice(request, GuestAddress(REQUEST)).unwrap();
     let desc = |addr: u64, len: u32, flags: u16, next: u16| {
@@ -95,7 +95,7 @@ fn error_of(reply: &[u8]) -> i32 {
 }
 
 /// LOOKUP + OPEN(O_RDWR) of `name` in the root: (nodeid, fh).
-fn open(server: &FuseServer, name: &str) -> (u64, u64) {
+fn open(server: &FuseServer<PassthroughFs>, name: &str) -> (u64, u64) {
     let mut n = name.as_bytes().to_vec();
     n.push(0);
     let e = call(server, &request(1, 1, &n), 4096);
