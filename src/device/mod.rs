@@ -27,7 +27,10 @@ use vmm_sys_util::event::{
 };
 
 use crate::recovery::record::{Record, RingState};
-use crate::server::{FuseServer, GuestMem, Popped};
+use crate::server::{GuestMem, Popped};
+
+/// The server the device serves its rings through: FUSE over the host directory.
+pub type FuseServer = crate::server::FuseServer<crate::passthrough::PassthroughFs>;
 
 mod backend;
 mod metrics;

@@ -9,8 +9,8 @@ use std::thread;
 use log::error;
 
 use super::vring::{Ticket, WaitPlace};
-use super::{Chain, TrackedVring};
-use crate::server::{Deferred, FuseServer, GuestMem, Slot};
+use super::{Chain, FuseServer, TrackedVring};
+use crate::server::{Deferred, GuestMem, Slot};
 
 /// A popped request's place on its ring: the ring, its ticket, its chain's head and its
 /// queue. `R` is the ring owned (a pool job, an answer left for later) or borrowed (a

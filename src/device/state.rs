@@ -13,8 +13,8 @@ use std::time::Instant;
 use log::{error, info};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 
+use super::FuseServer;
 use crate::passthrough::migration::{self, StateError};
-use crate::server::FuseServer;
 
 #[derive(Default)]
 pub struct Transfer {
