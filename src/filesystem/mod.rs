@@ -38,10 +38,6 @@ pub use in_flight::InFlight;
 pub use open_wait::OpenWait;
 pub use wake::{install_wake_handler, Blocker};
 
-/// The filesystem vfsd's server serves (`server::FuseServer`): the host directory
-/// (`passthrough::PassthroughFs`), or a test's fake.
-pub type Host = crate::passthrough::PassthroughFs;
-
 fn enosys<T>() -> io::Result<T> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }

@@ -33,7 +33,7 @@ use fuse_backend_rs::api::filesystem::Context;
 use log::{debug, error, warn};
 use vm_memory::GuestAddress;
 
-use crate::filesystem::{CreateExt, FileSystem, Host, OpenWait};
+use crate::filesystem::{CreateExt, FileSystem, OpenWait};
 use crate::stats::Stats;
 use waiters::Waiters;
 use wire::codec::errno;
@@ -166,9 +166,9 @@ pub enum Placement {
     NoReplyOnQueueThread,
 }
 
-/// The FUSE server over filesystem `F` (the host directory unless a test says
-/// otherwise).
-pub struct FuseServer<F: FileSystem = Host> {
+/// The FUSE server over filesystem `F`: whoever composes the layers names it (the
+/// daemon serves the host directory; the server's own tests a fake).
+pub struct FuseServer<F: FileSystem> {
     fs: Arc<F>,
     stats: Stats,
     /// SETLKW requests waiting on their own threads.
