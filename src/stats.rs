@@ -56,7 +56,7 @@ pub struct Stats {
     /// after the attempt would have blocked (see `passthrough::nowait`).
     pub reads_on_queue_thread: AtomicU64,
     pub reads_handed_off: AtomicU64,
-    /// Of the queue-thread READs, those decoded by vfsd itself (`server::fast_read`).
+    /// Of the queue-thread READs, those decoded by vfsd itself (`server::data`).
     pub reads_direct: AtomicU64,
     /// Requests a queue thread served itself, blocking, because nothing else was in flight
     /// on its queue (`device::FsDevice::process_queue`).

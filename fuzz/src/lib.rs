@@ -1,9 +1,9 @@
 //! Shared harness for vfsd's fuzz targets.
 //!
 //! Both targets drive the daemon's real request path: descriptors are laid out in a
-//! `GuestMem`, popped from a `virtio_queue::Queue` the way `src/device.rs` pops them,
-//! and served by `vfsd::server::FuseServer::handle` over a `PassthroughFs` on a small
-//! temporary directory.
+//! `GuestMem`, popped from a `virtio_queue::Queue` the way the device (`vfsd::device`)
+//! pops them, and served by `vfsd::server::FuseServer::handle` over a `PassthroughFs` on
+//! a small temporary directory.
 //!
 //! - [`request`]: the `fuse_request` target (byte strings become FUSE requests, several per
 //!   input, served in order against one server).
@@ -59,7 +59,7 @@ pub const USED_RING: u64 = 0x9000;
 pub const INDIRECT_BASE: u64 = 0x1_0000;
 pub const INDIRECT_SLOT: u64 = 0x1_0000;
 pub const INDIRECT_TABLES: u64 = 8;
-/// The device's maximum queue size (`src/device.rs`).
+/// The device's maximum queue size (`vfsd::device::MAX_QUEUE_SIZE`).
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// The largest queue the harness lays out (the table must stay below `AVAIL_RING`).
 pub const MAX_FUZZ_QUEUE: u16 = 1024;
@@ -525,11 +525,11 @@ pub enum Served {
     Later(Arc<Later>),
 }
 
-/// Serves one popped chain as `src/device.rs` does with a worker pool: a READ is first tried
-/// without blocking, and served normally if that attempt gives up.
+/// Serves one popped chain as the device (`vfsd::device`) does with a worker pool: a
+/// READ is first tried without blocking, and served normally if that attempt gives up.
 ///
 /// A request the server leaves unanswered counts as deferred only if a waiter took its
-/// `Deferred` (registered what stops its wait, as `locks::spawn_waiter` does before it
+/// `Deferred` (registered what stops its wait, as `waiters::spawn_waiter` does before it
 /// hands the request over); anything else unanswered is `Now(0)`, which the checks treat
 /// as no reply.
 pub fn serve_chain<M>(

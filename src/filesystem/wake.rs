@@ -1,9 +1,9 @@
 //! Breaking a thread out of a blocking lock call (flock, F_OFD_SETLKW): a guest's SETLKW
 //! waiter (`server::waiters`) and a filesystem's lock retake after a migration both block
 //! in the kernel on a thread of their own, and both must stop when the guest or the
-//! session says so. A signal with a handler that does nothing, installed without SA_RESTART, makes the
-//! call return EINTR; `Blocker` makes sure the signal reaches the right thread, and only
-//! while it is still at it.
+//! session says so. A signal with a handler that does nothing, installed without
+//! SA_RESTART, makes the call return EINTR; `Blocker` makes sure the signal reaches the
+//! right thread, and only while it is still at it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};

@@ -283,7 +283,7 @@ impl PassthroughFs {
     }
 
     /// A WRITE of the guest's buffers `iov` to handle `fh` of node `nodeid` (vfsd's own
-    /// WRITE path, `server::write`). `kill`: see `killpriv`.
+    /// WRITE path, `server::data`). `kill`: see `killpriv`.
     ///
     /// # Safety
     /// Every iovec must describe readable memory that stays mapped for the whole call.
