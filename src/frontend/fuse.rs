@@ -12,22 +12,22 @@ use super::{Frontend, Layout};
 
 pub mod wire;
 // Named, not a glob: they shadow `fuse_abi`'s items of the same names.
-use wire::{cstr, exact, parse_dirents};
 pub use wire::{
-    decode, name_bytes, parse_reply, request_bytes, request_bytes_as, Caller, DirEnt, FResult,
-    FuseError, Lock, Reply, FATTR_ATIME, FATTR_ATIME_NOW, FATTR_FH, FATTR_GID, FATTR_KILL_SUIDGID,
-    FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE, FATTR_UID, FOPEN_DIRECT_IO,
-    FOPEN_PARALLEL_DIRECT_WRITES, FUSE_ACCESS, FUSE_BATCH_FORGET, FUSE_COPY_FILE_RANGE,
-    FUSE_CREATE, FUSE_DESTROY, FUSE_FALLOCATE, FUSE_FLUSH, FUSE_FORGET, FUSE_FSYNC, FUSE_FSYNCDIR,
-    FUSE_GETATTR, FUSE_GETLK, FUSE_GETXATTR, FUSE_INIT, FUSE_INTERRUPT, FUSE_IOCTL,
-    FUSE_IOCTL_32BIT, FUSE_IOCTL_DIR, FUSE_LINK, FUSE_LISTXATTR, FUSE_LOOKUP, FUSE_LSEEK,
-    FUSE_MKDIR, FUSE_MKNOD, FUSE_OPEN, FUSE_OPENDIR, FUSE_OPEN_KILL_SUIDGID, FUSE_READ,
+    check_head, decode, name_bytes, parse_reply, request_bytes, request_bytes_as, Caller, DirEnt,
+    FResult, FuseError, Lock, Reply, FATTR_ATIME, FATTR_ATIME_NOW, FATTR_FH, FATTR_GID,
+    FATTR_KILL_SUIDGID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE, FATTR_UID,
+    FOPEN_DIRECT_IO, FOPEN_PARALLEL_DIRECT_WRITES, FUSE_ACCESS, FUSE_BATCH_FORGET,
+    FUSE_COPY_FILE_RANGE, FUSE_CREATE, FUSE_DESTROY, FUSE_FALLOCATE, FUSE_FLUSH, FUSE_FORGET,
+    FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_GETATTR, FUSE_GETLK, FUSE_GETXATTR, FUSE_INIT, FUSE_INTERRUPT,
+    FUSE_IOCTL, FUSE_IOCTL_32BIT, FUSE_IOCTL_DIR, FUSE_LINK, FUSE_LISTXATTR, FUSE_LOOKUP,
+    FUSE_LSEEK, FUSE_MKDIR, FUSE_MKNOD, FUSE_OPEN, FUSE_OPENDIR, FUSE_OPEN_KILL_SUIDGID, FUSE_READ,
     FUSE_READDIR, FUSE_READDIRPLUS, FUSE_READLINK, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_REMOVEXATTR,
     FUSE_RENAME, FUSE_RENAME2, FUSE_RMDIR, FUSE_SETATTR, FUSE_SETLK, FUSE_SETLKW, FUSE_SETXATTR,
     FUSE_STATFS, FUSE_SYMLINK, FUSE_SYNCFS, FUSE_UNLINK, FUSE_WRITE, FUSE_WRITE_KILL_SUIDGID,
     INIT_ASYNC_DIO, INIT_BIG_WRITES, INIT_DO_READDIRPLUS, INIT_FLOCK_LOCKS, INIT_MAX_PAGES,
     INIT_PARALLEL_DIROPS, INIT_POSIX_LOCKS, INIT_WRITEBACK_CACHE,
 };
+use wire::{cstr, exact, parse_dirents};
 
 pub struct FuseClient {
     pub fe: Frontend,
@@ -92,7 +92,7 @@ impl FuseClient {
                 q.reap(&self.fe.mem)?;
                 if let Some(slot) = q.free_slot() {
                     q.submit(&self.fe.mem, slot, req, resp_len, self.layout)?;
-                    q.notify()?;
+                    q.kick(&self.fe.mem)?;
                     return Ok(Ticket {
                         queue,
                         slot,
@@ -136,7 +136,7 @@ impl FuseClient {
                 unique,
             });
         }
-        q.notify()?;
+        q.kick(&self.fe.mem)?;
         Ok(tickets)
     }
 
@@ -182,6 +182,24 @@ impl FuseClient {
         let mut out = Vec::with_capacity(done.len());
         for s in done {
             out.push((s, q.take(&self.fe.mem, s)?));
+        }
+        Ok(out)
+    }
+
+    /// Collects every finished request on `queue` without blocking, copying no more of
+    /// each reply than `head` bytes: (slot, used length, the reply's first bytes). A READ's
+    /// data stays where the device wrote it; `check_head` checks the header.
+    pub fn poll_heads(&self, queue: usize, head: usize) -> FResult<Vec<(usize, usize, Vec<u8>)>> {
+        let mut q = self.fe.queues[queue].lock().unwrap();
+        q.reap(&self.fe.mem)?;
+        let mut out = Vec::new();
+        for s in 0..q.slots() {
+            if q.is_done(s) {
+                let mut buf = vec![0u8; head];
+                let len = q.take_head(&self.fe.mem, s, &mut buf)?;
+                buf.truncate(len);
+                out.push((s, len, buf));
+            }
         }
         Ok(out)
     }

@@ -11,6 +11,8 @@ use vmm_sys_util::eventfd::EventFd;
 pub const VRING_DESC_F_NEXT: u16 = 1;
 pub const VRING_DESC_F_WRITE: u16 = 2;
 pub const VRING_DESC_F_INDIRECT: u16 = 4;
+/// The used ring's flag by which a device without EVENT_IDX asks for no kicks.
+pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
 
 /// How a request is laid out in descriptors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +71,8 @@ pub struct VirtQueue {
     avail_idx: u16,
     last_used: u16,
     event_idx: bool,
+    /// The available index at the last kick decision (`kick`).
+    kicked_idx: u16,
 }
 
 pub const TABLE_ENTRIES: usize = 512;
@@ -133,6 +137,7 @@ impl VirtQueue {
             avail_idx: 0,
             last_used: 0,
             event_idx,
+            kicked_idx: 0,
         };
         Ok((vq, next))
     }
@@ -185,7 +190,7 @@ impl VirtQueue {
         mem.write_slice(req, GuestAddress(req_at))
             .map_err(io::Error::other)?;
         // Poison the reply area so a reply that was never written can't pass for one.
-        mem.write_slice(&vec![0xa5u8; resp_len.min(64)], GuestAddress(resp_at))
+        mem.write_slice(&[0xa5u8; 64][..resp_len.min(64)], GuestAddress(resp_at))
             .map_err(io::Error::other)?;
         let mut parts: Vec<(u64, u32, u16)> = Vec::new();
         for (addr, len, flags) in [
@@ -293,9 +298,39 @@ impl VirtQueue {
         Ok(())
     }
 
+    /// Kicks unconditionally, whatever the device asked for.
     pub fn notify(&self) -> io::Result<()> {
         fence(Ordering::SeqCst);
         self.kick.write(1)
+    }
+
+    /// Kicks for the requests made available since the last call, unless the device said
+    /// it needs no kick for them, as a guest driver decides: with EVENT_IDX, only if the
+    /// new requests pass the used ring's avail_event; without, unless the used ring's
+    /// flags carry VRING_USED_F_NO_NOTIFY. A device that watches the ring (polls) stops
+    /// the kicks that way.
+    pub fn kick(&mut self, mem: &GuestMemoryMmap) -> io::Result<()> {
+        let (old, new) = (self.kicked_idx, self.avail_idx);
+        self.kicked_idx = new;
+        // The new index must be visible before the device's answer is read: a device
+        // that reads the ring after writing avail_event then sees these requests.
+        fence(Ordering::SeqCst);
+        let needed = if self.event_idx {
+            let at = self.geo.used + 4 + 8 * self.geo.size as u64;
+            let event: u16 = mem
+                .load(GuestAddress(at), Ordering::Acquire)
+                .map_err(io::Error::other)?;
+            need_event(event, new, old)
+        } else {
+            let flags: u16 = mem
+                .load(GuestAddress(self.geo.used), Ordering::Acquire)
+                .map_err(io::Error::other)?;
+            flags & VRING_USED_F_NO_NOTIFY == 0
+        };
+        if needed {
+            self.kick.write(1)?;
+        }
+        Ok(())
     }
 
     /// Collects used-ring entries; returns how many arrived.
@@ -359,6 +394,33 @@ impl VirtQueue {
         Ok(out)
     }
 
+    /// Frees a finished slot and gives its used length, reading into `head` the first
+    /// bytes of its reply (as many as fit, up to the used length) and no more: the rest of
+    /// a large reply stays in guest memory, uncopied.
+    pub fn take_head(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        slot: usize,
+        head: &mut [u8],
+    ) -> io::Result<usize> {
+        let s = &mut self.slots[slot];
+        let len = s
+            .done
+            .take()
+            .ok_or_else(|| io::Error::other("slot not finished"))? as usize;
+        s.busy = false;
+        if len > self.buf_size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "used length beyond the buffer",
+            ));
+        }
+        let n = len.min(head.len());
+        mem.read_slice(&mut head[..n], GuestAddress(s.resp_at))
+            .map_err(io::Error::other)?;
+        Ok(len)
+    }
+
     /// Frees a slot whose request the device dropped (test use).
     pub fn abandon(&mut self, slot: usize) {
         self.slots[slot].busy = false;
@@ -378,6 +440,7 @@ impl VirtQueue {
         }
         self.avail_idx = 0;
         self.last_used = 0;
+        self.kicked_idx = 0;
         Ok(())
     }
 
@@ -403,16 +466,46 @@ pub fn write_desc(mem: &GuestMemoryMmap, at: u64, d: &RawDesc) -> io::Result<()>
         .map_err(io::Error::other)
 }
 
+/// Whether a device whose avail_event is `event` wants a kick for the requests between
+/// available indices `old` and `new` (the virtio spec's vring_need_event).
+fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
 fn align(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+/// Waits until `fd` is readable or `timeout` passes, to the microsecond (poll's
+/// milliseconds would turn a 100 µs wait into none).
 pub(crate) fn wait_readable(fd: i32, timeout: Duration) {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: `p` is one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `p` is one valid pollfd and `ts` a valid timespec for the duration of the
+    // call; no signal mask is passed.
+    unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::need_event;
+
+    #[test]
+    fn a_kick_goes_only_when_the_new_requests_pass_avail_event() {
+        // The device waits for the request at index 5: published 5 -> 6, a kick.
+        assert!(need_event(5, 6, 5));
+        // It asked for 7 (it watches the ring): 5 -> 6 needs none, 6 -> 8 does.
+        assert!(!need_event(7, 6, 5));
+        assert!(need_event(7, 8, 6));
+        // Across the index's wrap.
+        assert!(need_event(u16::MAX, 0, u16::MAX));
+        assert!(!need_event(1, 0, u16::MAX));
+    }
 }

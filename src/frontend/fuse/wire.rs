@@ -261,14 +261,19 @@ pub fn request_bytes_as(
     v
 }
 
-/// Checks a raw reply against its header and returns it decoded.
-pub fn parse_reply(raw: &[u8], unique: u64) -> FResult<Reply> {
-    let h: OutHeader = decode(raw)?;
-    if h.len as usize != raw.len() {
+/// Checks a reply's header, read from the first bytes `head` of a reply the used ring
+/// says is `len` bytes long, against the request's `unique`; gives the error field.
+pub fn check_head(head: &[u8], len: usize, unique: u64) -> FResult<i32> {
+    let h: OutHeader = decode(head)?;
+    check_header(&h, len, unique)?;
+    Ok(h.error)
+}
+
+fn check_header(h: &OutHeader, len: usize, unique: u64) -> FResult<()> {
+    if h.len as usize != len {
         return Err(FuseError::Proto(format!(
-            "header says {} bytes, used ring says {}",
-            h.len,
-            raw.len()
+            "header says {} bytes, used ring says {len}",
+            h.len
         )));
     }
     if h.unique != unique {
@@ -280,6 +285,13 @@ pub fn parse_reply(raw: &[u8], unique: u64) -> FResult<Reply> {
     if h.error > 0 || h.error < -4095 {
         return Err(FuseError::Proto(format!("bad error value {}", h.error)));
     }
+    Ok(())
+}
+
+/// Checks a raw reply against its header and returns it decoded.
+pub fn parse_reply(raw: &[u8], unique: u64) -> FResult<Reply> {
+    let h: OutHeader = decode(raw)?;
+    check_header(&h, raw.len(), unique)?;
     Ok(Reply {
         unique: h.unique,
         error: h.error,
