@@ -13,6 +13,16 @@ use vfsd::frontend::fuse::*;
 use vfsd::frontend::{Frontend, FrontendConfig};
 use vm_memory::ByteValued;
 
+#[path = "vfsd-bench/host.rs"]
+mod host;
+#[path = "vfsd-bench/pacer.rs"]
+mod pacer;
+use pacer::Pacer;
+
+/// Bytes of each reply the bench reads back: headers and metadata replies whole, a READ's
+/// header only (its data is counted from the used length, never copied).
+const HEAD: usize = 256;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
     /// Random writes of --bs to one file shared by all jobs
@@ -29,6 +39,12 @@ enum Workload {
     Seqwrite,
     /// LOOKUP then GETATTR on a warm tree of files
     LookupGetattr,
+    /// LOOKUP of a random one of a directory's 1,000 files
+    Lookup,
+    /// GETATTR of one file
+    Getattr,
+    /// CREATE of a new file, timed; then its RELEASE, UNLINK and FORGET, not timed
+    Create,
     /// CREATE + WRITE(4k) + RELEASE + UNLINK + FORGET of small files (the guest forgets
     /// an unlinked inode at once)
     CreateUnlink,
@@ -63,8 +79,8 @@ const UNTAR_STEPS: [u32; 10] = [
 )]
 struct Args {
     /// vhost-user socket of the daemon under test
-    #[arg(long)]
-    socket: PathBuf,
+    #[arg(long, required_unless_present = "host")]
+    socket: Option<PathBuf>,
     /// Host path of the daemon's shared directory (to prepare files)
     #[arg(long)]
     shared_dir: PathBuf,
@@ -100,11 +116,25 @@ struct Args {
     /// so the host's device, not its page cache, sets the pace
     #[arg(long)]
     direct: bool,
-    /// Microseconds to wait after each reply before the next request, as a guest does
-    /// between its requests (under TCG, 250-700 us): the daemon then goes idle and wakes
-    /// for every request, where back-to-back requests find it awake
+    /// Microseconds each job waits between an operation's end and its next operation, as
+    /// a guest process does between its syscalls (under TCG, 250-700 us): the daemon then
+    /// goes idle and wakes for each, where back-to-back requests find it awake. Once per
+    /// operation, before its first request, not between the requests of a multi-request
+    /// workload; never counted in the latency, which runs from the operation's first
+    /// request's submission (or, with --guest-locking, from when it starts waiting for the
+    /// inode lock) to its last timed reply
     #[arg(long, default_value_t = 0)]
     gap_us: u64,
+    /// Milliseconds of warm-up before the measured --seconds
+    #[arg(long, default_value_t = 500)]
+    warmup_ms: u64,
+    /// Make the workload's syscalls on the host itself, no daemon: `fstatat` for lookup
+    /// and getattr, `pread`/`pwrite` for the random reads and writes, `openat(O_CREAT)`
+    /// for create (then `close` and `unlink`, not timed), on the same files under
+    /// --shared-dir, paced alike; one job (--depth 1, --queues 1). Reports the thread's
+    /// CPU time per syscall as the CPU per op
+    #[arg(long)]
+    host: bool,
 }
 
 struct Job {
@@ -259,13 +289,20 @@ fn run(a: &Args) -> Result<(), BenchError> {
             prepare_file(&dir.join(format!("data{j}")), file_size)?;
         }
     }
-    if a.workload == Workload::LookupGetattr {
+    let names_needed = matches!(
+        a.workload,
+        Workload::LookupGetattr | Workload::Lookup | Workload::Getattr
+    );
+    if names_needed {
         for i in 0..1000 {
             let p = dir.join(format!("m{i}"));
             if !p.exists() {
                 std::fs::write(p, b"")?;
             }
         }
+    }
+    if a.host {
+        return host::run(a, &dir);
     }
 
     let buf = a.bs.max(4096) + 8192;
@@ -276,7 +313,8 @@ fn run(a: &Args) -> Result<(), BenchError> {
         buf_size: buf,
         event_idx: true,
     };
-    let fe = Frontend::connect(&a.socket, cfg)?;
+    let socket = a.socket.as_deref().ok_or("--socket is needed")?;
+    let fe = Frontend::connect(socket, cfg)?;
     let mut client = FuseClient::new(fe);
     if a.direct {
         // A WRITE's data after InHeader and WriteIn, a READ's after OutHeader.
@@ -327,12 +365,18 @@ fn run(a: &Args) -> Result<(), BenchError> {
         }
     }
     let mut names = Vec::new();
-    if a.workload == Workload::LookupGetattr {
+    if names_needed {
         for i in 0..1000 {
             names.push(format!("m{i}"));
         }
     }
 
+    // GETATTR's file.
+    let file = if a.workload == Workload::Getattr {
+        c.lookup(d, "m0")?.nodeid
+    } else {
+        0
+    };
     let writes = matches!(a.workload, Workload::RandwriteShared);
     // The guest's exclusive inode lock around a non-parallel direct write.
     let inode_lock = Arc::new(AtomicBool::new(false));
@@ -361,6 +405,7 @@ fn run(a: &Args) -> Result<(), BenchError> {
                 bs,
                 file_size,
                 dir: d,
+                file,
                 jobs: my_jobs,
                 names,
                 stop,
@@ -375,7 +420,7 @@ fn run(a: &Args) -> Result<(), BenchError> {
         }));
     }
     barrier.wait();
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(a.warmup_ms));
     let cpu0 = a.pid.and_then(cpu_ticks);
     let sw0 = a.pid.and_then(switches);
     let t0 = Instant::now();
@@ -408,22 +453,60 @@ fn run(a: &Args) -> Result<(), BenchError> {
         lats.extend(l);
         bytes += b;
     }
+    let cpu_us = match (cpu0, cpu1) {
+        // SAFETY: sysconf has no preconditions.
+        (Some(x), Some(y)) => {
+            Some((y - x) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64 * 1e6)
+        }
+        _ => None,
+    };
+    let switches = match (sw0, sw1) {
+        (Some(x), Some(y)) => Some(y.saturating_sub(x)),
+        _ => None,
+    };
+    report(
+        a,
+        lats,
+        Measured {
+            elapsed,
+            bytes,
+            cpu_us,
+            switches,
+            serialised: serialise,
+        },
+    )
+}
+
+/// A run's totals beside its latencies.
+struct Measured {
+    elapsed: f64,
+    bytes: u64,
+    /// CPU µs over the measured time (of the daemon, or the host helper's syscalls).
+    cpu_us: Option<f64>,
+    /// The daemon's context switches over the measured time.
+    switches: Option<u64>,
+    serialised: bool,
+}
+
+/// Prints the run's figures as one JSON line.
+fn report(a: &Args, mut lats: Vec<u32>, m: Measured) -> Result<(), BenchError> {
+    let Measured {
+        elapsed,
+        bytes,
+        cpu_us,
+        switches,
+        serialised: serialise,
+    } = m;
     if lats.is_empty() {
         return Err("no request completed".into());
     }
     lats.sort_unstable();
     let pct = |p: f64| lats[((lats.len() as f64 * p) as usize).min(lats.len() - 1)] as f64 / 1000.0;
     let ops = lats.len() as f64 / elapsed;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let cpu_us = match (cpu0, cpu1) {
-        (Some(x), Some(y)) => serde_json::json!((y - x) as f64 / hz * 1e6 / lats.len() as f64),
-        _ => serde_json::Value::Null,
-    };
-    let switches_per_op = match (sw0, sw1) {
-        (Some(x), Some(y)) => serde_json::json!(y.saturating_sub(x) as f64 / lats.len() as f64),
-        _ => serde_json::Value::Null,
-    };
+    let n = lats.len() as f64;
+    let cpu_us = cpu_us.map_or(serde_json::Value::Null, |c| serde_json::json!(c / n));
+    let switches_per_op =
+        switches.map_or(serde_json::Value::Null, |s| serde_json::json!(s as f64 / n));
     let out = serde_json::json!({
         "workload": format!("{:?}", a.workload),
         "queues": a.queues,
@@ -437,6 +520,8 @@ fn run(a: &Args) -> Result<(), BenchError> {
         "daemon_cpu_us_per_op": cpu_us,
         "daemon_switches_per_op": switches_per_op,
         "guest_serialised_writes": serialise,
+        "gap_us": a.gap_us,
+        "host": a.host,
     });
     println!("{out}");
     Ok(())
@@ -451,6 +536,8 @@ struct Worker {
     bs: usize,
     file_size: u64,
     dir: u64,
+    /// The file GETATTR asks about.
+    file: u64,
     jobs: Vec<Job>,
     names: Vec<String>,
     stop: Arc<AtomicBool>,
@@ -462,6 +549,24 @@ struct Worker {
     gap: Duration,
 }
 
+/// Requests per operation, and how many of the first are timed (the rest are clean-up).
+fn steps_of(wl: Workload) -> (u8, u8) {
+    match wl {
+        Workload::LookupGetattr => (2, 2),
+        Workload::CreateUnlink | Workload::Churn => (5, 5),
+        Workload::Create => (4, 1),
+        Workload::Untar => (UNTAR_STEPS.len() as u8, UNTAR_STEPS.len() as u8),
+        _ => (1, 1),
+    }
+}
+
+/// A timer slack of 1 ns for the calling thread: the gap between operations is then the
+/// gap asked for, not 50 µs more (the default slack), as a guest's vCPU would have it.
+fn precise_timers() {
+    // SAFETY: PR_SET_TIMERSLACK takes a value and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+}
+
 fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
     let Worker {
         queue,
@@ -469,6 +574,7 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
         bs,
         file_size,
         dir,
+        file,
         mut jobs,
         names,
         stop,
@@ -479,6 +585,7 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
         done_ops,
         gap,
     } = w;
+    precise_timers();
     let depth = c.fe.cfg.slots;
     let payload = vec![0x5au8; bs];
     let mut rng = 0x2545f4914f6cdd1du64 ^ queue as u64;
@@ -489,19 +596,17 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
         rng % n
     };
     let blocks = (file_size / bs as u64).max(1);
-    // Per in-flight slot: which job it belongs to, when it started, and its step.
+    // Per in-flight slot: its job, step and request.
     struct Inflight {
         job: usize,
-        start: Instant,
         step: u8,
-        nodeid: u64,
-        fh: u64,
         unique: u64,
     }
+    // Per job: the node and handle its operation's later steps work on.
+    let mut handles = vec![(0u64, 0u64); depth];
     let mut inflight: HashMap<usize, Inflight> = HashMap::new();
     let mut lats = Vec::with_capacity(1 << 20);
     let mut bytes = 0u64;
-    let mut counter = 0u64;
 
     // Builds the next request for `job` (step for multi-request workloads).
     let mut build = |job: usize,
@@ -532,8 +637,11 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
                 };
                 (u, r, 16 + bs)
             }
-            Workload::LookupGetattr => {
-                if step == 0 {
+            Workload::LookupGetattr | Workload::Lookup | Workload::Getattr => {
+                if wl == Workload::Getattr {
+                    let (u, r) = c.build(FUSE_GETATTR, file, &[&[0u8; 16]]);
+                    (u, r, 256)
+                } else if step == 0 {
                     let name = &names[next(names.len() as u64) as usize];
                     let mut n = name.as_bytes().to_vec();
                     n.push(0);
@@ -579,12 +687,16 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
                 };
                 (u, r, 256)
             }
-            Workload::CreateUnlink | Workload::Churn => {
+            Workload::CreateUnlink | Workload::Churn | Workload::Create => {
                 let name = format!("c{queue}-{job}\0");
                 let step = match (wl, step) {
                     // Churn: CREATE, GETATTR, RELEASE, UNLINK, FORGET.
                     (Workload::Churn, 1) => 10,
                     (Workload::Churn | Workload::CreateUnlink, 4) => 11,
+                    // Create: CREATE (timed), then RELEASE, UNLINK, FORGET (not timed).
+                    (Workload::Create, 1) => 2,
+                    (Workload::Create, 2) => 3,
+                    (Workload::Create, 3) => 11,
                     (_, s) => s,
                 };
                 match step {
@@ -620,15 +732,11 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
             }
         }
     };
-    let steps: u8 = match wl {
-        Workload::LookupGetattr => 2,
-        Workload::CreateUnlink | Workload::Churn => 5,
-        Workload::Untar => UNTAR_STEPS.len() as u8,
-        _ => 1,
-    };
+    let (steps, timed) = steps_of(wl);
     // FORGET has no reply: the device returns the buffers empty.
     let no_reply = |step: u8| match wl {
         Workload::Churn | Workload::CreateUnlink => step == 4,
+        Workload::Create => step == 3,
         Workload::Untar => UNTAR_STEPS[step as usize] == FUSE_FORGET,
         _ => false,
     };
@@ -641,150 +749,128 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
                 _ => false,
             }
     };
-
-    barrier.wait();
-    let submit = |job: usize,
-                  step: u8,
-                  nodeid: u64,
-                  fh: u64,
-                  start: Instant,
-                  inflight: &mut HashMap<usize, Inflight>,
-                  req: (u64, Vec<u8>, usize)|
-     -> Result<(), BenchError> {
-        let t = c.submit_bytes(queue, &req.1, req.2, req.0)?;
-        inflight.insert(
-            t.slot,
-            Inflight {
-                job,
-                start,
-                step,
-                nodeid,
-                fh,
-                unique: req.0,
-            },
-        );
-        Ok(())
+    // Which steps' replies carry the node (and after 128 bytes of EntryOut, the handle)
+    // that the operation's later steps use.
+    let gives_node = |step: u8| {
+        step == 0
+            && matches!(
+                wl,
+                Workload::LookupGetattr
+                    | Workload::CreateUnlink
+                    | Workload::Churn
+                    | Workload::Create
+            )
+            || wl == Workload::Untar && step == 1
     };
-    // Jobs waiting for the guest inode lock (only with guest locking on a shared file).
-    let mut waiting: std::collections::VecDeque<(usize, Instant)> =
-        (0..depth).map(|j| (j, Instant::now())).collect();
+    let gives_handle = |step: u8| gives_node(step) && wl != Workload::LookupGetattr;
+    // The bytes a reply says were moved: a READ's data (counted from the used length,
+    // never copied), a WRITE's WriteOut size.
+    let moved = |head: &[u8], len: usize| -> u64 {
+        match wl {
+            Workload::Seqread | Workload::RandreadShared | Workload::RandreadPerjob => {
+                len.saturating_sub(16) as u64
+            }
+            Workload::Seqwrite | Workload::RandwriteShared | Workload::RandwritePerjob => head
+                .get(16..20)
+                .map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap()) as u64),
+            _ => 0,
+        }
+    };
     let try_lock = || {
         inode_lock.as_ref().is_none_or(|l| {
             l.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         })
     };
+
+    barrier.wait();
+    let mut pacer = Pacer::new(
+        depth,
+        steps,
+        timed,
+        gap,
+        inode_lock.is_some(),
+        Instant::now(),
+    );
     while !stop.load(Ordering::Relaxed) {
-        while let Some(&(job, start)) = waiting.front() {
-            if !try_lock() {
-                break;
-            }
-            waiting.pop_front();
-            let r = build(job, 0, 0, 0, &mut jobs);
-            submit(job, 0, 0, 0, start, &mut inflight, r)?;
+        let now = Instant::now();
+        while let Some((job, step)) = pacer.next(now, try_lock) {
+            let (nodeid, fh) = handles[job];
+            let (unique, req, resp_len) = build(job, step, nodeid, fh, &mut jobs);
+            let t = c.submit_bytes(queue, &req, resp_len, unique)?;
+            inflight.insert(t.slot, Inflight { job, step, unique });
         }
-        let done = c.poll_done(queue)?;
+        let done = c.poll_heads(queue, HEAD)?;
         if done.is_empty() {
-            if inode_lock.is_some() {
-                std::thread::yield_now();
-            } else {
-                c.fe.wait_call(queue, Duration::from_millis(5));
+            // Until a reply comes or a gap ends.
+            let wait = pacer.wake_at().map_or(Duration::from_millis(5), |t| {
+                t.saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(5))
+            });
+            if !wait.is_zero() {
+                c.fe.wait_call(queue, wait);
             }
             continue;
         }
-        for (slot, raw) in done {
+        let now = Instant::now();
+        for (slot, len, head) in done {
             let f = inflight
                 .remove(&slot)
                 .ok_or("completion for an unknown slot")?;
-            let reply = if no_reply(f.step) {
-                if !raw.is_empty() {
+            let error = if no_reply(f.step) {
+                if len != 0 {
                     return Err("FORGET got a reply".into());
                 }
-                Reply {
-                    unique: f.unique,
-                    error: 0,
-                    data: Vec::new(),
-                }
+                0
             } else {
-                parse_reply(&raw, f.unique)?
+                check_head(&head, len, f.unique)?
             };
-            if reply.error != 0 && !expected(f.step, -reply.error) {
+            if error != 0 && !expected(f.step, -error) {
                 return Err(BenchError::Unexpected(format!(
                     "{wl:?} step {}: errno {}",
-                    f.step, -reply.error
+                    f.step, -error
                 )));
             }
-            let (mut nodeid, mut fh) = (f.nodeid, f.fh);
-            if wl == Workload::Untar && f.step == 1 {
-                // EntryOut (128 bytes), then OpenOut.
-                let field = |at: usize| reply.data.get(at..at + 8).map(|b| b.try_into().unwrap());
-                let (Some(n), Some(h)) = (field(0), field(128)) else {
-                    return Err(BenchError::Unexpected(format!(
-                        "CREATE reply of {} bytes",
-                        reply.data.len()
-                    )));
+            if error == 0 && gives_node(f.step) {
+                // EntryOut (128 bytes), then OpenOut, after the 16-byte OutHeader.
+                let field = |at: usize| {
+                    head.get(16 + at..24 + at)
+                        .map(|b| u64::from_ne_bytes(b.try_into().unwrap()))
                 };
-                (nodeid, fh) = (u64::from_ne_bytes(n), u64::from_ne_bytes(h));
-            } else if f.step == 0
-                && matches!(
-                    wl,
-                    Workload::LookupGetattr | Workload::CreateUnlink | Workload::Churn
-                )
-            {
-                nodeid = u64::from_ne_bytes(reply.data[..8].try_into().unwrap());
-                if wl != Workload::LookupGetattr {
-                    // OpenOut follows EntryOut (128 bytes).
-                    fh = u64::from_ne_bytes(reply.data[128..136].try_into().unwrap());
-                }
+                let short = || {
+                    BenchError::Unexpected(format!("{wl:?} step {}: reply of {len} bytes", f.step))
+                };
+                let nodeid = field(0).ok_or_else(short)?;
+                let fh = if gives_handle(f.step) {
+                    field(128).ok_or_else(short)?
+                } else {
+                    0
+                };
+                handles[f.job] = (nodeid, fh);
             }
             if let Some(l) = &inode_lock {
                 l.store(false, Ordering::Release);
             }
-            let step = f.step + 1;
-            let (start, step) = if step == steps {
+            if let Some(lat) = pacer.completed(f.job, now) {
                 if measuring.load(Ordering::Relaxed) {
-                    lats.push(f.start.elapsed().as_nanos().min(u32::MAX as u128) as u32);
-                    if matches!(
-                        wl,
-                        Workload::Seqread
-                            | Workload::Seqwrite
-                            | Workload::RandreadShared
-                            | Workload::RandreadPerjob
-                            | Workload::RandwriteShared
-                            | Workload::RandwritePerjob
-                    ) {
-                        bytes += bs as u64;
-                    }
+                    lats.push(lat.as_nanos().min(u32::MAX as u128) as u32);
+                    bytes += moved(&head, len);
                 }
-                counter += 1;
                 if let Some(limit) = ops_limit {
                     if done_ops.fetch_add(1, Ordering::Relaxed) + 1 >= limit {
                         stop.store(true, Ordering::Relaxed);
                     }
                 }
-                (Instant::now(), 0)
-            } else {
-                (f.start, step)
-            };
-            if inode_lock.is_some() {
-                waiting.push_back((f.job, start));
-                continue;
             }
-            if !gap.is_zero() {
-                std::thread::sleep(gap);
-            }
-            let r = build(f.job, step, nodeid, fh, &mut jobs);
-            submit(f.job, step, nodeid, fh, start, &mut inflight, r)?;
         }
     }
     // Drain what is still in flight so the daemon is idle when we disconnect.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !inflight.is_empty() && Instant::now() < deadline {
-        for (slot, _) in c.poll_done(queue)? {
+        for (slot, ..) in c.poll_heads(queue, 0)? {
             inflight.remove(&slot);
         }
         c.fe.wait_call(queue, Duration::from_millis(5));
     }
-    let _ = counter;
     Ok((lats, bytes))
 }
