@@ -301,6 +301,15 @@ fn run(a: &Args) -> Result<(), BenchError> {
             }
         }
     }
+    // The files an earlier run's last operations left behind: a CREATE of an existing
+    // name is no create (vfsd answers it ESTALE).
+    for q in 1..=a.queues {
+        for j in 0..a.depth {
+            for name in [format!("c{q}-{j}"), format!("u{q}-{j}"), "h0".into()] {
+                let _ = std::fs::remove_file(dir.join(name));
+            }
+        }
+    }
     if a.host {
         return host::run(a, &dir);
     }
@@ -871,6 +880,12 @@ fn worker(c: &FuseClient, w: Worker) -> WorkerResult {
             inflight.remove(&slot);
         }
         c.fe.wait_call(queue, Duration::from_millis(5));
+    }
+    if !inflight.is_empty() {
+        return Err(BenchError::Unexpected(format!(
+            "queue {queue}: {} requests got no reply within 10 s of the run's end",
+            inflight.len()
+        )));
     }
     Ok((lats, bytes))
 }

@@ -127,7 +127,7 @@ pub fn run(a: &Args, dir: &Path) -> Result<(), BenchError> {
                 check(unsafe { libc::pwrite(f, buf.as_ptr().cast(), buf.len(), off) } as _)? as u64
             }
             (_, 0) => {
-                let flags = libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC;
+                let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
                 // SAFETY: a directory fd and a NUL-terminated name; the fd is closed in
                 // the next step.
                 fd = check(
