@@ -7,7 +7,11 @@
 //! 2. `native`: the guest's fio jobs on the host, in a directory beside the shares.
 //! 3. `guest`: the fio jobs in a guest booted through the guest-test fixture, a guest per
 //!    daemon and run, `--cache never`.
-//! 4. `instr` (only when named): user-space instructions per operation of each daemon
+//! 4. `roundtrip`: one request at a time on one queue, with no gap and with a 100 µs gap
+//!    between operations: p50, p99 and daemon CPU per operation of LOOKUP, GETATTR, READ
+//!    4 KiB, WRITE 4 KiB and CREATE, each daemon of RT_DAEMONS, and beside them the same
+//!    syscalls made on the host (`vfsd-bench --host`), paced alike.
+//! 5. `instr` (only when named): user-space instructions per operation of each daemon
 //!    under the load generator's untar workload, one request in flight, counted by
 //!    valgrind's callgrind: the same count run to run, where CPU time moves by 10-20%.
 //!    The difference of a run of 3,000 operations and one of 1,000, over 2,000, leaves
@@ -16,6 +20,7 @@
 //! ```text
 //! cargo bench --bench io                                    # everything, 3 runs
 //! cargo bench --bench io -- --quick --parts guest           # fewer jobs, shorter runs
+//! cargo bench --bench io -- --parts roundtrip --seconds 1   # the round trip alone
 //! scripts/gluster.sh up && cargo bench --bench io -- --share-root /srv/vfsd-gluster/a \
 //!     --out docs/benchmarks/gluster                         # on a GlusterFS client mount
 //! ```
@@ -102,6 +107,28 @@ const CONFIGS: &[(&str, bool, &str)] = &[
     ("virtiofsd-best", false, "--thread-pool-size=4"),
 ];
 
+/// The round trip's daemons: name, whether vfsd (else virtiofsd), options. A line here
+/// is a column of the round-trip table.
+const RT_DAEMONS: &[(&str, bool, &str)] = &[
+    ("vfsd", true, ""),
+    ("virtiofsd", false, ""),
+    ("virtiofsd-pool4", false, "--thread-pool-size=4"),
+];
+
+/// The round trip's operations: row, vfsd-bench workload.
+const RT_OPS: &[(&str, &str)] = &[
+    ("LOOKUP", "lookup"),
+    ("GETATTR", "getattr"),
+    ("READ 4 KiB", "randread-shared"),
+    ("WRITE 4 KiB", "randwrite-shared"),
+    ("CREATE", "create"),
+];
+
+/// Microseconds between a reply and the next operation of the round trip.
+const RT_GAPS: &[u32] = &[0, 100];
+
+const PARTS: &[&str] = &["loadgen", "native", "guest", "roundtrip", "instr"];
+
 struct Options {
     runs: usize,
     secs: u32,
@@ -114,7 +141,7 @@ struct Options {
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "{why}\nusage: cargo bench --bench io -- [--runs N] [--quick] [--parts loadgen,native,guest,instr] \
+        "{why}\nusage: cargo bench --bench io -- [--runs N] [--quick] [--parts loadgen,native,guest,roundtrip,instr] \
          [--seconds S] [--guest-seconds S] [--share-root DIR] [--out DIR]"
     );
     std::process::exit(if why.is_empty() { 0 } else { 2 })
@@ -126,7 +153,9 @@ fn options() -> Options {
         secs: 5,
         guest_secs: 20,
         quick: false,
-        parts: ["loadgen", "native", "guest"].map(String::from).to_vec(),
+        parts: ["loadgen", "native", "guest", "roundtrip"]
+            .map(String::from)
+            .to_vec(),
         share_root: None,
         out: repo().join("docs/benchmarks/io"),
     };
@@ -155,10 +184,8 @@ fn options() -> Options {
         }
     }
     for p in &o.parts {
-        if !["loadgen", "native", "guest", "instr"].contains(&p.as_str()) {
-            usage(&format!(
-                "--parts: loadgen, native, guest or instr, not {p}"
-            ));
+        if !PARTS.contains(&p.as_str()) {
+            usage(&format!("--parts: {}, not {p}", PARTS.join(", ")));
         }
     }
     o.secs = secs.unwrap_or(if o.quick { 2 } else { 5 }) as u32;
@@ -247,6 +274,8 @@ struct Record<'a> {
     jsonl: std::fs::File,
     commit: &'a str,
     date: &'a str,
+    /// This run's command, saved with each line.
+    command: &'a str,
     /// (part, row, column) -> runs' (iops or ops/s, MiB/s, daemon CPU µs per op).
     figures: BTreeMap<(String, String, String), Vec<Figures>>,
 }
@@ -262,7 +291,7 @@ impl Record<'_> {
         raw: Value,
     ) {
         // value: ops/s (or IOPS, or instructions per operation for instr).
-        let line = json!({"commit": self.commit, "date": self.date, "part": part, "row": row,
+        let line = json!({"commit": self.commit, "date": self.date, "command": self.command, "part": part, "row": row,
             "config": col, "run": run, "value": fig.0, "mib_per_s": fig.1,
             "cpu_us_per_op": fig.2, "result": raw});
         writeln!(self.jsonl, "{line}").unwrap();
@@ -277,13 +306,21 @@ impl Record<'_> {
     }
 }
 
-fn loadgen(o: &Options, dir: &TestDir, rec: &mut Record, run: usize) {
-    let bench = repo().join("target/release/vfsd-bench");
+/// The load generator cargo built beside vfsd.
+fn bench_bin() -> PathBuf {
+    let bench = option_env!("CARGO_BIN_EXE_vfsd-bench")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| fixture::vfsd_bin().with_file_name("vfsd-bench"));
     assert!(
         bench.is_file(),
         "{} missing: cargo build --release --features test-frontend",
         bench.display()
     );
+    bench
+}
+
+fn loadgen(o: &Options, dir: &TestDir, rec: &mut Record, run: usize) {
+    let bench = bench_bin();
     let workloads: Vec<_> = WORKLOADS
         .iter()
         .filter(|w| {
@@ -473,6 +510,108 @@ fn guest(o: &Options, rec: &mut Record, run: usize) {
     }
 }
 
+/// The round trip's row of `op` with `gap` µs between operations.
+fn rt_row(op: &str, gap: u32) -> String {
+    if gap == 0 {
+        format!("{op}, no gap")
+    } else {
+        format!("{op}, {gap} µs gap")
+    }
+}
+
+/// One figure of the round trip: vfsd-bench's JSON for `workload` on `daemon` (a line
+/// of RT_DAEMONS) or, for None, on the host.
+#[allow(clippy::too_many_arguments)]
+fn rt_figure(
+    bench: &Path,
+    dir: &TestDir,
+    share: &Path,
+    workload: &str,
+    gap: u32,
+    secs: u32,
+    cname: &str,
+    daemon: Option<&(&str, bool, &str)>,
+) -> Result<Value, String> {
+    let mut cmd = Command::new(bench);
+    cmd.args(["--shared-dir", &share.to_string_lossy()])
+        .args(["--workload", workload, "--depth", "1", "--queues", "1"])
+        .args(["--gap-us", &gap.to_string(), "--file-mib", "64"])
+        .args(["--seconds", &secs.to_string(), "--warmup-ms", "200"]);
+    let d = daemon.map(|&(_, is_vfsd, args)| {
+        let kind = if is_vfsd {
+            DaemonKind::Vfsd
+        } else {
+            DaemonKind::Virtiofsd
+        };
+        let mut argv = vec!["--cache=never".to_string(), "--log-level=error".into()];
+        argv.extend(args.split_whitespace().map(String::from));
+        let sock = dir.dir("sock").join("rt.sock");
+        let log = dir.dir("logs").join(format!("rt-{cname}.log"));
+        let d = Daemon::start(&kind, share, &sock, &argv, &log);
+        cmd.args(["--socket", &sock.to_string_lossy()])
+            .args(["--pid", &d.pid().to_string()]);
+        d
+    });
+    if d.is_none() {
+        cmd.arg("--host");
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    drop(d);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("vfsd-bench's JSON: {e}"))
+}
+
+/// One request at a time: each operation of RT_OPS, with each gap of RT_GAPS, on each
+/// daemon of RT_DAEMONS and on the host, interleaved.
+fn roundtrip(o: &Options, dir: &TestDir, rec: &mut Record, run: usize) {
+    let bench = bench_bin();
+    let shares: Vec<PathBuf> = (0..=RT_DAEMONS.len())
+        .map(|i| work_dir(o, dir, &format!("rt{i}")))
+        .collect();
+    for &(row, workload) in RT_OPS {
+        for &gap in RT_GAPS {
+            let label = rt_row(row, gap);
+            let hosts = [("host", None)];
+            let daemons = RT_DAEMONS.iter().map(|d| (d.0, Some(d)));
+            for (i, (cname, daemon)) in daemons.chain(hosts).enumerate() {
+                // A figure that fails (no reply within the run, on a loaded machine) is
+                // taken again once, then left out, and said so.
+                let v = (0..2).find_map(|_| {
+                    let r = rt_figure(
+                        &bench, dir, &shares[i], workload, gap, o.secs, cname, daemon,
+                    );
+                    r.map_err(|e| eprintln!("io: roundtrip {label} {cname}: {e}"))
+                        .ok()
+                });
+                let Some(v) = v else {
+                    eprintln!("io: roundtrip {label} {cname}, run {run}: no figure");
+                    continue;
+                };
+                let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+                eprintln!(
+                    "io: roundtrip {label} {cname}: p50 {:.1} µs, p99 {:.1} µs, CPU {:.1} µs/op",
+                    f("lat_us_p50"),
+                    f("lat_us_p99"),
+                    f("daemon_cpu_us_per_op")
+                );
+                rec.add(
+                    "roundtrip",
+                    &label,
+                    cname,
+                    run,
+                    (f("lat_us_p50"), f("mib_per_s"), f("daemon_cpu_us_per_op")),
+                    v.clone(),
+                );
+            }
+        }
+    }
+    for s in shares {
+        let _ = std::fs::remove_dir_all(s);
+    }
+}
+
 /// callgrind's instruction total of `bin` serving `ops` untar operations.
 fn instructions(dir: &TestDir, bin: &Path, ops: u32) -> f64 {
     let share = dir.dir(&format!("instr-{ops}"));
@@ -507,7 +646,7 @@ fn instructions(dir: &TestDir, bin: &Path, ops: u32) -> f64 {
         "{} under valgrind made no socket",
         bin.display()
     );
-    let st = Command::new(repo().join("target/release/vfsd-bench"))
+    let st = Command::new(bench_bin())
         .args([
             "--socket",
             &sock.to_string_lossy(),
@@ -566,22 +705,30 @@ fn main() {
     // parts replaces only theirs on the benchmark page.
     let path = o.out.join("results.jsonl");
     let runs = |p: &str| o.parts.iter().any(|x| x == p);
+    // A kept line without a command of its own gets the one of the report it came with,
+    // which this run replaces.
+    let old_report = std::fs::read_to_string(o.out.join("report.md")).unwrap_or_default();
+    let old_cmd = report::written_by(&old_report).map(String::from);
     let kept: Vec<String> = std::fs::read_to_string(&path)
         .unwrap_or_default()
         .lines()
-        .filter(|l| {
-            let v: Value = serde_json::from_str(l).unwrap_or_default();
-            match (v["part"].as_str(), v["config"].as_str()) {
+        .filter_map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap_or_default();
+            let keep = match (v["part"].as_str(), v["config"].as_str()) {
                 (Some("loadgen"), _) => !runs("loadgen"),
                 (Some("fio"), Some("native")) => !runs("native"),
                 (Some("fio"), _) => !runs("guest"),
-                (Some("instr"), _) => !runs("instr"),
+                (Some(part @ ("roundtrip" | "instr")), _) => !runs(part),
                 _ => false,
+            };
+            if let (Some(m), Some(cmd)) = (v.as_object_mut(), &old_cmd) {
+                m.entry("command").or_insert_with(|| json!(cmd));
             }
+            keep.then(|| format!("{v}\n"))
         })
-        .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&path, kept.concat()).unwrap();
+    let command = run_command();
     let mut rec = Record {
         jsonl: std::fs::OpenOptions::new()
             .append(true)
@@ -589,6 +736,7 @@ fn main() {
             .unwrap(),
         commit: &commit,
         date: &date,
+        command: &command,
         figures: BTreeMap::new(),
     };
     let dir = TestDir::new("bench-io");
@@ -603,6 +751,9 @@ fn main() {
         if o.parts.iter().any(|p| p == "guest") {
             guest(&o, &mut rec, run);
         }
+        if runs("roundtrip") {
+            roundtrip(&o, &dir, &mut rec, run);
+        }
     }
     if o.parts.iter().any(|p| p == "instr") {
         instr(&dir, &mut rec);
@@ -611,17 +762,25 @@ fn main() {
     report::write_page(repo());
 }
 
-fn write_report(o: &Options, rec: &Record) {
+/// The command this run was started with.
+fn run_command() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    format!(
+        "cargo bench --bench io{}{}",
+        if args.is_empty() { "" } else { " -- " },
+        args.join(" ")
+    )
+}
+
+fn write_report(o: &Options, rec: &Record) {
     let mut md = format!(
-        "# Data I/O: vfsd, virtiofsd and the host\n\nWritten by `cargo bench --bench io{}{}` \
+        "# Data I/O: vfsd, virtiofsd and the host\n\nWritten by `{}` \
          (tests/bench/io.rs) at {}, {}. Each figure is the median of {} runs, ± half the \
          min-max spread; ratios are of medians. Shares: {}. The data: results.jsonl.\n\n",
-        if args.is_empty() { "" } else { " -- " },
-        args.join(" "),
+        rec.command,
         rec.commit,
         rec.date,
         o.runs,
@@ -717,6 +876,30 @@ fn write_report(o: &Options, rec: &Record) {
             ssf("virtiofsd").unwrap_or("-".into()),
             ssf("native").unwrap_or("-".into())
         );
+    }
+    if o.parts.iter().any(|p| p == "roundtrip") {
+        let cols: Vec<&str> = RT_DAEMONS.iter().map(|d| d.0).chain(["host"]).collect();
+        md += &format!(
+            "\n## Round trip\n\nOne request in flight on one queue, {} s per figure: p50 µs (median \
+             over runs), daemon CPU µs per operation; host is the syscall itself.\n\n| operation | {} |\n|---|{}\n",
+            o.secs,
+            cols.join(" | "),
+            "---:|".repeat(cols.len())
+        );
+        for &(row, _) in RT_OPS {
+            for &gap in RT_GAPS {
+                let label = rt_row(row, gap);
+                let cells: Vec<String> = cols
+                    .iter()
+                    .map(|col| {
+                        cell("roundtrip", &label, col).map_or("-".into(), |(p50, s, _, cpu)| {
+                            format!("{p50:.1} µs ±{:.0}%, {cpu:.1} µs CPU", s * 100.0)
+                        })
+                    })
+                    .collect();
+                md += &format!("| {label} | {} |\n", cells.join(" | "));
+            }
+        }
     }
     if o.parts.iter().any(|p| p == "instr") {
         let c = |col| cell("instr", "untar", col).map(|x| x.0);

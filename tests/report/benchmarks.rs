@@ -55,7 +55,28 @@ fn write(root: &Path) -> Result<()> {
             continue;
         }
         let (md, s) = match name {
-            "io" => io_section(&data, name, &lines, &IO)?,
+            "io" => {
+                // The round trip has a section of its own, after the rest of the bench's.
+                let (rt, rest): (Vec<Line>, Vec<Line>) = lines
+                    .iter()
+                    .cloned()
+                    .partition(|x| text(x, "part") == "roundtrip");
+                let (mut md, mut s) = if rest.is_empty() {
+                    (String::new(), vec![])
+                } else {
+                    let (md, mut s) = io_section(&data, name, &rest, &IO)?;
+                    for x in &mut s {
+                        x.at = Some(measured(&rest, None, false));
+                    }
+                    (md, s)
+                };
+                if !rt.is_empty() {
+                    let (m, r) = roundtrip_section(&rt);
+                    md += &m;
+                    s.extend(r);
+                }
+                (md, s)
+            }
             "gluster" => io_section(&data, name, &lines, &GLUSTER)?,
             "ceph" => io_section(&data, name, &lines, &CEPH)?,
             "tree" => tree_section(&data, &lines)?,
@@ -70,7 +91,10 @@ fn write(root: &Path) -> Result<()> {
         };
         parts += &md;
         let at = measured(&lines, None, false);
-        summary.extend(s.into_iter().map(|s| (s, at.clone())));
+        summary.extend(s.into_iter().map(|s| {
+            let at = s.at.clone().unwrap_or_else(|| at.clone());
+            (s, at)
+        }));
     }
     let rows: Vec<Vec<String>> = summary
         .iter()
@@ -111,12 +135,19 @@ struct Summary {
     title: String,
     rv: Vec<Option<f64>>,
     rn: Vec<Option<f64>>,
+    /// When its figures were measured, where not the same as the rest of the section's.
+    at: Option<String>,
 }
 
 impl Summary {
     fn new(title: &str, rv: Vec<Option<f64>>, rn: Vec<Option<f64>>) -> Self {
         let title = title.to_string();
-        Summary { title, rv, rn }
+        Summary {
+            title,
+            rv,
+            rn,
+            at: None,
+        }
     }
 }
 
@@ -144,7 +175,7 @@ fn load(data: &Path, workload: &str) -> Result<Vec<Line>> {
 }
 
 /// The command in the first "Written by `...`" of a bench's report.md.
-fn written_by(report: &str) -> Option<&str> {
+pub fn written_by(report: &str) -> Option<&str> {
     const MARK: &str = "Written by `";
     let mut rest = report;
     while let Some(i) = rest.find(MARK) {
@@ -537,6 +568,91 @@ fn io_section(
         s.bounds
     );
     Ok((head + &md, summary))
+}
+
+/// The io bench's round trip: one request at a time, per operation and gap, each daemon's
+/// p50 and p99 latency and CPU per operation, beside the host's own syscall.
+fn roundtrip_section(lines: &[Line]) -> (String, Vec<Summary>) {
+    let m = Medians::new(lines);
+    let rows = distinct(lines.iter(), "row");
+    let cols = distinct(lines.iter(), "config");
+    let p50 = |row: &str, col: &str| m.get("roundtrip", row, col, VALUE);
+    let cpu = |row: &str, col: &str| m.get("roundtrip", row, col, CPU);
+    let p99 = |row: &str, col: &str| {
+        let v: Vec<f64> = lines
+            .iter()
+            .filter(|x| text(x, "row") == row && text(x, "config") == col)
+            .filter_map(|x| get(x, "result")["lat_us_p99"].as_f64())
+            .collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    let daemons: Vec<&String> = cols.iter().filter(|c| *c != "host").collect();
+    let vfsds: Vec<&String> = daemons
+        .iter()
+        .copied()
+        .filter(|c| c.starts_with("vfsd"))
+        .collect();
+    // virtiofsd's best configuration, row by row.
+    let best = |row: &str| {
+        daemons
+            .iter()
+            .filter(|c| c.starts_with("virtiofsd"))
+            .filter_map(|c| p50(row, c))
+            .reduce(f64::min)
+    };
+    let mut head: Vec<String> = vec!["operation".into()];
+    head.extend(daemons.iter().map(|c| c.to_string()));
+    head.push("host".into());
+    head.extend(vfsds.iter().map(|c| format!("{c} ÷ best virtiofsd")));
+    head.extend(vfsds.iter().map(|c| format!("{c} ÷ host")));
+    let (mut table_rows, mut rv, mut rn) = (vec![], vec![], vec![]);
+    for r in &rows {
+        let mut row = vec![r.clone()];
+        for c in daemons
+            .iter()
+            .copied()
+            .chain(cols.iter().filter(|c| *c == "host"))
+        {
+            row.push(match p50(r, c) {
+                Some(v) => format!("{} / {} ({})", fmt(Some(v)), fmt(p99(r, c)), fmt(cpu(r, c))),
+                None => "-".into(),
+            });
+        }
+        if !cols.iter().any(|c| c == "host") {
+            row.push("-".into());
+        }
+        row.extend(vfsds.iter().map(|c| ratio(p50(r, c), best(r))));
+        row.extend(vfsds.iter().map(|c| ratio(p50(r, c), p50(r, "host"))));
+        table_rows.push(row);
+        // Speeds: above 1, vfsd (its defaults) answers sooner.
+        rv.push(over(best(r), p50(r, "vfsd")));
+        rn.push(over(p50(r, "host"), p50(r, "vfsd")));
+    }
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let title = "Round trip, one request at a time";
+    let mut md = format!(
+        "## {title}\n\nMeasured at {}. To run again: `cargo bench --bench io -- --parts \
+         roundtrip` (as root).\n\n**What bounds it:** the host's own syscall, which every \
+         daemon makes on top of taking the request off the ring and putting the reply back.\n\n",
+        measured(lines, None, true)
+    );
+    md += "`vfsd-bench` keeps one request in flight on one queue, `--cache=never`, and \
+           times each operation from its submission to its reply; the daemon's CPU is per \
+           operation (for CREATE with its RELEASE, UNLINK and FORGET, sent after it and not \
+           timed). Each cell is p50 / p99 in µs (CPU µs per operation), medians over the runs. \
+           **No gap:** each request follows the last reply at once, so the daemon is awake: \
+           its round trip alone. **100 µs gap:** a guest doing one syscall at a time with \
+           work in between; the daemon goes idle between requests and its wake-up is in each \
+           figure. **host:** the same syscall made on the host, on the same kind of file and \
+           paced alike (`fstatat` for LOOKUP and GETATTR, `pread`, `pwrite`, `openat(O_CREAT)` \
+           then `close` and `unlink` untimed): the limit. The ratios are of p50s, below 1 \
+           faster; best virtiofsd is the quicker of its configurations, row by row. \
+           The daemons are RT_DAEMONS in tests/bench/io.rs.\n\n";
+    md += &table(&head, &table_rows);
+    md += "\n";
+    let mut s = Summary::new(&format!("{title}: p50 (best virtiofsd's ÷ vfsd's)"), rv, rn);
+    s.at = Some(measured(lines, None, false));
+    (md, vec![s])
 }
 
 /// The tree bench's figures: the last line of each daemon, mode and step, and of each
@@ -1219,6 +1335,58 @@ mod tests {
         // No native figure: the ratio to the limit has nothing to span.
         assert!(md.contains("| Data I/O on the host's file system: load generator | 2.00 | - | commit ccc, 2026-02-03 |"));
         assert!(dir.path().join("docs/benchmarks/io/loadgen.svg").exists());
+    }
+
+    #[test]
+    fn the_round_trip_has_its_own_section_with_p50_p99_cpu_and_the_host_beside() {
+        use super::*;
+        let line = |row: &str, config: &str, run: u32, p50: f64| {
+            format!(
+                r#"{{"commit":"rrr","date":"2026-06-07","command":"cargo bench --bench io -- --parts roundtrip","part":"roundtrip","row":"{row}","config":"{config}","run":{run},"value":{p50},"cpu_us_per_op":{},"result":{{"lat_us_p99":{}}}}}"#,
+                p50 / 2.0,
+                p50 * 3.0
+            )
+        };
+        let mut results = vec![];
+        for run in 1..=3 {
+            let r = f64::from(run);
+            for (config, p50) in [
+                ("vfsd", 10.0),
+                ("virtiofsd", 30.0),
+                ("virtiofsd-pool4", 20.0),
+                ("host", 1.0),
+            ] {
+                results.push(line("GETATTR, 100 µs gap", config, run, p50 * r));
+            }
+        }
+        // A loadgen line measured elsewhere keeps its own command.
+        results.push(
+            r#"{"commit":"lll","date":"2026-06-01","command":"cargo bench --bench io -- --quick","part":"loadgen","row":"seqread","config":"vfsd-default","run":1,"value":5.0}"#
+                .into(),
+        );
+        let dir = crate::tree_with(&[("docs/benchmarks/io/results.jsonl", &results.join("\n"))]);
+        assert!(write_page(dir.path()));
+        let md = std::fs::read_to_string(dir.path().join("docs/benchmarks.md")).unwrap();
+        assert!(
+            md.contains(
+                "| operation | vfsd | virtiofsd | virtiofsd-pool4 | host | vfsd ÷ best virtiofsd | vfsd ÷ host |\n"
+            ),
+            "{md}"
+        );
+        // Medians of the three runs: p50 20, p99 60, CPU 10 for vfsd.
+        assert!(
+            md.contains(
+                "| GETATTR, 100 µs gap | 20.0 / 60.0 (10.0) | 60.0 / 180 (30.0) | 40.0 / 120 (20.0) | 2.00 / 6.00 (1.00) | 0.50 | 10.00 |\n"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("Measured at commit rrr, 2026-06-07, `cargo bench --bench io -- --parts roundtrip`."), "{md}");
+        assert!(
+            md.contains("Measured at commit lll, 2026-06-01, `cargo bench --bench io -- --quick`."),
+            "{md}"
+        );
+        assert!(md.contains("| Round trip, one request at a time: p50 (best virtiofsd's ÷ vfsd's) | 2.00 | 0.10 | commit rrr, 2026-06-07 |"), "{md}");
+        assert!(md.contains("| Data I/O on the host's file system: load generator | - | - | commit lll, 2026-06-01 |"), "{md}");
     }
 
     #[test]
