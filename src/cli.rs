@@ -68,6 +68,43 @@ pub enum MigrationOnError {
     GuestError,
 }
 
+/// `--poll`: whether queue threads poll their rings after answering (docs/design.md,
+/// "Polling the ring").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// `adaptive` on a host with at least `busy_poll::AUTO_MIN_CPUS` CPUs, else `off`.
+    Auto,
+    /// Sleep on the kick as soon as a pop is answered.
+    Off,
+    /// Poll up to 200 µs while the guest's next request keeps coming within reach.
+    Adaptive,
+    /// Poll 200 µs after every pop the queue thread answers.
+    On,
+}
+
+/// `--poll`'s value, with one line for a bad one.
+fn parse_poll(s: &str) -> Result<Poll, String> {
+    match s {
+        "auto" => Ok(Poll::Auto),
+        "off" => Ok(Poll::Off),
+        "adaptive" => Ok(Poll::Adaptive),
+        "on" => Ok(Poll::On),
+        _ => Err("expected auto, off, adaptive or on".into()),
+    }
+}
+
+impl From<Poll> for crate::device::PollMode {
+    fn from(p: Poll) -> Self {
+        use crate::device::PollMode as M;
+        match p {
+            Poll::Auto => M::for_host(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            Poll::Off => M::Off,
+            Poll::Adaptive => M::Adaptive,
+            Poll::On => M::On,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Sandbox {
     /// No sandbox: the daemon runs in the host's namespaces.
@@ -160,6 +197,12 @@ pub struct Opt {
     /// own requests one at a time). Default: twice the host's CPU count, at least 8.
     #[arg(long, value_name = "N", default_value_t = default_pool_size())]
     pub thread_pool_size: usize,
+
+    /// After answering a request, poll the ring for the guest's next one before sleeping:
+    /// off, adaptive (up to 200 µs, only while requests keep coming within it), on
+    /// (200 µs every time), or auto: adaptive on a host with at least 4 CPUs, else off
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_poll)]
+    pub poll: Poll,
 
     /// Number of request queues offered to the frontend (the hiprio queue comes on top)
     #[arg(long, value_name = "N", default_value_t = 16)]
@@ -674,6 +717,31 @@ mod tests {
         .unwrap();
         o.check_supported().unwrap();
         assert_eq!(o.thread_pool_size, 4);
+    }
+
+    #[test]
+    fn poll_takes_its_four_modes_defaults_to_auto_and_names_them_on_a_bad_value() {
+        use crate::device::PollMode;
+        let with = |v: &str| Opt::try_parse_from(["vfsd", "--fd=3", "--shared-dir", "/a", v]);
+        let o = Opt::try_parse_from(["vfsd", "--fd=3", "--shared-dir", "/a"]).unwrap();
+        assert_eq!(o.poll, Poll::Auto);
+        for (v, mode) in [
+            ("--poll=off", PollMode::Off),
+            ("--poll=adaptive", PollMode::Adaptive),
+            ("--poll=on", PollMode::On),
+        ] {
+            assert_eq!(PollMode::from(with(v).unwrap().poll), mode, "{v}");
+        }
+        let e = with("--poll=fast").unwrap_err().to_string();
+        assert!(
+            e.lines()
+                .next()
+                .unwrap()
+                .contains("expected auto, off, adaptive or on"),
+            "{e}"
+        );
+        assert_eq!(PollMode::for_host(2), PollMode::Off);
+        assert_eq!(PollMode::for_host(64), PollMode::Adaptive);
     }
 
     #[test]

@@ -633,6 +633,7 @@ fn serve(
                 request_queues: opt.request_queues,
                 tag: opt.tag.clone(),
                 thread_pool_size: opt.thread_pool_size,
+                poll: opt.poll.into(),
             },
         )
         // Its errors are bad option values (the message is the whole of them).

@@ -11,6 +11,7 @@
 //! - `queue`: a queue thread's pass over its ring, which carries out
 //! - `schedule`'s plan for each pop, made from `route`'s rules;
 //! - `pool`: the worker pool and `Job`, a popped request's place on its ring;
+//! - `busy_poll`: how long a queue thread polls its ring after answering a pop;
 //! - `vring`: the ring's requests in flight, stops and the crash record's hooks;
 //! - `resume`, `recover`: lock waits taken up after a stop, rings taken over after a
 //!   crash; `state`: the device-state transfer; `metrics`: what `--metrics` reads.
@@ -33,6 +34,7 @@ use crate::server::{GuestMem, Popped};
 pub type FuseServer = crate::server::FuseServer<crate::passthrough::PassthroughFs>;
 
 mod backend;
+mod busy_poll;
 mod metrics;
 mod pool;
 mod queue;
@@ -42,10 +44,12 @@ mod route;
 mod schedule;
 mod state;
 mod vring;
+pub use busy_poll::PollMode;
 pub use metrics::QueueGauges;
 pub use state::{MigrationSnapshot, MigrationStats, MIGRATION_STATES};
 pub use vring::{TrackedVring, STOP_WAIT};
 
+use busy_poll::BusyPoll;
 use pool::Pool;
 use schedule::Scheduler;
 
@@ -72,6 +76,8 @@ pub struct DeviceConfig {
     pub request_queues: usize,
     pub tag: Option<String>,
     pub thread_pool_size: usize,
+    /// Whether queue threads poll their rings after answering (`busy_poll`).
+    pub poll: PollMode,
 }
 
 pub struct FsDevice {
@@ -86,6 +92,8 @@ pub struct FsDevice {
     /// Per queue: whether the guest waits on one request at a time, and how fast the
     /// requests served inline were (`schedule`).
     scheduler: Scheduler,
+    /// Per queue: how long its thread polls the ring after answering a pop.
+    busy_poll: BusyPoll,
     /// The device-state transfer under way (SET_DEVICE_STATE_FD), for CHECK_DEVICE_STATE.
     transfer: state::Transfer,
     /// Each queue thread's queues (`queue_masks`), kept for mapping its events.
@@ -131,8 +139,10 @@ impl FsDevice {
             .collect::<io::Result<Vec<_>>>()?;
         let cpus = thread::available_parallelism().map_or(1, |n| n.get());
         let scheduler = Scheduler::new(cfg.request_queues + 1, cpus, pool.is_some());
+        let busy_poll = BusyPoll::new(cfg.request_queues + 1, cfg.poll);
         Ok(FsDevice {
             server,
+            busy_poll,
             mem: RwLock::new(None),
             mapped: Default::default(),
             event_idx,

@@ -10,6 +10,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryLoadGuard};
 
+use super::busy_poll::PollMode;
 use super::pool::Job;
 use super::route::Fallback;
 use super::schedule::{batch_full, Plan, Step, INLINE_BATCH};
@@ -55,6 +56,7 @@ impl FsDevice {
             self.resume_suspended(vring, queue as u16, &mem);
         }
         let event_idx = self.event_idx.load(Ordering::Relaxed);
+        self.busy_poll.woke(queue);
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -79,6 +81,7 @@ impl FsDevice {
                 }
             }
             self.try_reads(&mem, &mut plan, reads);
+            let answered = plan.answered();
             let served_inline = plan.finish();
             if pop.left_for_room {
                 return Ok(());
@@ -86,21 +89,50 @@ impl FsDevice {
             if pop.again {
                 continue;
             }
-            if self
-                .scheduler
-                .poll_now(queue, served_inline, || vring.in_flight())
-            {
-                let caught = poll_briefly(vring, &mem);
-                self.scheduler.polled(queue, caught);
-                if caught {
-                    continue;
+            match self.poll_window(queue, answered, vring) {
+                Some(window) => {
+                    // The guest needn't kick while the thread watches.
+                    vring.quiet().map_err(io::Error::other)?;
+                    match vring.watch(&mem, window) {
+                        Some(after) => {
+                            self.busy_poll.caught(queue, after);
+                            continue;
+                        }
+                        None => self.busy_poll.missed(queue, Instant::now()),
+                    }
                 }
+                None if self
+                    .scheduler
+                    .poll_now(queue, served_inline, || vring.in_flight()) =>
+                {
+                    let caught = poll_briefly(vring, &mem);
+                    self.scheduler.polled(queue, caught);
+                    if caught {
+                        continue;
+                    }
+                }
+                None => {}
             }
-            // With EVENT_IDX, re-enabling notifications tells whether more arrived meanwhile.
-            if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+            // Before sleeping the guest may kick again, and a request it made available
+            // before it could see that is served now (with EVENT_IDX, or after `quiet`).
+            if !vring.notify_again().map_err(io::Error::other)? {
                 return Ok(());
             }
         }
+    }
+
+    /// How long `queue`'s thread polls its ring after a pop (`busy_poll`): only a request
+    /// queue's (the hiprio queue's FORGETs get no reply, so none waits on them), after a
+    /// pop it answered some of, with nothing of the queue left to the pool or a lock
+    /// waiter (the pool's workers need the CPU; their replies come by the call eventfd).
+    fn poll_window(&self, queue: usize, answered: bool, vring: &TrackedVring) -> Option<Duration> {
+        if queue == 0 || !answered || self.busy_poll.mode() == PollMode::Off {
+            return None;
+        }
+        if vring.in_flight() != 0 {
+            return None;
+        }
+        self.busy_poll.window(queue)
     }
 
     /// Carries out `plan`'s step for one request; a READ is kept in `reads` for
@@ -114,7 +146,10 @@ impl FsDevice {
         reads: &mut Vec<(Chain, Here<'v>, Fallback)>,
     ) {
         match plan.step(&chain) {
-            Step::Here => job.complete(self.server.handle(mem, chain, &mut || job.later())),
+            Step::Here => {
+                job.complete(self.server.handle(mem, chain, &mut || job.later()));
+                plan.answered_here();
+            }
             Step::Read {
                 park,
                 if_it_would_block,
@@ -155,6 +190,7 @@ impl FsDevice {
                 Some(len) => {
                     done.push((job.ticket, job.head, len));
                     bytes += len as usize;
+                    plan.answered_here();
                 }
                 None if fallback == Fallback::QueueThread => {
                     self.server.count_placement(Placement::ReadServedAlone);

@@ -177,6 +177,11 @@ impl FsDevice {
             let t = take_over(&st, size, used.0, avail.0, |p| avail_slot(mem, q, p));
             q.set_next_avail(t.next_avail);
             q.set_next_used(t.next_used);
+            // A poll of the dead process may have left VRING_USED_F_NO_NOTIFY set: the
+            // guest kicks again from here on.
+            if let Err(e) = q.enable_notification(&**mem) {
+                warn!("queue {queue}: could not let the guest kick again: {e}");
+            }
             // All at the ring's next index: a stop while one still runs then finds no span
             // of positions to move the base back over (those entries were answered).
             let tickets: Vec<Ticket> = (t.heads.iter())

@@ -89,6 +89,7 @@ impl Scheduler {
             reads_heap: 0,
             busy_meanwhile: false,
             served_inline: false,
+            answered: false,
         }
     }
 
@@ -121,6 +122,8 @@ pub struct Plan<'s> {
     reads_heap: usize,
     busy_meanwhile: bool,
     served_inline: bool,
+    /// The queue thread answered one of the pop's requests itself (`busy_poll`).
+    answered: bool,
 }
 
 impl Plan<'_> {
@@ -165,12 +168,26 @@ impl Plan<'_> {
     pub fn took(&mut self, took: Duration) {
         self.sched.inline.took(self.queue, took);
         self.served_inline = true;
+        self.answered = true;
     }
 
     /// A request served alone: `busy`, the guest sent more meanwhile. The last one
     /// served in the pop tells.
     pub fn served_alone(&mut self, busy: bool) {
         self.busy_meanwhile = busy;
+        self.answered = true;
+    }
+
+    /// The queue thread answered a request of the pop otherwise (a READ it tried without
+    /// blocking, or any request without a pool).
+    pub fn answered_here(&mut self) {
+        self.answered = true;
+    }
+
+    /// Whether the queue thread answered any of the pop's requests itself: then the
+    /// guest may be waiting on that reply to send its next request.
+    pub fn answered(&self) -> bool {
+        self.answered
     }
 
     /// The pop is carried out: returns whether it served quick metadata inline.

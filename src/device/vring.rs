@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::Error as VirtQueError;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryAtomic};
 
 use crate::recovery::record::Record;
 use crate::server::GuestMem;
@@ -108,6 +108,9 @@ struct Track {
     /// describes (u64::MAX: none yet). Written under the ring's lock.
     record: std::sync::OnceLock<(Arc<Record>, usize)>,
     recorded: AtomicU64,
+    /// The queue thread set VRING_USED_F_NO_NOTIFY for a poll (`quiet`) and has not
+    /// cleared it yet; a stop clears it. Set and cleared under the ring's lock.
+    quiet: AtomicBool,
 }
 
 /// The share of a ring's descriptors that lock waits may hold: half. A forwarded lock
@@ -440,6 +443,66 @@ impl TrackedVring {
         }
     }
 
+    /// Asks the guest not to kick while the queue thread polls the ring. Without
+    /// EVENT_IDX that sets VRING_USED_F_NO_NOTIFY; with it avail_event already stays
+    /// behind until `notify_again`. Not on a stopped or disabled ring: its rings are no
+    /// longer the device's to write.
+    pub fn quiet(&self) -> Result<(), VirtQueError> {
+        let mut state = self.inner.get_mut();
+        let q = state.get_queue();
+        if q.event_idx_enabled() || !q.ready() || !state.is_enabled() {
+            return Ok(());
+        }
+        state.disable_notification()?;
+        self.track.quiet.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Lets the guest kick again before the queue thread sleeps, then looks at the ring
+    /// once more: true, a request came before the guest could see it may kick (the
+    /// thread serves it rather than sleep through it). Without EVENT_IDX and no `quiet`
+    /// since (or a stop since, which let it kick), there is nothing to undo and no
+    /// request unseen: false.
+    pub fn notify_again(&self) -> Result<bool, VirtQueError> {
+        let mut state = self.inner.get_mut();
+        if !state.get_queue().event_idx_enabled() && !self.track.quiet.swap(false, Ordering::AcqRel)
+        {
+            return Ok(false);
+        }
+        state.enable_notification()
+    }
+
+    /// Watches the avail index for up to `window` (no lock, no syscall): Some(after it
+    /// began) when the guest made a request available, None when none came or the ring
+    /// stopped meanwhile.
+    pub fn watch(&self, mem: &GuestMem, window: Duration) -> Option<Duration> {
+        let (idx, next, generation) = {
+            let state = self.inner.get_ref();
+            let q = state.get_queue();
+            let at = GuestAddress(q.avail_ring()).checked_add(2)?;
+            let idx = mem.get_slice(at, 2).ok()?;
+            (
+                idx,
+                q.next_avail(),
+                self.track.generation.load(Ordering::Acquire),
+            )
+        };
+        let start = Instant::now();
+        loop {
+            for _ in 0..32 {
+                if idx.load::<u16>(0, Ordering::Acquire).ok()? != next {
+                    return Some(start.elapsed());
+                }
+                std::hint::spin_loop();
+            }
+            if self.track.generation.load(Ordering::Acquire) != generation
+                || start.elapsed() >= window
+            {
+                return None;
+            }
+        }
+    }
+
     /// Whether the guest has made requests available that were not popped yet.
     pub fn more_available(&self, mem: &GuestMem) -> bool {
         let state = self.inner.get_ref();
@@ -494,6 +557,13 @@ impl TrackedVring {
         // The ring's lock, then the pending set: the order `popped` takes them in.
         let mut state = self.inner.get_mut();
         let old = self.track.generation.fetch_add(1, Ordering::AcqRel);
+        // The guest may kick again: a poll's NO_NOTIFY left behind would keep a ring that
+        // runs again (here, or in a migration's destination) from hearing the guest.
+        if self.track.quiet.swap(false, Ordering::AcqRel) {
+            if let Err(e) = state.enable_notification() {
+                warn!("ring stopped: could not let the guest kick again: {e}");
+            }
+        }
         // Stopped: what it held is the device state's now, not a crash's to take up.
         if let Some((rec, q)) = self.track.record.get() {
             rec.ring_stopped(*q);

@@ -11,6 +11,7 @@
 mod common;
 
 mod acl;
+mod busy_poll;
 mod confinement;
 mod crash;
 mod create_ext;
