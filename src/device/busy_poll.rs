@@ -30,7 +30,11 @@ pub enum PollMode {
     On,
 }
 
-/// `--poll=auto` polls adaptively on a host with at least this many CPUs.
+/// `--poll=auto` polls adaptively on a host with at least this many CPUs. On 2 CPUs the
+/// guest's (or load generator's) thread mostly runs on the CPU the queue thread spins
+/// on, and waits for the poll to end: measured, polling there doubled the round trip at
+/// a 20-100 µs gap and took 10-30 times the CPU per request. With a CPU to itself it
+/// cut the round trip 2.5-3 times (docs/design.md, "Polling the ring").
 pub const AUTO_MIN_CPUS: usize = 4;
 
 impl PollMode {
