@@ -746,3 +746,86 @@ impl VringT<Mem> for TrackedVring {
         self.inner.set_err(file)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AVAIL: u64 = 0x1000;
+    const USED: u64 = 0x2000;
+
+    /// A running ring of 16 entries without EVENT_IDX, and its memory.
+    fn ring() -> (TrackedVring, GuestMemoryAtomic<GuestMem>) {
+        let map = GuestMem::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mem = GuestMemoryAtomic::new(map);
+        let v = <TrackedVring as VringT<Mem>>::new(mem.clone(), 16).unwrap();
+        v.set_queue_size(16);
+        v.set_queue_info(0, AVAIL, USED).unwrap();
+        v.set_queue_ready(true);
+        v.set_enabled(true);
+        (v, mem)
+    }
+
+    fn used_flags(mem: &GuestMemoryAtomic<GuestMem>) -> u16 {
+        mem.memory()
+            .load(GuestAddress(USED), Ordering::Acquire)
+            .unwrap()
+    }
+
+    fn make_available(mem: &GuestMemoryAtomic<GuestMem>, idx: u16) {
+        mem.memory()
+            .store(idx, GuestAddress(AVAIL + 2), Ordering::Release)
+            .unwrap();
+    }
+
+    #[test]
+    fn no_notify_is_set_for_a_poll_cleared_before_sleeping_and_by_a_stop() {
+        let (v, mem) = ring();
+        v.quiet().unwrap();
+        assert_eq!(used_flags(&mem), 1, "the guest is asked not to kick");
+        assert!(!v.notify_again().unwrap(), "nothing came");
+        assert_eq!(used_flags(&mem), 0, "it may kick again");
+        assert!(
+            !v.notify_again().unwrap(),
+            "without a poll, nothing to undo"
+        );
+
+        v.quiet().unwrap();
+        make_available(&mem, 1);
+        assert!(
+            v.notify_again().unwrap(),
+            "a request made available before the guest could kick is seen"
+        );
+        assert_eq!(used_flags(&mem), 0);
+
+        v.quiet().unwrap();
+        v.set_queue_ready(false);
+        assert_eq!(used_flags(&mem), 0, "the stop let the guest kick again");
+        // The device no longer writes the stopped ring.
+        mem.memory()
+            .store(1u16, GuestAddress(USED), Ordering::Release)
+            .unwrap();
+        assert!(!v.notify_again().unwrap());
+        assert_eq!(used_flags(&mem), 1, "not written after the stop");
+        mem.memory()
+            .store(0u16, GuestAddress(USED), Ordering::Release)
+            .unwrap();
+        v.quiet().unwrap();
+        assert_eq!(used_flags(&mem), 0, "nor asked quiet");
+    }
+
+    #[test]
+    fn a_watch_sees_a_request_made_available_and_gives_up_after_its_window() {
+        let (v, mem) = ring();
+        let window = Duration::from_millis(2);
+        let start = Instant::now();
+        assert_eq!(v.watch(&mem.memory(), window), None);
+        assert!(start.elapsed() >= window);
+        make_available(&mem, 1);
+        let after = v.watch(&mem.memory(), Duration::from_secs(10));
+        assert!(
+            after.is_some_and(|a| a < Duration::from_secs(1)),
+            "{after:?}"
+        );
+    }
+}
