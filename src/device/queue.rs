@@ -56,7 +56,7 @@ impl FsDevice {
             self.resume_suspended(vring, queue as u16, &mem);
         }
         let event_idx = self.event_idx.load(Ordering::Relaxed);
-        self.busy_poll.woke(queue);
+        let mut woke = true;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -65,6 +65,11 @@ impl FsDevice {
                 return Ok(());
             };
             let n = pop.chains.len();
+            // A wake-up that finds nothing (a kick the guest sent before it saw it needn't)
+            // says nothing of when its next request came.
+            if std::mem::take(&mut woke) && n > 0 {
+                self.busy_poll.woke(queue);
+            }
             let mut plan = self.scheduler.plan(queue, n, || vring.in_flight());
             let mut reads = Vec::new();
             for (chain, ticket) in pop.chains.into_iter().zip(pop.tickets) {
@@ -118,6 +123,8 @@ impl FsDevice {
             if !vring.notify_again().map_err(io::Error::other)? {
                 return Ok(());
             }
+            // One came as the poll gave up: a wake-up at once, for the window.
+            self.busy_poll.woke(queue);
         }
     }
 
