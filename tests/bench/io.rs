@@ -111,6 +111,8 @@ const CONFIGS: &[(&str, bool, &str)] = &[
 /// is a column of the round-trip table.
 const RT_DAEMONS: &[(&str, bool, &str)] = &[
     ("vfsd", true, ""),
+    ("vfsd-poll-adaptive", true, "--poll=adaptive"),
+    ("vfsd-poll-on", true, "--poll=on"),
     ("virtiofsd", false, ""),
     ("virtiofsd-pool4", false, "--thread-pool-size=4"),
 ];
