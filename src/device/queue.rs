@@ -94,38 +94,55 @@ impl FsDevice {
             if pop.again {
                 continue;
             }
-            match self.poll_window(queue, answered, vring) {
-                Some(window) => {
-                    // The guest needn't kick while the thread watches.
-                    vring.quiet().map_err(io::Error::other)?;
-                    match vring.watch(&mem, window) {
-                        Some(after) => {
-                            self.busy_poll.caught(queue, after);
-                            continue;
-                        }
-                        None => self.busy_poll.missed(queue, Instant::now()),
-                    }
-                }
-                None if self
-                    .scheduler
-                    .poll_now(queue, served_inline, || vring.in_flight()) =>
-                {
-                    let caught = poll_briefly(vring, &mem);
-                    self.scheduler.polled(queue, caught);
-                    if caught {
-                        continue;
-                    }
-                }
-                None => {}
-            }
-            // Before sleeping the guest may kick again, and a request it made available
-            // before it could see that is served now (with EVENT_IDX, or after `quiet`).
-            if !vring.notify_again().map_err(io::Error::other)? {
+            if !self.watch_or_sleep(vring, &mem, queue, answered, served_inline)? {
                 return Ok(());
             }
-            // One came as the poll gave up: a wake-up at once, for the window.
-            self.busy_poll.woke(queue);
         }
+    }
+
+    /// After a pass that left nothing to pop: watches the ring for a while (`--poll`, or
+    /// the brief watch after inline service), then lets the guest kick again. Whether a
+    /// request came meanwhile, for the queue thread to go on with.
+    fn watch_or_sleep(
+        &self,
+        vring: &TrackedVring,
+        mem: &GuestMem,
+        queue: usize,
+        answered: bool,
+        served_inline: bool,
+    ) -> io::Result<bool> {
+        match self.poll_window(queue, answered, vring) {
+            Some(window) => {
+                // The guest needn't kick while the thread watches.
+                vring.quiet().map_err(io::Error::other)?;
+                match vring.watch(mem, window) {
+                    Some(after) => {
+                        self.busy_poll.caught(queue, after);
+                        return Ok(true);
+                    }
+                    None => self.busy_poll.missed(queue, Instant::now()),
+                }
+            }
+            None if self
+                .scheduler
+                .poll_now(queue, served_inline, || vring.in_flight()) =>
+            {
+                let caught = poll_briefly(vring, mem);
+                self.scheduler.polled(queue, caught);
+                if caught {
+                    return Ok(true);
+                }
+            }
+            None => {}
+        }
+        // Before sleeping the guest may kick again, and a request it made available
+        // before it could see that is served now (with EVENT_IDX, or after `quiet`).
+        if !vring.notify_again().map_err(io::Error::other)? {
+            return Ok(false);
+        }
+        // One came as the poll gave up: a wake-up at once, for the window.
+        self.busy_poll.woke(queue);
+        Ok(true)
     }
 
     /// How long `queue`'s thread polls its ring after a pop (`busy_poll`): only a request
