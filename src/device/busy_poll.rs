@@ -12,6 +12,10 @@
 //!   row stop polling for `REST_POPS` pops, after which one poll probes again. An idle
 //!   guest so costs one poll per `REST_POPS` requests.
 //!
+//! Whatever the guest does, adaptive polling spins at most `BUDGET` of each `PERIOD` per
+//! queue: a guest pacing its requests to be caught late in the widest window would
+//! otherwise have a queue thread spin nearly all the time for few requests.
+//!
 //! docs/design.md ("Polling the ring") gives the figures behind the default.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -59,6 +63,9 @@ pub const START_WINDOW: Duration = Duration::from_micros(50);
 pub const MISSES_TO_REST: u32 = 4;
 /// ...for this many pops.
 pub const REST_POPS: u32 = 64;
+/// Adaptive polling spins at most `BUDGET` of each `PERIOD`, per queue.
+pub const PERIOD: Duration = Duration::from_millis(100);
+pub const BUDGET: Duration = Duration::from_millis(25);
 
 /// Per queue: what its thread learns of how soon the guest sends its next request.
 pub struct BusyPoll {
@@ -71,6 +78,9 @@ pub struct BusyPoll {
     rest: Vec<AtomicU32>,
     /// When the last poll gave up, in ns since `epoch` plus one (0: it did not).
     gave_up: Vec<AtomicU64>,
+    /// The current period's start (ns since `epoch`) and the time spun in it.
+    period: Vec<AtomicU64>,
+    spun: Vec<AtomicU64>,
     epoch: Instant,
 }
 
@@ -87,6 +97,8 @@ impl BusyPoll {
             misses: each(0),
             rest: each(0),
             gave_up: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            period: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            spun: (0..queues).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
         }
     }
@@ -100,6 +112,7 @@ impl BusyPoll {
         match self.mode {
             PollMode::Off => None,
             PollMode::On => Some(MAX_WINDOW),
+            PollMode::Adaptive if self.over_budget(queue, Instant::now()) => None,
             PollMode::Adaptive => {
                 let rest = &self.rest[queue];
                 match rest.load(Ordering::Relaxed) {
@@ -117,6 +130,7 @@ impl BusyPoll {
 
     /// A poll of `queue` caught a request `after` it began.
     pub fn caught(&self, queue: usize, after: Duration) {
+        self.charge(queue, after, Instant::now());
         self.misses[queue].store(0, Ordering::Relaxed);
         let w = &self.window[queue];
         let want = ns(after + after / 2).clamp(ns(MIN_WINDOW), ns(MAX_WINDOW));
@@ -127,12 +141,37 @@ impl BusyPoll {
 
     /// A poll of `queue` gave up at `at`.
     pub fn missed(&self, queue: usize, at: Instant) {
+        let window = Duration::from_nanos(self.window[queue].load(Ordering::Relaxed).into());
+        self.charge(queue, window, at);
         let since = at.saturating_duration_since(self.epoch).as_nanos() as u64;
         self.gave_up[queue].store(since + 1, Ordering::Relaxed);
     }
 
     /// `queue`'s thread woke to serve it: after a poll that missed, how long the guest
     /// took tells how the window should change.
+    fn since_epoch(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Counts `d` spun on `queue` at `at` against the period's budget.
+    fn charge(&self, queue: usize, d: Duration, at: Instant) {
+        let now = self.since_epoch(at);
+        if now.saturating_sub(self.period[queue].load(Ordering::Relaxed))
+            >= PERIOD.as_nanos() as u64
+        {
+            self.period[queue].store(now, Ordering::Relaxed);
+            self.spun[queue].store(0, Ordering::Relaxed);
+        }
+        self.spun[queue].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether `queue` spun its budget in the period `at` falls in.
+    fn over_budget(&self, queue: usize, at: Instant) -> bool {
+        let now = self.since_epoch(at);
+        now.saturating_sub(self.period[queue].load(Ordering::Relaxed)) < PERIOD.as_nanos() as u64
+            && self.spun[queue].load(Ordering::Relaxed) >= BUDGET.as_nanos() as u64
+    }
+
     pub fn woke(&self, queue: usize) {
         if self.mode == PollMode::Adaptive && self.gave_up[queue].load(Ordering::Relaxed) != 0 {
             self.woke_at(queue, Instant::now());
@@ -268,6 +307,32 @@ mod tests {
             miss(&p, far);
         }
         assert!(p.window(1).is_some(), "a probe that catches ends the rest");
+    }
+
+    #[test]
+    fn adaptive_polling_spins_at_most_its_budget_of_a_period() {
+        let p = BusyPoll::new(2, PollMode::Adaptive);
+        let start = Instant::now();
+        // A guest whose every request comes late in the widest window.
+        let mut spun = Duration::ZERO;
+        while p.window(1).is_some() {
+            p.charge(1, MAX_WINDOW, start);
+            spun += MAX_WINDOW;
+            assert!(spun <= BUDGET, "polled past the budget");
+        }
+        assert_eq!(spun, BUDGET, "polls until the budget is spent");
+        assert!(
+            p.over_budget(1, start + PERIOD / 2),
+            "for the rest of the period"
+        );
+        assert!(!p.over_budget(0, start), "per queue");
+        assert!(
+            !p.over_budget(1, start + PERIOD),
+            "a new period starts afresh"
+        );
+        let on = BusyPoll::new(2, PollMode::On);
+        on.charge(1, BUDGET * 2, start);
+        assert_eq!(on.window(1), Some(MAX_WINDOW), "--poll=on has no budget");
     }
 
     #[test]

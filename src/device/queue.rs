@@ -61,7 +61,7 @@ impl FsDevice {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
-            let Some(pop) = pop(vring, &mem)? else {
+            let Some(pop) = pop_or_rest(vring, &mem)? else {
                 return Ok(());
             };
             let n = pop.chains.len();
@@ -343,6 +343,26 @@ fn pop(vring: &TrackedVring, mem: &GuestMemoryLoadGuard<GuestMem>) -> io::Result
 }
 
 /// Whether the guest made a request available within `INLINE_POLL` (`process_queue`).
+/// The next pop; None once the ring is empty and the guest free to kick again (after a
+/// watch, `quiet` may have told it not to). A request that came meanwhile is popped.
+fn pop_or_rest(
+    vring: &TrackedVring,
+    mem: &GuestMemoryLoadGuard<GuestMem>,
+) -> io::Result<Option<Pop>> {
+    loop {
+        match pop(vring, mem) {
+            Ok(Some(pop)) => return Ok(Some(pop)),
+            Ok(None) if vring.notify_again().map_err(io::Error::other)? => continue,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // A ring in error still lets the guest kick.
+                let _ = vring.notify_again();
+                return Err(e);
+            }
+        }
+    }
+}
+
 fn poll_briefly(vring: &TrackedVring, mem: &GuestMem) -> bool {
     let deadline = Instant::now() + INLINE_POLL;
     loop {

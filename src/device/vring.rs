@@ -469,6 +469,11 @@ impl TrackedVring {
         {
             return Ok(false);
         }
+        // A stopped ring is no longer the device's to write; one that starts again kicks
+        // itself.
+        if !state.get_queue().ready() || !state.is_enabled() {
+            return Ok(false);
+        }
         state.enable_notification()
     }
 
