@@ -13,7 +13,7 @@ use crate::server::GuestMem;
 use vhost_user_backend::VringT;
 
 impl FsDevice {
-    /// Takes up the requests a stop of this ring suspended (`server::locks`): after a VM
+    /// Takes up the requests a stop of this ring suspended (`server::waiters`): after a VM
     /// stop and go, a failed migration, or on a migration's destination. Only while the
     /// guest still waits for exactly them: its ring then has as many requests in flight
     /// (next avail minus next used) as were suspended. A guest that reset its queue

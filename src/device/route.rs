@@ -21,7 +21,7 @@
 //! - **In the worker pool**: everything else, so WRITEs and blocking READs run in
 //!   parallel whenever the guest sends several.
 //! - **On a lock waiter**: not decided here. A SETLKW that must wait moves from wherever
-//!   it runs to a thread of its own (`server::locks`, answered through a `Deferred`).
+//!   it runs to a thread of its own (`server::waiters`, answered through a `Deferred`).
 //!
 //! Opcode and length come from the head of the request's one copy, made when it is popped
 //! (`server::Popped`), which is also what it is served from: a guest can't have a request

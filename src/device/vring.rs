@@ -14,7 +14,7 @@
 //! the buffers its descriptors named when it finishes (never its used entry). A lock
 //! wait, which can last long, writes its reply only through `complete_with`, under the
 //! generation check; a stop suspends it (`on_stop`, `forget`), and the device takes it up
-//! again when the ring runs again (`server::locks`).
+//! again when the ring runs again (`server::waiters`).
 
 use std::fs::File;
 use std::io;

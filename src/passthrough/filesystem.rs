@@ -525,7 +525,7 @@ mod tests {
     /// READ's data goes where its descriptors said when it was popped: a guest that
     /// rewrites its descriptor table meanwhile (another vCPU) gets nothing written where
     /// it points now. Writing through the crate's writer walked the chain again, without
-    /// the descriptor cap (`chain::MAX_DESCS`) the pop applied.
+    /// the descriptor cap (`MAX_DESCS`) the pop applied.
     #[test]
     fn a_read_writes_where_its_descriptors_pointed_when_it_was_popped() {
         use fuse_backend_rs::abi::fuse_abi::ReadIn;

@@ -157,7 +157,7 @@ pub fn reply_address(bufs: &[(GuestAddress, u32)]) -> Option<GuestAddress> {
 
 /// Where READ's data and READDIR's entries go: a chain's writable buffers after the reply
 /// header, as the request's one reading of its descriptors found them
-/// (`chain::Descs::writable_bufs`, at most `chain::MAX_DESCS`: at the pop, or when a
+/// (`Descs::writable_bufs`, at most `MAX_DESCS`: at the pop, or when a
 /// parked request is served), the reading the effect check used too. The chain is not
 /// walked again, so a guest that rewrote its descriptor table since has no say in where
 /// the reply goes.
