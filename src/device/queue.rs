@@ -12,7 +12,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryLoadGuard};
 
 use super::busy_poll::PollMode;
 use super::pool::Job;
-use super::route::Fallback;
+use super::route::{self, Fallback};
 use super::schedule::{batch_full, Plan, Step, INLINE_BATCH};
 use super::vring::{self, Tickets};
 use super::{Chain, FsDevice, RawChain, TrackedVring};
@@ -206,8 +206,19 @@ impl FsDevice {
         let Some(vring) = reads.first().map(|(_, job, _)| job.vring) else {
             return;
         };
+        let pool = self.pool.is_some();
+        let mut big = reads
+            .iter()
+            .filter(|(c, ..)| route::spreads(c, 2, pool))
+            .count();
         for (mut chain, job, fallback) in reads {
             if job.stopped() {
+                continue;
+            }
+            if route::spreads(&chain, big, pool) {
+                big -= 1;
+                self.server.count_placement(Placement::ReadHandedOff);
+                self.hand_off(chain, &job);
                 continue;
             }
             match self.server.try_handle_without_blocking(mem, &mut chain) {

@@ -8,6 +8,8 @@
 //!   that would block in that case, or a COPY_FILE_RANGE of at most `SHORT_COPY` bytes. A
 //!   lone OPEN or CREATE too, unless it would wait for a host lease break: then it goes to
 //!   the pool (`Opcode::opens_without_waiting`).
+//!   Of several large READs in one pop (`SPREAD_READ`), all but one go to the pool, where
+//!   workers copy them at once.
 //! - **On the queue thread, beside others in flight**: a quick metadata request
 //!   (`Opcode::is_quick_metadata`: LOOKUP, GETATTR, STATX, the xattr and directory reads,
 //!   READLINK, STATFS, ACCESS) in a small pop (`inline_pop_limit`: at most `SMALL_POP`
@@ -75,6 +77,18 @@ pub fn inline_pop_limit(cpus: usize) -> usize {
 /// with one, and a hand-off to a worker for each cost more than the copy (4,650 of them
 /// in the tree benchmark's `cp -a`). A larger copy may take seconds, and goes to the pool.
 pub const SHORT_COPY: u64 = crate::server::init::MAX_PAGES as u64 * 4096;
+
+/// A READ at least this large is mostly the kernel's copy into guest memory (a 1 MiB one
+/// about 150 µs here), against a worker hand-off of a few µs: when a pop holds several,
+/// all but one go to the pool, so they are copied beside each other rather than one after
+/// another on the queue thread.
+pub const SPREAD_READ: u32 = 256 * 1024;
+
+/// Whether `chain`, a READ of a pop with `big` READs of at least `SPREAD_READ`, goes to
+/// the pool to be copied beside the others (all but the pop's last such READ, with a pool).
+pub fn spreads(chain: &Chain, big: usize, pool: bool) -> bool {
+    pool && big > 1 && chain.read_size().is_some_and(|s| s >= SPREAD_READ)
+}
 
 /// When most quick metadata requests served on a queue thread take longer than this (a
 /// slow network share), they go to the pool again: the queue would wait on each of them.

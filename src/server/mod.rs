@@ -156,7 +156,8 @@ pub enum Placement {
     ServedAlone,
     /// A READ that would have blocked, served on its queue thread all the same.
     ReadServedAlone,
-    /// A READ that would have blocked, handed to the pool.
+    /// A READ handed to the pool: one that would have blocked, or one of several large
+    /// READs in one pop, spread over the pool.
     ReadHandedOff,
     /// A quick metadata request served on its queue thread beside others in flight
     /// (`Opcode::is_quick_metadata`, in a pop `device::route` allows).

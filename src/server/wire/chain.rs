@@ -89,6 +89,18 @@ where
         }
     }
 
+    /// A READ's `size`, from its copy (None for another opcode or a request too short
+    /// for one).
+    pub fn read_size(&self) -> Option<u32> {
+        use fuse_backend_rs::abi::fuse_abi::ReadIn;
+        match &self.copy {
+            Ok(r) if r.hdr.opcode == Opcode::Read as u32 => {
+                super::codec::decode::<ReadIn>(r.bytes.get(HDR_LEN..)?).map(|a| a.size)
+            }
+            _ => None,
+        }
+    }
+
     /// A COPY_FILE_RANGE's `len`, from its copy (None for a request too short for one).
     pub fn copy_len(&self) -> Option<u64> {
         use fuse_backend_rs::abi::fuse_abi::CopyFileRangeIn;
@@ -196,6 +208,40 @@ mod tests {
         let p = pop(&mem, &[(0x8000, 48, false), (0x9000, 16, true)]);
         assert_eq!(p.opcode(), Some(Opcode::CopyFileRange));
         assert_eq!(p.copy_len(), None);
+    }
+
+    #[test]
+    fn a_reads_size_comes_from_the_copy_and_only_for_a_read() {
+        use fuse_backend_rs::abi::fuse_abi::ReadIn;
+        let mem = mem();
+        let args = ReadIn {
+            size: 1 << 20,
+            ..Default::default()
+        };
+        let hdr = InHeader {
+            len: (HDR_LEN + args.as_slice().len()) as u32,
+            opcode: Opcode::Read as u32,
+            unique: 4,
+            ..Default::default()
+        };
+        mem.write_slice(
+            &[hdr.as_slice(), args.as_slice()].concat(),
+            GuestAddress(0x8000),
+        )
+        .unwrap();
+        let p = pop(&mem, &[(0x8000, 80, false), (0x9000, 16, true)]);
+        assert_eq!(p.read_size(), Some(1 << 20));
+        // Too short for ReadIn: no size.
+        let p = pop(&mem, &[(0x8000, 48, false), (0x9000, 16, true)]);
+        assert_eq!(p.read_size(), None);
+        // Another opcode: no size, whatever its arguments say.
+        let req = copy_file_range(1 << 20);
+        mem.write_slice(&req, GuestAddress(0x8000)).unwrap();
+        let p = pop(
+            &mem,
+            &[(0x8000, req.len() as u32, false), (0x9000, 16, true)],
+        );
+        assert_eq!(p.read_size(), None);
     }
 
     #[test]
