@@ -206,17 +206,22 @@ impl FsDevice {
         let Some(vring) = reads.first().map(|(_, job, _)| job.vring) else {
             return;
         };
-        let pool = self.pool.is_some();
-        let mut big = reads
-            .iter()
-            .filter(|(c, ..)| route::spreads(c, 2, pool))
-            .count();
+        // Large READs still to come in this pop, counted only where there is a pool.
+        let mut large = match self.pool {
+            Some(_) => reads
+                .iter()
+                .filter(|(c, ..)| route::is_large_read(c))
+                .count(),
+            None => 0,
+        };
         for (mut chain, job, fallback) in reads {
+            let is_large = large > 0 && route::is_large_read(&chain);
+            large -= usize::from(is_large);
             if job.stopped() {
                 continue;
             }
-            if route::spreads(&chain, big, pool) {
-                big -= 1;
+            // All but the pop's last large READ.
+            if is_large && large > 0 {
                 self.server.count_placement(Placement::ReadHandedOff);
                 self.hand_off(chain, &job);
                 continue;

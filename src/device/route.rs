@@ -84,10 +84,10 @@ pub const SHORT_COPY: u64 = crate::server::init::MAX_PAGES as u64 * 4096;
 /// another on the queue thread.
 pub const SPREAD_READ: u32 = 256 * 1024;
 
-/// Whether `chain`, a READ of a pop with `big` READs of at least `SPREAD_READ`, goes to
-/// the pool to be copied beside the others (all but the pop's last such READ, with a pool).
-pub fn spreads(chain: &Chain, big: usize, pool: bool) -> bool {
-    pool && big > 1 && chain.read_size().is_some_and(|s| s >= SPREAD_READ)
+/// Whether `chain` is a READ of at least `SPREAD_READ`: with a pool, all but the last of
+/// a pop's are copied by workers beside each other.
+pub fn is_large_read(chain: &Chain) -> bool {
+    chain.read_size().is_some_and(|s| s >= SPREAD_READ)
 }
 
 /// When most quick metadata requests served on a queue thread take longer than this (a
