@@ -143,7 +143,7 @@ impl BusyPoll {
     pub fn missed(&self, queue: usize, at: Instant) {
         let window = Duration::from_nanos(self.window[queue].load(Ordering::Relaxed).into());
         self.charge(queue, window, at);
-        let since = at.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let since = self.since_epoch(at);
         self.gave_up[queue].store(since + 1, Ordering::Relaxed);
     }
 
@@ -187,8 +187,7 @@ impl BusyPoll {
         if gave_up == 0 {
             return;
         }
-        let slept = (at.saturating_duration_since(self.epoch).as_nanos() as u64)
-            .saturating_sub(gave_up - 1);
+        let slept = self.since_epoch(at).saturating_sub(gave_up - 1);
         let w = &self.window[queue];
         let window = w.load(Ordering::Relaxed);
         let gap = u64::from(window) + slept;

@@ -376,6 +376,15 @@ impl VirtQueue {
 
     /// The reply of a finished slot (bytes the device said it wrote) and frees the slot.
     pub fn take(&mut self, mem: &GuestMemoryMmap, slot: usize) -> io::Result<Vec<u8>> {
+        let (len, at) = self.finish(slot)?;
+        let mut out = vec![0u8; len];
+        mem.read_slice(&mut out, at).map_err(io::Error::other)?;
+        Ok(out)
+    }
+
+    /// Frees a finished slot: its used length, checked against the buffer, and where its
+    /// reply is.
+    fn finish(&mut self, slot: usize) -> io::Result<(usize, GuestAddress)> {
         let s = &mut self.slots[slot];
         let len = s
             .done
@@ -388,10 +397,7 @@ impl VirtQueue {
                 "used length beyond the buffer",
             ));
         }
-        let mut out = vec![0u8; len];
-        mem.read_slice(&mut out, GuestAddress(s.resp_at))
-            .map_err(io::Error::other)?;
-        Ok(out)
+        Ok((len, GuestAddress(s.resp_at)))
     }
 
     /// Frees a finished slot and gives its used length, reading into `head` the first
@@ -403,20 +409,9 @@ impl VirtQueue {
         slot: usize,
         head: &mut [u8],
     ) -> io::Result<usize> {
-        let s = &mut self.slots[slot];
-        let len = s
-            .done
-            .take()
-            .ok_or_else(|| io::Error::other("slot not finished"))? as usize;
-        s.busy = false;
-        if len > self.buf_size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "used length beyond the buffer",
-            ));
-        }
+        let (len, at) = self.finish(slot)?;
         let n = len.min(head.len());
-        mem.read_slice(&mut head[..n], GuestAddress(s.resp_at))
+        mem.read_slice(&mut head[..n], at)
             .map_err(io::Error::other)?;
         Ok(len)
     }

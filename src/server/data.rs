@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{
     BmapIn, BmapOut, CopyFileRangeIn, FallocateIn, FlushIn, FsyncIn, InHeader, IoctlIn, IoctlOut,
-    LseekIn, LseekOut, OpenIn, OpenOut, OutHeader, PollIn, PollOut, ReadIn, ReleaseIn, WriteIn,
-    WriteOut, READ_LOCKOWNER, RELEASE_FLOCK_UNLOCK, RELEASE_FLUSH, WRITE_KILL_PRIV,
+    LseekIn, LseekOut, OpenIn, OutHeader, PollIn, PollOut, ReadIn, ReleaseIn, WriteIn, WriteOut,
+    READ_LOCKOWNER, RELEASE_FLOCK_UNLOCK, RELEASE_FLUSH, WRITE_KILL_PRIV,
 };
 use log::error;
 use smallvec::SmallVec;
@@ -22,7 +22,7 @@ use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemory};
 
 use super::wire::codec::{args, decode, errno};
 use super::wire::guest::{log_guest_write, GuestMem};
-use super::wire::reply::{finish, ReplyData};
+use super::wire::reply::{finish, opened, ReplyData};
 use super::wire::request::{HDR_LEN, WRITE_IN_LEN};
 use super::{Call, FuseServer, Opcode, Popped, Reply};
 use crate::filesystem::FileSystem;
@@ -72,13 +72,7 @@ impl<F: FileSystem> FuseServer<F> {
             let (fh, opts) = self
                 .fs
                 .open(&c.ctx, c.hdr.nodeid, a.flags, a.fuse_flags, c.wait)?;
-            Ok(OpenOut {
-                fh,
-                open_flags: opts.bits(),
-                passthrough: 0,
-            }
-            .as_slice()
-            .to_vec())
+            Ok(opened(fh, opts))
         })
     }
 

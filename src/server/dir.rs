@@ -5,13 +5,13 @@ use std::io::{self, Write};
 use std::mem::size_of;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    Dirent, EntryOut, FsyncIn, OpenIn, OpenOut, OutHeader, ReadIn, ReleaseIn,
+    Dirent, EntryOut, FsyncIn, OpenIn, OutHeader, ReadIn, ReleaseIn,
 };
 use fuse_backend_rs::api::filesystem::{DirEntry, Entry};
 use vm_memory::ByteValued;
 
 use super::wire::codec::{args, errno};
-use super::wire::reply::{finish, ReplyData};
+use super::wire::reply::{finish, opened, ReplyData};
 use super::{Call, FuseServer, Reply};
 use crate::filesystem::FileSystem;
 
@@ -51,13 +51,7 @@ impl<F: FileSystem> FuseServer<F> {
         c.reply(|b| {
             let a: OpenIn = args(b)?;
             let (fh, opts) = self.fs.opendir(&c.ctx, c.hdr.nodeid, a.flags)?;
-            Ok(OpenOut {
-                fh,
-                open_flags: opts.bits(),
-                passthrough: 0,
-            }
-            .as_slice()
-            .to_vec())
+            Ok(opened(fh, opts))
         })
     }
 

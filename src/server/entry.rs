@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{
     AccessIn, AttrOut, BatchForgetIn, CreateIn, EntryOut, ForgetIn, ForgetOne, GetattrIn, Kstatfs,
-    LinkIn, MkdirIn, MknodIn, OpenOut, Rename2In, RenameIn, SetattrIn, SetattrValid, FATTR_FH,
-    GETATTR_FH,
+    LinkIn, MkdirIn, MknodIn, Rename2In, RenameIn, SetattrIn, SetattrValid, FATTR_FH, GETATTR_FH,
 };
 use fuse_backend_rs::api::filesystem::{Entry, OpenOptions};
 use vm_memory::ByteValued;
@@ -17,6 +16,7 @@ use vm_memory::ByteValued;
 use super::wire::codec::{
     args, args_and_name, decode, inval, name, name_and_rest, split, two_names,
 };
+use super::wire::reply::opened;
 use super::{Call, FuseServer, Reply};
 use crate::filesystem::FileSystem;
 
@@ -54,12 +54,7 @@ fn attr((st, timeout): (libc::stat64, Duration)) -> Vec<u8> {
 /// CREATE's (and TMPFILE's) reply: the new node's entry and the open handle.
 fn created((entry, fh, opts): (Entry, u64, OpenOptions)) -> Vec<u8> {
     let mut out = EntryOut::from(entry).as_slice().to_vec();
-    let open = OpenOut {
-        fh,
-        open_flags: opts.bits(),
-        passthrough: 0,
-    };
-    out.extend_from_slice(open.as_slice());
+    out.extend_from_slice(&opened(fh, opts));
     out
 }
 

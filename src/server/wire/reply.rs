@@ -316,6 +316,18 @@ pub fn finish(
     Ok(out.len)
 }
 
+/// OPEN's and OPENDIR's reply payload (and CREATE's second half): the handle and the
+/// options it was opened with.
+pub fn opened(fh: u64, opts: fuse_backend_rs::api::filesystem::OpenOptions) -> Vec<u8> {
+    fuse_backend_rs::abi::fuse_abi::OpenOut {
+        fh,
+        open_flags: opts.bits(),
+        passthrough: 0,
+    }
+    .as_slice()
+    .to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
